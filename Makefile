@@ -1,0 +1,43 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run    venv + package + MPI, a demo input, then mpirun -np 2 mpikmeans run
+#   make test   venv + package + test tools, then the whole suite (MPI tests included)
+
+PYTHON   ?= python3
+VENV     := .venv
+BIN      := $(VENV)/bin
+STAMP    := $(VENV)/.installed
+NP       ?= 2
+DEMO     ?= data/demo.arff
+DEMO_N   ?= 200000
+DEMO_M   ?= 16
+DEMO_K   ?= 8
+PYTEST_ARGS ?=
+
+# Open MPI refuses root unless told; more ranks than cores need --oversubscribe
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export OMPI_MCA_rmaps_base_oversubscribe := 1
+export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
+
+.PHONY: run test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[mpi,test]"
+	touch $(STAMP)
+
+$(DEMO): | $(STAMP)
+	mkdir -p $(dir $(DEMO))
+	$(BIN)/mpirun -np $(NP) $(BIN)/mpikmeans gen-data $(DEMO) -n $(DEMO_N) -m $(DEMO_M) -k $(DEMO_K) --seed 1
+
+run: $(STAMP) $(DEMO)
+	$(BIN)/mpirun -np $(NP) --bind-to none $(BIN)/mpikmeans run $(DEMO) -k $(DEMO_K) --output-dir data/demo.mpikmeans
+
+test: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) data/demo.arff data/*.mpikmeans

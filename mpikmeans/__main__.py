@@ -1,0 +1,5 @@
+"""``python -m mpikmeans``: the same as the ``mpikmeans`` command."""
+
+from .cli import entry
+
+entry()

@@ -1,0 +1,157 @@
+"""Compute backends: the per-rank arithmetic of one Lloyd iteration.
+
+A backend holds one rank's rows (resident where it can: host memory for the CPU
+backend, device memory for the GPU backend) and answers three questions about
+them for a given set of centres.  It knows nothing of MPI: the Lloyd loop in
+:mod:`mpikmeans.kmeans` merges what every rank's backend returns.
+
+Every backend implements the :class:`Backend` interface below and is chosen by
+name with :func:`make_backend`.  Tie-breaking is part of the contract: a row
+equidistant from several centres goes to the lowest centre index, so that the
+CPU and GPU paths give identical labels.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class StepResult:
+    """What one rank contributes to one Lloyd iteration.
+
+    Attributes
+    ----------
+    sums : ndarray, shape (k, m), float64
+        Per-cluster sums of the rows assigned to each centre.
+    counts : ndarray, shape (k,), float64
+        Rows (or, with weights, total weight) assigned to each centre.
+    sse : float
+        Sum over local rows of the squared distance to the assigned centre.
+    changed : int
+        Local rows whose label differs from the previous step (all rows on
+        the first step).
+    """
+
+    sums: np.ndarray
+    counts: np.ndarray
+    sse: float
+    changed: int
+
+
+@dataclass
+class BackendInfo:
+    """Description of the hardware a backend runs on, for summary.json."""
+
+    name: str
+    devices: list = field(default_factory=list)
+    threads: int = 1
+    dtype: str = "float64"
+
+
+class Backend(abc.ABC):
+    """Interface every backend implements.
+
+    Lifecycle: ``load(x)`` once, then any number of ``step`` / ``assign``
+    calls, then ``close()``.  ``step`` keeps the labels it computed so the
+    next call can count changes; ``assign`` does not touch them.
+    """
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def load(self, x: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """Take this rank's rows.
+
+        Parameters
+        ----------
+        x : ndarray, shape (n_local, m), float64, C-contiguous
+            May have zero rows.
+        weights : ndarray, shape (n_local,), float64, optional
+            Instance weights (ARFF ``{w}``); every row weighs 1 when omitted.
+            Counts, sums and SSE are weighted.
+        """
+
+    @abc.abstractmethod
+    def step(self, centres: np.ndarray) -> StepResult:
+        """Assign every local row to its nearest centre and accumulate.
+
+        Parameters
+        ----------
+        centres : ndarray, shape (k, m), float64
+
+        Returns
+        -------
+        StepResult
+            Float64 sums, counts and SSE of the local rows, and how many
+            labels changed since the previous call.
+        """
+
+    @abc.abstractmethod
+    def assign(self, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Nearest centre and squared distance to it for every local row.
+
+        Parameters
+        ----------
+        centres : ndarray, shape (k, m), float64
+
+        Returns
+        -------
+        labels : ndarray, shape (n_local,), int32
+        dist2 : ndarray, shape (n_local,), float64
+        """
+
+    @abc.abstractmethod
+    def info(self) -> BackendInfo:
+        """What this backend runs on."""
+
+    def close(self) -> None:
+        """Release memory held for the rows (device buffers, threads)."""
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested backend cannot run here (no GPU, no numba-cuda...)."""
+
+
+BACKEND_NAMES = ("cpu", "gpu", "auto")
+
+
+def make_backend(name: str, **options) -> Backend:
+    """Create a backend by name.
+
+    Parameters
+    ----------
+    name : {"cpu", "gpu", "auto"}
+        ``auto`` picks the GPU when one is usable, else the CPU.
+    **options
+        Passed to the backend's constructor (``threads`` for the CPU;
+        ``device``, ``dtype``, ``chunk_rows`` for the GPU).
+
+    Raises
+    ------
+    BackendUnavailable
+        ``gpu`` was asked for and cannot run here.
+    """
+    if name == "cpu":
+        from .cpu import CPUBackend
+
+        return CPUBackend(threads=options.get("threads"))
+    if name in ("gpu", "auto"):
+        try:
+            from .gpu import GPUBackend, gpu_available
+        except ImportError as exc:  # numba-cuda not installed, or gpu.py absent
+            if name == "gpu":
+                raise BackendUnavailable(f"the GPU backend cannot be loaded: {exc}") from None
+            from .cpu import CPUBackend
+
+            return CPUBackend(threads=options.get("threads"))
+        if name == "auto" and not gpu_available():
+            from .cpu import CPUBackend
+
+            return CPUBackend(threads=options.get("threads"))
+        gpu_options = {k: v for k, v in options.items() if k != "threads"}
+        return GPUBackend(**gpu_options)
+    raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")

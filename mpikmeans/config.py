@@ -1,0 +1,154 @@
+"""One typed run configuration: packaged defaults < YAML file < command-line flags.
+
+The keys of a YAML file are the long option names of ``mpikmeans run``
+(``max-iter: 100``; ``max_iter`` is accepted too).  An unknown key is an error,
+so a misspelt setting never silently does nothing.  configs/default.yaml
+documents every key with its default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+
+from .errors import UsageError
+
+INIT_METHODS = ("range", "sample")
+BACKENDS = ("auto", "cpu", "gpu")
+DTYPES = ("float64", "float32")
+EMPTY_POLICIES = ("keep", "farthest")
+
+
+@dataclass
+class RunConfig:
+    """Settings of one ``mpikmeans run``; the field defaults are the packaged defaults.
+
+    Attributes
+    ----------
+    k : int or None
+        Number of clusters (required).
+    init : str
+        ``range`` (uniform in the per-attribute [min, max]), ``sample`` (k
+        distinct rows drawn uniformly) or the path of a CSV of k x m centres.
+    seed : int
+        Seed of the initialisation; the result does not depend on the ranks.
+    max_iter : int
+        Upper bound on Lloyd iterations.
+    tol : float
+        Stop when no centre moved more than this (Euclidean, data units);
+        0 runs until the assignment no longer changes.
+    backend : str
+        ``auto`` (a GPU when one is usable), ``cpu`` or ``gpu``.
+    dtype : str
+        Precision of the data on the GPU; sums are always float64.
+    empty_cluster : str
+        ``keep`` the old centre of an empty cluster, or move it to the
+        ``farthest`` point from its centre.
+    output_dir : str or None
+        Default: the data file's stem + ``.mpikmeans/``.
+    threads : int or None
+        CPU threads per rank; default: the node's cores / ranks on the node.
+    share_gpus : bool
+        Allow more ranks on a node than GPUs (they then share devices).
+    chunk_rows : int or None
+        GPU: stream the data through in chunks of this many rows (default:
+        keep it resident when it fits).
+    """
+
+    k: int | None = None
+    init: str = "sample"
+    seed: int = 0
+    max_iter: int = 300
+    tol: float = 0.0
+    backend: str = "auto"
+    dtype: str = "float64"
+    empty_cluster: str = "keep"
+    output_dir: str | None = None
+    threads: int | None = None
+    share_gpus: bool = False
+    chunk_rows: int | None = None
+
+    def validate(self) -> "RunConfig":
+        """Check every setting; raise :class:`UsageError` naming the first bad one."""
+        if self.k is None:
+            raise UsageError("the number of clusters is required: -k K (or 'k:' in the config file)")
+        _check(isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1, "k", self.k, "an integer >= 1")
+        _check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        _check(isinstance(self.max_iter, int) and self.max_iter >= 1, "max-iter", self.max_iter, "an integer >= 1")
+        _check(isinstance(self.tol, (int, float)) and self.tol >= 0, "tol", self.tol, "a number >= 0")
+        _check(self.backend in BACKENDS, "backend", self.backend, " or ".join(BACKENDS))
+        _check(self.dtype in DTYPES, "dtype", self.dtype, " or ".join(DTYPES))
+        _check(self.empty_cluster in EMPTY_POLICIES, "empty-cluster", self.empty_cluster, " or ".join(EMPTY_POLICIES))
+        _check(self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
+               "threads", self.threads, "an integer >= 1")
+        _check(self.chunk_rows is None or (isinstance(self.chunk_rows, int) and self.chunk_rows >= 1),
+               "chunk-rows", self.chunk_rows, "an integer >= 1")
+        if self.init not in INIT_METHODS and not os.path.isfile(str(self.init)):
+            raise UsageError(f"--init {self.init!r}: expected {', '.join(INIT_METHODS)} or an existing CSV file of centres")
+        return self
+
+    def as_dict(self) -> dict:
+        """Settings keyed by option name (for summary.json and checks)."""
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+
+
+def _check(ok: bool, key: str, value, expected: str) -> None:
+    if not ok:
+        raise UsageError(f"--{key} {value!r}: expected {expected}")
+
+
+def option_keys() -> list:
+    """The YAML keys: the long option names."""
+    return [f.name.replace("_", "-") for f in fields(RunConfig)]
+
+
+def load_yaml(path: str) -> dict:
+    """Read a YAML configuration file into ``{field_name: value}``.
+
+    Raises
+    ------
+    UsageError
+        Unreadable file, not a mapping, or an unknown key.
+    """
+    import yaml
+
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise UsageError(f"--config {path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"--config {path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path}: expected a mapping of option names to values")
+    known = {f.name for f in fields(RunConfig)}
+    out = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in known:
+            raise UsageError(f"--config {path}: unknown key {key!r}; known keys: {', '.join(option_keys())}")
+        out[name] = value
+    return out
+
+
+def build_config(file_values: dict, cli_values: dict) -> RunConfig:
+    """Merge the layers: packaged defaults < ``file_values`` < ``cli_values``.
+
+    Parameters
+    ----------
+    file_values : dict
+        From :func:`load_yaml` (field names as keys).
+    cli_values : dict
+        Only the flags given on the command line (field names as keys).
+    """
+    merged = {**file_values, **cli_values}
+    try:
+        cfg = dataclasses.replace(RunConfig(), **merged)
+    except TypeError as exc:  # pragma: no cover - keys are checked before
+        raise UsageError(str(exc)) from None
+    if isinstance(cfg.tol, int) and not isinstance(cfg.tol, bool):
+        cfg.tol = float(cfg.tol)
+    return cfg.validate()

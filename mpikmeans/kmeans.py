@@ -1,0 +1,239 @@
+"""The backend-agnostic Lloyd loop: initial centres, iterations, convergence.
+
+Every rank runs this same code on its own rows.  Per iteration the backend
+returns local float64 sums, counts, SSE and the number of changed labels; one
+``Allreduce`` merges them; every rank then computes the same new centres, so
+the centres never need to be broadcast.  Nothing here depends on the number of
+ranks except the order in which the Allreduce adds the partial sums, which
+moves only the last bits of the centres.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import InputError, UsageError
+
+log = logging.getLogger("mpikmeans")
+
+STOP_UNCHANGED = "assignment unchanged"
+STOP_TOL = "centre shift <= tol"
+STOP_MAX_ITER = "max-iter reached"
+
+
+@dataclass
+class KMeansResult:
+    """Outcome of :func:`lloyd`.
+
+    Attributes
+    ----------
+    centres : ndarray, shape (k, m), float64
+    labels : ndarray, shape (n_local,), int32
+        This rank's rows, assigned to the final centres.
+    inertia : float
+        Global SSE of the final assignment to the final centres.
+    sizes : ndarray, shape (k,), int64
+        Global cluster sizes of the final assignment.
+    iterations : int
+    converged : bool
+    stop_reason : str
+    history : list of dict
+        Per iteration: ``iteration``, ``sse`` (before the update), ``shift``
+        (largest centre move), ``changed`` (labels changed), ``seconds``.
+    relocated : int
+        Empty clusters moved to a far point (policy ``farthest``).
+    """
+
+    centres: np.ndarray
+    labels: np.ndarray
+    inertia: float
+    sizes: np.ndarray
+    iterations: int
+    converged: bool
+    stop_reason: str
+    history: list = field(default_factory=list)
+    relocated: int = 0
+
+
+# --------------------------------------------------------------------------- init
+
+def init_range(k: int, mins: np.ndarray, maxs: np.ndarray, seed: int) -> np.ndarray:
+    """Centres uniform in the global per-attribute [min, max] (the specification's first method).
+
+    Parameters
+    ----------
+    k : int
+    mins, maxs : ndarray, shape (m,), float64
+        Global per-attribute bounds (the same on every rank).
+    seed : int
+
+    Returns
+    -------
+    ndarray, shape (k, m), float64
+        The same on every rank, whatever their number.
+    """
+    rng = np.random.default_rng(seed)
+    return mins + rng.random((k, mins.shape[0])) * (maxs - mins)
+
+
+def sample_indices(k: int, n: int, seed: int) -> np.ndarray:
+    """``k`` distinct global row indices drawn uniformly from ``n`` (rank-independent).
+
+    Returns
+    -------
+    ndarray, shape (k,), int64
+    """
+    if k > n:
+        raise UsageError(f"-k {k} is more than the {n} rows of the data: 'sample' needs k distinct rows")
+    return np.random.default_rng(seed).choice(n, size=k, replace=False)
+
+
+def gather_rows(comm, x: np.ndarray, row_offset: int, indices: np.ndarray) -> np.ndarray:
+    """Rows with the given global indices, on every rank (collective).
+
+    Each rank fills the rows it owns and zeros elsewhere; an Allreduce sum then
+    gives every rank the exact rows (x + 0 = x), with no root and no Bcast.
+
+    Parameters
+    ----------
+    x : ndarray, shape (n_local, m)
+    row_offset : int
+        Global index of ``x[0]``.
+    indices : ndarray, shape (r,), int
+
+    Returns
+    -------
+    ndarray, shape (r, m), float64
+    """
+    out = np.zeros((len(indices), x.shape[1]), dtype=np.float64)
+    local = (indices >= row_offset) & (indices < row_offset + x.shape[0])
+    out[local] = x[indices[local] - row_offset]
+    return comm.allreduce(out, "sum")
+
+
+def init_sample(comm, k: int, x: np.ndarray, row_offset: int, n: int, seed: int) -> np.ndarray:
+    """``k`` distinct rows drawn uniformly over the whole file (the specification's second method).
+
+    Returns
+    -------
+    ndarray, shape (k, m), float64
+    """
+    return gather_rows(comm, x, row_offset, sample_indices(k, n, seed))
+
+
+def check_centres(centres: np.ndarray, k: int, m: int, source: str) -> np.ndarray:
+    """Validate user-supplied initial centres against k and m."""
+    if centres.shape != (k, m):
+        raise InputError(f"{source}: has {centres.shape[0]} x {centres.shape[1]} centres, expected k x m = {k} x {m}")
+    if not np.isfinite(centres).all():
+        raise InputError(f"{source}: centres must be finite numbers")
+    return np.ascontiguousarray(centres, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- loop
+
+def _merge(comm, part) -> tuple:
+    """One Allreduce for sums, counts, SSE and the change count."""
+    k, m = part.sums.shape
+    buf = np.empty(k * m + k + 2, dtype=np.float64)
+    buf[: k * m] = part.sums.ravel()
+    buf[k * m : k * m + k] = part.counts
+    buf[-2] = part.sse
+    buf[-1] = part.changed  # exact in float64 below 2**53 rows
+    buf = comm.allreduce(buf, "sum")
+    return buf[: k * m].reshape(k, m), buf[k * m : k * m + k], float(buf[-2]), int(buf[-1])
+
+
+def _relocate_empty(comm, backend, x, row_offset, centres, sums, counts) -> int:
+    """Move each empty cluster to one of the points farthest from their centre.
+
+    As scikit-learn does: the e farthest points (globally, ties to the lower
+    row index) are taken out of their clusters' sums and each becomes the sole
+    member of one empty cluster.  Works on the merged sums, so every rank
+    makes the same change.  Returns the number of clusters moved.
+    """
+    empty = np.flatnonzero(counts == 0)
+    e = len(empty)
+    labels, dist2 = backend.assign(centres)
+    take = min(e, len(dist2))
+    if take:
+        order = np.lexsort((np.arange(len(dist2)), -dist2))[:take]
+        mine = [(-float(dist2[i]), row_offset + int(i), int(labels[i]), x[i].copy()) for i in order]
+    else:
+        mine = []
+    candidates = sorted((c for part in comm.allgather(mine) for c in part), key=lambda c: (c[0], c[1]))
+    moved = 0
+    for cluster, (neg_d, _, owner, row) in zip(empty, candidates):
+        if neg_d == 0.0:  # every remaining point sits on its centre: nothing to gain
+            break
+        sums[owner] -= row
+        counts[owner] -= 1
+        sums[cluster] = row
+        counts[cluster] = 1
+        moved += 1
+    return moved
+
+
+def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *, max_iter: int = 300,
+          tol: float = 0.0, empty_cluster: str = "keep") -> KMeansResult:
+    """Lloyd's iterations until convergence or ``max_iter`` (collective).
+
+    Parameters
+    ----------
+    comm : Comm or SerialComm
+    backend : mpikmeans.backends.Backend
+        Already loaded with ``x``.
+    x : ndarray, shape (n_local, m), float64
+        This rank's rows (used only to relocate empty clusters).
+    row_offset : int
+        Global index of ``x[0]``.
+    centres : ndarray, shape (k, m), float64
+        Initial centres, the same on every rank.
+    max_iter : int
+    tol : float
+        Stop when no centre moved more than ``tol`` (Euclidean).  With 0, stop
+        when no label changed.
+    empty_cluster : {"keep", "farthest"}
+
+    Returns
+    -------
+    KMeansResult
+    """
+    centres = np.array(centres, dtype=np.float64, copy=True)
+    history = []
+    reason = STOP_MAX_ITER
+    converged = False
+    relocated = 0
+    it = 0
+    for it in range(1, max_iter + 1):
+        t0 = time.perf_counter()
+        sums, counts, sse, changed = _merge(comm, backend.step(centres))
+        if empty_cluster == "farthest" and (counts == 0).any():
+            relocated += _relocate_empty(comm, backend, x, row_offset, centres, sums, counts)
+        filled = counts > 0
+        new = centres.copy()  # an empty cluster keeps its centre: never a NaN
+        new[filled] = sums[filled] / counts[filled, None]
+        shift = float(np.sqrt(((new - centres) ** 2).sum(axis=1)).max())
+        centres = new
+        seconds = time.perf_counter() - t0
+        history.append({"iteration": it, "sse": sse, "shift": shift, "changed": changed, "seconds": seconds})
+        log.info("iter %4d  sse %.10g  max shift %.4g  changed %d  %.4fs", it, sse, shift, changed, seconds)
+        if changed == 0:
+            reason, converged = STOP_UNCHANGED, True
+            break
+        if tol > 0 and shift <= tol:
+            reason, converged = STOP_TOL, True
+            break
+    labels, dist2 = backend.assign(centres)
+    k = centres.shape[0]
+    tail = np.empty(k + 1, dtype=np.float64)
+    tail[:k] = np.bincount(labels, minlength=k)
+    tail[k] = dist2.sum()
+    tail = comm.allreduce(tail, "sum")
+    return KMeansResult(centres=centres, labels=labels, inertia=float(tail[k]),
+                        sizes=tail[:k].astype(np.int64), iterations=it, converged=converged,
+                        stop_reason=reason, history=history, relocated=relocated)

@@ -1,0 +1,228 @@
+"""Results on disk: centres, labels in input order, summary JSON; atomic writes.
+
+Every file appears whole or not at all: it is written under a temporary name
+in the same directory and renamed into place, which is atomic on POSIX file
+systems.  Files written by all ranks together (labels, generated data) are
+assembled with positional writes at offsets from an exchange of byte counts,
+then renamed by rank 0 once every rank has finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable
+
+import numpy as np
+
+from .errors import RunError
+from .textfmt import format_fixed
+
+CENTERS = "centers.csv"
+LABELS = "labels.txt"
+SUMMARY = "summary.json"
+
+
+def _tmp_name(path: str) -> str:
+    head, tail = os.path.split(os.path.abspath(path))
+    return os.path.join(head, f".{tail}.tmp-{os.getpid()}")
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one.
+
+    Raises
+    ------
+    RunError
+        The directory is not writable, the disk is full...
+    """
+    tmp = _tmp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise RunError(f"{path}: cannot write: {exc.strerror}") from None
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def write_parallel(comm, path: str, head: bytes, pieces: Iterable) -> int:
+    """Write one file from every rank's bytes, in rank order (collective).
+
+    Parameters
+    ----------
+    comm : Comm or SerialComm
+    path : str
+        The final name; it appears only when every rank's bytes are in.
+    head : bytes
+        Written first, by rank 0 only (a header); ignored on other ranks.
+    pieces : iterable of bytes-like
+        This rank's bytes, in order.
+
+    Returns
+    -------
+    int
+        Total size of the file in bytes.
+
+    Raises
+    ------
+    RunError
+        On every rank, if any rank failed to write.
+    """
+    pieces = [memoryview(np.ascontiguousarray(p) if isinstance(p, np.ndarray) else p).cast("B") for p in pieces]
+    mine = sum(len(p) for p in pieces)
+    sizes = comm.allgather(mine)
+    head_len = comm.bcast(len(head) if comm.rank == 0 else 0, root=0)
+    offset = head_len + sum(sizes[: comm.rank])
+    total = head_len + sum(sizes)
+    tmp = comm.bcast(_tmp_name(path) if comm.rank == 0 else None, root=0)
+
+    error = None
+    if comm.rank == 0:
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.ftruncate(fd, total)
+                os.pwrite(fd, head, 0)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            error = RunError(f"{path}: cannot write: {exc.strerror}")
+    comm.agree(error)
+    try:
+        if mine:
+            fd = os.open(tmp, os.O_WRONLY)
+            try:
+                at = offset
+                for p in pieces:
+                    done = 0
+                    while done < len(p):  # pwrite may write less than asked
+                        done += os.pwrite(fd, p[done:], at + done)
+                    at += len(p)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        error = RunError(f"{path}: cannot write: {exc.strerror}")
+    try:
+        comm.agree(error)
+    except RunError:
+        if comm.rank == 0:
+            _remove_quietly(tmp)
+        raise
+    if comm.rank == 0:
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            _remove_quietly(tmp)
+            error = RunError(f"{path}: cannot write: {exc.strerror}")
+    comm.agree(error)
+    return total
+
+
+def centres_csv(centres: np.ndarray, names: list) -> bytes:
+    """``centers.csv``: a header line of attribute names, then K rows at ``repr`` precision.
+
+    Parameters
+    ----------
+    centres : ndarray, shape (k, m), float64
+    names : list of str, length m
+    """
+
+    def field(name: str) -> str:
+        if any(c in name for c in ',"\n'):
+            return '"' + name.replace('"', '""') + '"'
+        return name
+
+    lines = [",".join(field(n) for n in names)]
+    lines += [",".join(repr(float(v)) for v in row) for row in centres]
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def read_centres_csv(path: str) -> tuple[np.ndarray, list | None]:
+    """Read centres written by :func:`centres_csv` (or a plain CSV of numbers).
+
+    Returns
+    -------
+    centres : ndarray, shape (k, m), float64
+    names : list of str or None
+        The header line's names, if the first line is not numeric.
+
+    Raises
+    ------
+    ValueError
+        With the line number of the first line that is not numbers.
+    """
+    import csv
+
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if r and not r[0].lstrip().startswith("#")]
+    names = None
+    if rows:
+        try:
+            [float(v) for v in rows[0]]
+        except ValueError:
+            names = [v.strip() for v in rows[0]]
+            rows = rows[1:]
+    values = []
+    for i, r in enumerate(rows, start=2 if names else 1):
+        try:
+            values.append([float(v) for v in r])
+        except ValueError:
+            raise ValueError(f"line {i}: not a row of numbers: {','.join(r)[:60]!r}") from None
+    if not values:
+        raise ValueError("no rows of centres")
+    widths = {len(v) for v in values}
+    if len(widths) != 1:
+        raise ValueError(f"rows have different numbers of values: {sorted(widths)}")
+    return np.array(values, dtype=np.float64), names
+
+
+def write_arrays(comm, out_dir: str, centres: np.ndarray, names: list, labels: np.ndarray) -> None:
+    """Write ``centers.csv`` and ``labels.txt`` (collective).
+
+    Any ``summary.json`` already in ``out_dir`` is removed first: the summary is
+    written last (:func:`write_summary`), so its presence means a whole result.
+
+    Parameters
+    ----------
+    comm : Comm or SerialComm
+    out_dir : str
+        Created if missing.
+    centres : ndarray, shape (k, m), float64
+    names : list of str
+    labels : ndarray, shape (n_local,), int
+        This rank's labels; ranks hold consecutive slices of the input rows.
+    """
+    error = None
+    if comm.rank == 0:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            _remove_quietly(os.path.join(out_dir, SUMMARY))
+            write_atomic(os.path.join(out_dir, CENTERS), centres_csv(centres, names))
+        except OSError as exc:
+            error = RunError(f"{out_dir}: cannot create the output directory: {exc.strerror}")
+        except RunError as exc:
+            error = exc
+    comm.agree(error)
+    write_parallel(comm, os.path.join(out_dir, LABELS), b"", [format_fixed(labels.astype(np.int64), 0)])
+
+
+def write_summary(comm, out_dir: str, summary: dict) -> None:
+    """Write ``summary.json`` from rank 0 (collective: failures reach every rank)."""
+    error = None
+    if comm.rank == 0:
+        try:
+            write_atomic(os.path.join(out_dir, SUMMARY), (json.dumps(summary, indent=2) + "\n").encode())
+        except RunError as exc:
+            error = exc
+    comm.agree(error)
