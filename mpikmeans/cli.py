@@ -144,12 +144,14 @@ def _run(comm, data: str, cfg, quiet: bool) -> int:
     import numpy as np
 
     from .arff import read_arff
+    from .faults import fault_point
     from .backends import BackendUnavailable
     from .backends.cpu import default_threads
     from .kmeans import check_centres, init_range, init_sample, lloyd
     from .output import read_centres_csv, write_arrays, write_summary
 
     t0 = time.perf_counter()
+    fault_point(comm.rank, "read")
     local = read_arff(data, comm)
     t_read = time.perf_counter()
 
@@ -225,6 +227,7 @@ def _run(comm, data: str, cfg, quiet: bool) -> int:
         "timings": {},
         "history": result.history,
     }
+    fault_point(comm.rank, "write")
     write_arrays(comm, out_dir, result.centres, local.header.names, result.labels)
     t_written = time.perf_counter()
     summary["timings"] = {

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import InputError, UsageError
+from .faults import fault_point
 
 log = logging.getLogger("mpikmeans")
 
@@ -210,6 +211,7 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
     relocated = 0
     it = 0
     for it in range(1, max_iter + 1):
+        fault_point(comm.rank, "iteration")
         t0 = time.perf_counter()
         sums, counts, sse, changed = _merge(comm, backend.step(centres))
         if empty_cluster == "farthest" and (counts == 0).any():

@@ -1,0 +1,72 @@
+"""Shared fixtures: launching the real CLI, under mpirun or alone, with a timeout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+BIN = os.path.dirname(sys.executable)
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.update({
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMPI_MCA_rmaps_base_oversubscribe": "1",
+        # no network interfaces to probe in a sandbox; loopback is enough
+        "OMPI_MCA_btl_tcp_if_include": "lo",
+        "OMPI_MCA_oob_tcp_if_include": "lo",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def mpirun_path() -> str | None:
+    return shutil.which("mpirun", path=BIN) or shutil.which("mpirun")
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+    seconds: float
+
+
+def run_cli(args: list, np: int | None = None, timeout: float = 120, cwd=None) -> Result:
+    """Run ``mpikmeans ARGS`` (under ``mpirun -np NP`` when ``np`` is given).
+
+    ``timeout`` kills the whole launch: a hang fails the test instead of the suite.
+    """
+    exe = [sys.executable, "-m", "mpikmeans"]
+    if np is not None:
+        mpirun = mpirun_path()
+        if mpirun is None:
+            pytest.skip("mpirun not found")
+        cmd = [mpirun, "-np", str(np), "--oversubscribe", "--bind-to", "none"] + exe + [str(a) for a in args]
+    else:
+        cmd = exe + [str(a) for a in args]
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=cwd,
+                           start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{exc.stdout}\n{exc.stderr}") from None
+    return Result(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+
+
+@pytest.fixture(scope="session")
+def blobs(tmp_path_factory):
+    """A 20,000 x 10 file of 8 well-separated blobs, made with gen-data."""
+    path = tmp_path_factory.mktemp("blobs") / "blobs.arff"
+    r = run_cli(["gen-data", path, "-n", 20000, "-m", 10, "-k", 8, "--seed", 3, "--spread", 0.5])
+    assert r.code == 0, r.err
+    return path
