@@ -1,0 +1,171 @@
+"""The command line in one process: output contract, exit codes, messages."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+
+SUMMARY_KEYS = {"k", "n", "m", "attributes", "iterations", "converged", "stop_reason", "inertia", "sizes",
+                "ranks", "backend", "devices", "dtype", "init", "seed", "timings", "bytes_read", "version"}
+TIMING_KEYS = {"read_s", "init_s", "compute_s", "write_s", "total_s", "per_iteration_s"}
+
+HEADER = "@relation t\n@attribute a numeric\n@attribute 'b c' real\n@attribute d INTEGER\n@data\n"
+
+
+@pytest.fixture
+def small(tmp_path):
+    rng = np.random.default_rng(0)
+    centres = np.array([[0, 0, 0], [10, 10, 10], [-10, 5, 0]], dtype=float)
+    x = centres[rng.integers(0, 3, 300)] + rng.normal(scale=0.3, size=(300, 3))
+    path = tmp_path / "small.arff"
+    path.write_text(HEADER + "\n".join(",".join(repr(float(v)) for v in row) for row in x) + "\n")
+    return path, x
+
+
+def test_output_contract(small, tmp_path):
+    path, x = small
+    out = tmp_path / "res"
+    r = run_cli(["run", path, "-k", 3, "--seed", 2, "-o", out, "--backend", "cpu"])
+    assert r.code == 0, r.err
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= summary.keys()
+    assert TIMING_KEYS <= summary["timings"].keys()
+    assert summary["n"] == 300 and summary["m"] == 3 and summary["k"] == 3
+    assert summary["attributes"] == ["a", "b c", "d"]
+    assert summary["backend"] == "cpu" and summary["ranks"] == 1
+    assert sum(summary["sizes"]) == 300
+    assert summary["bytes_read"] == path.stat().st_size - len(HEADER)
+    lines = (out / "centers.csv").read_text().splitlines()
+    assert lines[0] == "a,b c,d" and len(lines) == 4
+    centres = np.array([[float(v) for v in line.split(",")] for line in lines[1:]])
+    labels = np.loadtxt(out / "labels.txt", dtype=int)
+    assert labels.shape == (300,)
+    # every centre is the mean of its rows, written at repr precision
+    for c in range(3):
+        np.testing.assert_allclose(centres[c], x[labels == c].mean(axis=0), rtol=1e-12)
+    assert summary["inertia"] == pytest.approx(((x - centres[labels]) ** 2).sum(), rel=1e-12)
+    # the human summary on stdout
+    assert "converged after" in r.out and "SSE" in r.out and "cluster sizes" in r.out
+    assert "read" in r.out and "ms/iteration" in r.out
+    assert not list(out.glob(".*tmp*"))
+
+
+def test_default_output_dir_and_verbose(small):
+    path, _ = small
+    r = run_cli(["run", path, "-k", 3, "-v"])
+    assert r.code == 0, r.err
+    assert (path.parent / "small.mpikmeans" / "summary.json").exists()
+    assert "iter    1" in r.out and "max shift" in r.out
+
+
+def test_quiet_prints_nothing(small, tmp_path):
+    path, _ = small
+    r = run_cli(["run", path, "-k", 3, "-q", "-o", tmp_path / "q"])
+    assert r.code == 0 and r.out == ""
+
+
+def test_config_file_layers(small, tmp_path):
+    path, _ = small
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("k: 2\nmax-iter: 1\ninit: range\nseed: 4\n")
+    out = tmp_path / "o"
+    r = run_cli(["run", path, "--config", cfg, "--max-iter", 3, "-o", out])
+    assert r.code == 0, r.err
+    s = json.loads((out / "summary.json").read_text())
+    assert s["k"] == 2 and s["init"] == "range" and s["seed"] == 4 and s["max_iter"] == 3
+
+
+def test_init_file_and_tol(small, tmp_path):
+    path, x = small
+    init = tmp_path / "init.csv"
+    init.write_text("a,b c,d\n1,1,1\n9,9,9\n-9,4,1\n")
+    out = tmp_path / "o"
+    r = run_cli(["run", path, "-k", 3, "--init", init, "--tol", 1e3, "-o", out])
+    assert r.code == 0, r.err
+    s = json.loads((out / "summary.json").read_text())
+    assert s["iterations"] == 1 and s["stop_reason"] == "centre shift <= tol" and s["converged"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["-k", 0], "-k"),
+    ([], "number of clusters is required"),
+    (["-k", 3, "--max-iter", 0], "--max-iter"),
+    (["-k", 3, "--tol", -1], "--tol"),
+    (["-k", 3, "--init", "nosuchmethod"], "--init"),
+    (["-k", 3, "--backend", "tpu"], "tpu"),
+    (["-k", 400], "more than the 300 rows"),
+])
+def test_usage_errors_exit_2(small, args, needle):
+    path, _ = small
+    r = run_cli(["run", path] + args)
+    assert r.code == 2, (r.out, r.err)
+    assert needle in r.err
+    assert "Traceback" not in r.err
+
+
+def test_unknown_config_key_exits_2(small, tmp_path):
+    path, _ = small
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("k: 2\nmax_iters: 5\n")
+    r = run_cli(["run", path, "--config", cfg])
+    assert r.code == 2 and "unknown key 'max_iters'" in r.err
+
+
+def test_init_file_of_wrong_shape_exits_2(small, tmp_path):
+    path, _ = small
+    init = tmp_path / "init.csv"
+    init.write_text("1,1\n2,2\n3,3\n")
+    r = run_cli(["run", path, "-k", 3, "--init", init])
+    assert r.code == 2 and "expected k x m = 3 x 3" in r.err
+
+
+@pytest.mark.parametrize("body, line, needle", [
+    ("1,2,3\n4,5\n", 7, "row has 2 values, expected 3"),
+    ("1,2,3\n4,5,6,7\n", 7, "more than 3 values"),
+    ("1,2,3\n4,x5,6\n", 7, "attribute 'b c': 'x5' is not a number"),
+    ("1,2,3\n%c\n\n4,5,1e999\n", 9, "attribute 'd': '1e999' is out of the float64 range"),
+    ("1,,3\n", 6, "attribute 'b c': empty value"),
+])
+def test_bad_data_exits_3_with_file_line_attribute(tmp_path, body, line, needle):
+    path = tmp_path / "bad.arff"
+    path.write_text(HEADER + body)
+    r = run_cli(["run", path, "-k", 1])
+    assert r.code == 3, (r.out, r.err)
+    assert f"{path}:{line}:" in r.err and needle in r.err
+    assert "Traceback" not in r.err
+
+
+def test_missing_file_and_bad_header_exit_3(tmp_path):
+    r = run_cli(["run", tmp_path / "nope.arff", "-k", 2])
+    assert r.code == 3 and "nope.arff" in r.err
+    bad = tmp_path / "h.arff"
+    bad.write_text("@relation r\n@attribute a numeric\n@atribute b numeric\n@data\n1,2\n")
+    r = run_cli(["run", bad, "-k", 1])
+    assert r.code == 3 and f"{bad}:3:" in r.err
+
+
+def test_gpu_backend_without_gpu_is_a_clear_runtime_error(small, tmp_path, monkeypatch):
+    path, _ = small
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    r = run_cli(["run", path, "-k", 3, "--backend", "gpu", "-o", tmp_path / "g"])
+    assert r.code == 1, (r.out, r.err)
+    assert "GPU" in r.err and "Traceback" not in r.err
+
+
+def test_gen_data_usage(tmp_path):
+    r = run_cli(["gen-data", tmp_path / "g.arff", "-n", 10, "-m", 2])
+    assert r.code == 2 and "-k" in r.err
+    r = run_cli(["gen-data", tmp_path / "g.arff", "-n", 10, "-m", 2, "-k", 2, "--spread", 1e9])
+    assert r.code == 2 and "spread" in r.err
+    r = run_cli(["gen-data", tmp_path / "nodir" / "g.arff", "-n", 10, "-m", 2, "-k", 2])
+    assert r.code == 1 and "cannot write" in r.err
+
+
+def test_help_works_without_starting_mpi():
+    r = run_cli(["--help"])
+    assert r.code == 0 and "gen-data" in r.out and "run" in r.out
