@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from .errors import InputError
-from .numparse import PARSE_EMPTY, PARSE_OK, PARSE_RANGE, PARSE_SYNTAX, parse_number
+from .numparse import PARSE_EMPTY, PARSE_OK, PARSE_RANGE, parse_number
 
 NUMERIC_TYPES = ("numeric", "real", "integer")
 
@@ -290,6 +290,90 @@ def first_line_start(f, pos: int, data_offset: int, file_size: int) -> tuple:
     return file_size, read
 
 
+def plan_local(path: str, header: Header, rank: int, size: int) -> dict:
+    """Estimate what rank ``rank`` of ``size`` will read, without parsing.
+
+    Aligns the rank's byte range to whole lines and counts newlines in a
+    sample of it to estimate its rows.
+
+    Returns
+    -------
+    dict
+        ``start``, ``end`` (owned bytes), ``bytes``, ``rows`` (estimate),
+        ``host_bytes`` (peak memory for the parsed rows and text buffers).
+    """
+    lo, hi = byte_ranges(header.data_offset, header.file_size, size)[rank]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        start, _ = first_line_start(fd, lo, header.data_offset, header.file_size)
+        end, _ = first_line_start(fd, hi, header.data_offset, header.file_size)
+        end = max(start, end)
+        sample = os.pread(fd, min(end - start, 1 << 20), start)
+    finally:
+        os.close(fd)
+    n_bytes = end - start
+    if sample:
+        lines = sample.count(b"\n") + (0 if sample.endswith(b"\n") else 1)
+        rows = int(round(n_bytes * lines / len(sample)))
+    else:
+        rows = 0
+    m = len(header.attributes)
+    # rows parsed piece by piece and joined at the end: twice the array at peak
+    host = 2 * rows * m * 8 + min(READ_PIECE, n_bytes) + (min(READ_PIECE, n_bytes) // 2 + 1) * 8
+    return {"start": start, "end": end, "bytes": n_bytes, "rows": rows, "host_bytes": host}
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available on this node (``MemAvailable``), if known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(path: str, header: Header, comm) -> dict:
+    """Refuse, before reading, a share of the data that cannot fit in memory (collective).
+
+    Each node's available memory is shared by its ranks.
+
+    Returns
+    -------
+    dict
+        This rank's :func:`plan_local`.
+
+    Raises
+    ------
+    RunError
+        On every rank: the estimate, what is available, and how many ranks
+        would fit.
+    """
+    from .errors import RunError
+
+    try:
+        plan = plan_local(path, header, comm.rank, comm.size)
+    except OSError as exc:
+        plan, error = None, InputError(f"{path}: cannot read on {comm.host}: {exc.strerror}")
+    else:
+        error = None
+    avail = available_memory()
+    if plan is not None and avail is not None:
+        per_rank = avail // max(1, comm.node_size)
+        if plan["host_bytes"] > per_rank:
+            need_ranks = int(np.ceil(plan["host_bytes"] * comm.size / per_rank))
+            error = RunError(
+                f"{path}: rank {comm.rank} on {comm.host} needs about {plan['host_bytes'] / 2**30:.1f} GiB "
+                f"for its {plan['rows']} rows, but {comm.node_size} rank(s) share "
+                f"{avail / 2**30:.1f} GiB available on that node ({per_rank / 2**30:.1f} GiB each): "
+                f"use at least {need_ranks} ranks spread over more nodes (same ranks per node)"
+            )
+    comm.agree(error)
+    return plan
+
+
 # --------------------------------------------------------------------------- parse
 
 @njit(cache=True)
@@ -510,21 +594,27 @@ def read_local(path: str, header: Header, comm) -> LocalData:
                      counts=[r[0] for r in reports])
 
 
-def read_arff(path: str, comm) -> LocalData:
-    """Read an ARFF file in parallel: header on rank 0, rows on every rank.
-
-    Collective.  See :func:`read_local`.
-    """
-    header, error = None, None
+def shared_header(path: str, comm) -> Header:
+    """Rank 0 parses the header and broadcasts it; every rank gets it or the same error (collective)."""
+    header, message = None, None
     if comm.rank == 0:
         try:
             header = read_header(path)
         except InputError as exc:
-            error = exc
-    header, message = comm.bcast((header, None if error is None else error.message), root=0)
+            message = exc.message
+    header, message = comm.bcast((header, message), root=0)
     if message is not None:
         raise InputError(message, collective=True)
-    return read_local(path, header, comm)
+    return header
+
+
+def read_arff(path: str, comm, header: Header | None = None) -> LocalData:
+    """Read an ARFF file in parallel: header on rank 0, rows on every rank.
+
+    Collective.  See :func:`read_local`; ``header`` skips the header step when
+    the caller already has it from :func:`shared_header`.
+    """
+    return read_local(path, header or shared_header(path, comm), comm)
 
 
 # --------------------------------------------------------------------------- write

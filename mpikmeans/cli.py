@@ -18,7 +18,7 @@ from click.core import ParameterSource
 
 from . import __version__
 from .config import BACKENDS, DTYPES, EMPTY_POLICIES, build_config, load_yaml
-from .errors import MpikmeansError, RunError, UsageError
+from .errors import MpikmeansError, UsageError
 
 log = logging.getLogger("mpikmeans")
 
@@ -97,8 +97,8 @@ def main():
 
 # --------------------------------------------------------------------------- run
 
-_RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_cluster",
-             "output_dir", "threads", "share_gpus", "chunk_rows")
+_RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_cluster", "output_dir",
+             "threads", "share_gpus", "chunk_rows", "checkpoint", "checkpoint_every", "resume", "overwrite")
 
 
 @main.command()
@@ -112,151 +112,62 @@ _RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_
 @click.option("--dtype", type=click.Choice(DTYPES), help="Precision of the data on the GPU  [default: float64]")
 @click.option("--empty-cluster", type=click.Choice(EMPTY_POLICIES), help="Empty-cluster policy  [default: keep]")
 @click.option("--output-dir", "-o", help="Default: DATA's stem + .mpikmeans/")
+@click.option("--overwrite", is_flag=True, default=None, help="Replace results already in the output directory.")
 @click.option("--threads", type=int, help="CPU threads per rank  [default: cores / ranks on the node]")
 @click.option("--share-gpus", is_flag=True, default=None, help="Allow more ranks per node than GPUs.")
 @click.option("--chunk-rows", type=int, help="GPU: stream the data in chunks of this many rows.")
+@click.option("--checkpoint", help="Save the loop state here periodically and on SIGTERM/SIGUSR1.")
+@click.option("--checkpoint-every", type=int, help="Checkpoint every N iterations  [default: at most every 60 s]")
+@click.option("--resume", help="Go on from a checkpoint.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML file of settings (keys = option names).")
+@click.option("--dry-run", is_flag=True, help="Print per-rank rows, bytes and memory estimates, then exit.")
 @click.option("-v", "--verbose", count=True, help="One line per iteration (-vv: more).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.pass_context
-def run(ctx, data, config_path, verbose, quiet, **options):
+def run(ctx, data, config_path, dry_run, verbose, quiet, **options):
     """Cluster DATA (an ARFF file) into K clusters."""
     given = {key: options[key] for key in _RUN_KEYS
              if ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE and options[key] is not None}
 
     def body(comm):
+        from .interrupt import EXIT_CHECKPOINTED
+        from .runner import dry_run as plan_ranks
+        from .runner import run_job
+
         try:
             cfg = build_config(load_yaml(config_path) if config_path else {}, given)
         except UsageError as exc:
             exc.collective = True  # same arguments and files on every rank
             raise
-        return _run(comm, data, cfg, quiet)
+        if dry_run:
+            plans = plan_ranks(comm, data, cfg)
+            if comm.rank == 0:
+                _print_plan(plans, cfg)
+            return 0
+        outcome = run_job(comm, data, cfg)
+        if comm.rank == 0 and outcome.interrupted_by:
+            s = outcome.summary
+            click.echo(f"mpikmeans: stopped by {outcome.interrupted_by} after iteration {s['iterations']}; "
+                       f"state saved to {outcome.checkpoint}", err=True)
+            click.echo(f"mpikmeans: go on with: mpikmeans run {data} --resume {outcome.checkpoint} "
+                       "(and the same settings)", err=True)
+        elif comm.rank == 0 and not quiet:
+            _print_summary(outcome.summary, outcome.out_dir)
+        return EXIT_CHECKPOINTED if outcome.interrupted_by else 0
 
     _guarded(verbose, quiet, body)
 
 
-def _default_output_dir(data: str) -> str:
-    stem, _ = os.path.splitext(data)
-    return stem + ".mpikmeans"
-
-
-def _run(comm, data: str, cfg, quiet: bool) -> int:
-    import numpy as np
-
-    from .arff import read_arff
-    from .faults import fault_point
-    from .backends import BackendUnavailable
-    from .backends.cpu import default_threads
-    from .kmeans import check_centres, init_range, init_sample, lloyd
-    from .output import read_centres_csv, write_arrays, write_summary
-
-    t0 = time.perf_counter()
-    fault_point(comm.rank, "read")
-    local = read_arff(data, comm)
-    t_read = time.perf_counter()
-
-    threads = cfg.threads or default_threads(comm.node_size)
-    backend, error = None, None
-    try:
-        backend = _make_backend(comm, cfg, threads)
-        backend.load(local.x)
-    except (BackendUnavailable, MpikmeansError) as exc:
-        error = RunError(str(exc))
-    comm.agree(error)
-
-    k, m = cfg.k, local.m
-    if cfg.init == "range":
-        centres = init_range(k, local.mins, local.maxs, cfg.seed)
-    elif cfg.init == "sample":
-        try:
-            centres = init_sample(comm, k, local.x, local.row_offset, local.n, cfg.seed)
-        except UsageError as exc:  # k > n: found before any collective, on every rank
-            exc.collective = True
-            raise
-    else:
-        centres, message = None, None
-        if comm.rank == 0:
-            try:
-                centres = check_centres(read_centres_csv(cfg.init)[0], k, m, cfg.init)
-            except (ValueError, OSError) as exc:
-                message = f"--init {cfg.init}: {exc}"
-            except MpikmeansError as exc:
-                message = exc.message
-        centres, message = comm.bcast((centres, message), root=0)
-        if message is not None:
-            raise UsageError(message, collective=True)
-    t_init = time.perf_counter()
-
-    result = lloyd(comm, backend, local.x, local.row_offset, centres, max_iter=cfg.max_iter,
-                   tol=cfg.tol, empty_cluster=cfg.empty_cluster)
-    t_compute = time.perf_counter()
-
-    info = backend.info()
-    devices = [d for per_rank in comm.allgather(info.devices) for d in per_rank]
-    hosts = sorted(set(comm.allgather(comm.host)))
-    bytes_read = int(comm.allreduce(np.array([local.bytes_read], dtype=np.int64), "sum")[0])
-    out_dir = cfg.output_dir or _default_output_dir(data)
-    summary = {
-        "version": __version__,
-        "data": os.path.abspath(data),
-        "relation": local.header.relation,
-        "k": k,
-        "n": local.n,
-        "m": m,
-        "attributes": local.header.names,
-        "iterations": result.iterations,
-        "converged": result.converged,
-        "stop_reason": result.stop_reason,
-        "inertia": result.inertia,
-        "sizes": [int(s) for s in result.sizes],
-        "ranks": comm.size,
-        "hosts": hosts,
-        "rows_per_rank": local.counts,
-        "backend": info.name,
-        "devices": devices,
-        "threads_per_rank": info.threads,
-        "dtype": info.dtype,
-        "init": cfg.init,
-        "seed": cfg.seed,
-        "tol": cfg.tol,
-        "max_iter": cfg.max_iter,
-        "empty_cluster": cfg.empty_cluster,
-        "empty_relocations": result.relocated,
-        "mpi_library": comm.library(),
-        "bytes_read": bytes_read,
-        "timings": {},
-        "history": result.history,
-    }
-    fault_point(comm.rank, "write")
-    write_arrays(comm, out_dir, result.centres, local.header.names, result.labels)
-    t_written = time.perf_counter()
-    summary["timings"] = {
-        "read_s": t_read - t0,
-        "init_s": t_init - t_read,
-        "compute_s": t_compute - t_init,
-        "write_s": t_written - t_compute,
-        "total_s": t_written - t0,
-        "per_iteration_s": (t_compute - t_init) / max(1, result.iterations),
-    }
-    write_summary(comm, out_dir, summary)
-    backend.close()
-    if comm.rank == 0 and not quiet:
-        _print_summary(summary, out_dir)
-    return 0
-
-
-def _make_backend(comm, cfg, threads):
-    from .backends import make_backend
-
-    options = {"threads": threads, "dtype": cfg.dtype, "chunk_rows": cfg.chunk_rows}
-    if cfg.backend in ("gpu", "auto"):
-        try:
-            from .backends.gpu import gpu_available, select_device_for
-        except ImportError:
-            gpu_available = None
-        if gpu_available is not None and (cfg.backend == "gpu" or gpu_available()):
-            options["device"] = select_device_for(comm.node_rank, comm.node_size, cfg.share_gpus)
-    return make_backend(cfg.backend, **options)
+def _print_plan(plans: list, cfg) -> None:
+    gib = 2.0**30
+    click.echo(f"dry run: {len(plans)} rank(s), m = {plans[0]['m']}, k = {cfg.k}, dtype {cfg.dtype} on a GPU")
+    click.echo(f"{'rank':>4} {'host':<18} {'bytes':>14} {'rows (est.)':>12} {'host GiB':>9} {'GPU GiB':>8} "
+               f"{'avail GiB':>9}")
+    for p in plans:
+        avail = "?" if p["available_bytes"] is None else f"{p['available_bytes'] / gib:.1f}"
+        click.echo(f"{p['rank']:>4} {p['host']:<18} {p['bytes']:>14} {p['rows']:>12} "
+                   f"{p['host_bytes'] / gib:>9.2f} {p['device_bytes'] / gib:>8.2f} {avail:>9}")
+    click.echo(f"total: {sum(p['bytes'] for p in plans)} bytes, about {sum(p['rows'] for p in plans)} rows")
 
 
 def _print_summary(s: dict, out_dir: str) -> None:
@@ -267,7 +178,8 @@ def _print_summary(s: dict, out_dir: str) -> None:
     click.echo(f"mpikmeans {s['version']}: {s['n']} rows x {s['m']} attributes, k={s['k']}, "
                f"{s['ranks']} rank{'s' if s['ranks'] != 1 else ''}, backend {s['backend']} ({per}), {s['dtype']}")
     state = "converged" if s["converged"] else "stopped"
-    click.echo(f"{state} after {s['iterations']} iterations ({s['stop_reason']}); SSE {s['inertia']:.10g}")
+    resumed = f", resumed at iteration {s['resumed_at_iteration']}" if s.get("resumed_from") else ""
+    click.echo(f"{state} after {s['iterations']} iterations ({s['stop_reason']}{resumed}); SSE {s['inertia']:.10g}")
     sizes = s["sizes"]
     shown = " ".join(str(v) for v in sizes[:20]) + (" ..." if len(sizes) > 20 else "")
     click.echo(f"cluster sizes: {shown}")

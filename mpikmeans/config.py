@@ -54,6 +54,14 @@ class RunConfig:
     chunk_rows : int or None
         GPU: stream the data through in chunks of this many rows (default:
         keep it resident when it fits).
+    checkpoint : str or None
+        Write the loop state here during the run (and on SIGTERM/SIGUSR1).
+    checkpoint_every : int or None
+        Checkpoint every N iterations; default: at most every 60 seconds.
+    resume : str or None
+        Go on from this checkpoint.
+    overwrite : bool
+        Replace results already in the output directory.
     """
 
     k: int | None = None
@@ -68,6 +76,10 @@ class RunConfig:
     threads: int | None = None
     share_gpus: bool = False
     chunk_rows: int | None = None
+    checkpoint: str | None = None
+    checkpoint_every: int | None = None
+    resume: str | None = None
+    overwrite: bool = False
 
     def validate(self) -> "RunConfig":
         """Check every setting; raise :class:`UsageError` naming the first bad one."""
@@ -84,6 +96,10 @@ class RunConfig:
                "threads", self.threads, "an integer >= 1")
         _check(self.chunk_rows is None or (isinstance(self.chunk_rows, int) and self.chunk_rows >= 1),
                "chunk-rows", self.chunk_rows, "an integer >= 1")
+        _check(self.checkpoint_every is None or (isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 1),
+               "checkpoint-every", self.checkpoint_every, "an integer >= 1")
+        if self.resume is not None and not os.path.isfile(str(self.resume)):
+            raise UsageError(f"--resume {self.resume!r}: no such checkpoint file")
         if self.init not in INIT_METHODS and not os.path.isfile(str(self.init)):
             raise UsageError(f"--init {self.init!r}: expected {', '.join(INIT_METHODS)} or an existing CSV file of centres")
         return self

@@ -24,6 +24,32 @@ log = logging.getLogger("mpikmeans")
 STOP_UNCHANGED = "assignment unchanged"
 STOP_TOL = "centre shift <= tol"
 STOP_MAX_ITER = "max-iter reached"
+STOP_INTERRUPTED = "interrupted by a signal"
+
+
+@dataclass
+class LoopState:
+    """Everything the loop needs to go on exactly where it was (a checkpoint's content).
+
+    Attributes
+    ----------
+    iteration : int
+        Iterations completed.
+    centres : ndarray, shape (k, m), float64
+        Centres after ``iteration`` iterations.
+    prev_centres : ndarray, shape (k, m), float64, or None
+        The centres iteration ``iteration`` assigned the rows with: assigning
+        with them again restores the labels, so the next iteration counts
+        changed labels exactly as an uninterrupted run does.
+    history : list of dict
+    relocated : int
+    """
+
+    iteration: int
+    centres: np.ndarray
+    prev_centres: np.ndarray | None
+    history: list = field(default_factory=list)
+    relocated: int = 0
 
 
 @dataclass
@@ -58,6 +84,8 @@ class KMeansResult:
     stop_reason: str
     history: list = field(default_factory=list)
     relocated: int = 0
+    interrupted: bool = False
+    state: LoopState | None = None
 
 
 # --------------------------------------------------------------------------- init
@@ -137,16 +165,22 @@ def check_centres(centres: np.ndarray, k: int, m: int, source: str) -> np.ndarra
 
 # --------------------------------------------------------------------------- loop
 
-def _merge(comm, part) -> tuple:
-    """One Allreduce for sums, counts, SSE and the change count."""
+def _merge(comm, part, stop: bool) -> tuple:
+    """One Allreduce for sums, counts, SSE, the change count and stop requests.
+
+    A signal reaches the ranks at slightly different times; adding the ranks'
+    stop flags into the same Allreduce makes every rank see the request at the
+    same iteration.
+    """
     k, m = part.sums.shape
-    buf = np.empty(k * m + k + 2, dtype=np.float64)
+    buf = np.empty(k * m + k + 3, dtype=np.float64)
     buf[: k * m] = part.sums.ravel()
     buf[k * m : k * m + k] = part.counts
-    buf[-2] = part.sse
-    buf[-1] = part.changed  # exact in float64 below 2**53 rows
+    buf[-3] = part.sse
+    buf[-2] = part.changed  # exact in float64 below 2**53 rows
+    buf[-1] = 1.0 if stop else 0.0
     buf = comm.allreduce(buf, "sum")
-    return buf[: k * m].reshape(k, m), buf[k * m : k * m + k], float(buf[-2]), int(buf[-1])
+    return buf[: k * m].reshape(k, m), buf[k * m : k * m + k], float(buf[-3]), int(buf[-2]), buf[-1] > 0
 
 
 def _relocate_empty(comm, backend, x, row_offset, centres, sums, counts) -> int:
@@ -180,8 +214,9 @@ def _relocate_empty(comm, backend, x, row_offset, centres, sums, counts) -> int:
 
 
 def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *, max_iter: int = 300,
-          tol: float = 0.0, empty_cluster: str = "keep") -> KMeansResult:
-    """Lloyd's iterations until convergence or ``max_iter`` (collective).
+          tol: float = 0.0, empty_cluster: str = "keep", resume: LoopState | None = None,
+          after_iteration=None, stop_requested=None) -> KMeansResult:
+    """Lloyd's iterations until convergence, ``max_iter`` or a stop request (collective).
 
     Parameters
     ----------
@@ -193,36 +228,52 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
     row_offset : int
         Global index of ``x[0]``.
     centres : ndarray, shape (k, m), float64
-        Initial centres, the same on every rank.
+        Initial centres, the same on every rank (ignored when resuming).
     max_iter : int
     tol : float
         Stop when no centre moved more than ``tol`` (Euclidean).  With 0, stop
         when no label changed.
     empty_cluster : {"keep", "farthest"}
+    resume : LoopState, optional
+        Go on from a checkpoint; the result is bit for bit that of the
+        uninterrupted run with the same ranks.
+    after_iteration : callable(LoopState, bool), optional
+        Called on every rank after each iteration that did not finish the run;
+        the flag is True when the run stops there because of a stop request
+        (a checkpoint must be written now).
+    stop_requested : callable() -> bool, optional
+        Polled once per iteration (a signal handler's flag).
 
     Returns
     -------
     KMeansResult
+        With ``interrupted`` set (and no labels) when a stop request ended it.
     """
-    centres = np.array(centres, dtype=np.float64, copy=True)
-    history = []
-    reason = STOP_MAX_ITER
-    converged = False
-    relocated = 0
-    it = 0
-    for it in range(1, max_iter + 1):
+    if resume is not None:
+        state = resume
+        if state.prev_centres is not None:
+            backend.step(state.prev_centres)  # the labels the uninterrupted run had
+    else:
+        state = LoopState(0, np.array(centres, dtype=np.float64, copy=True), None, [])
+    reason, converged, interrupted = STOP_MAX_ITER, False, False
+    while state.iteration < max_iter:
+        it = state.iteration + 1
         fault_point(comm.rank, "iteration")
         t0 = time.perf_counter()
-        sums, counts, sse, changed = _merge(comm, backend.step(centres))
+        centres = state.centres
+        part = backend.step(centres)
+        sums, counts, sse, changed, stop = _merge(comm, part, bool(stop_requested and stop_requested()))
+        relocated = state.relocated
         if empty_cluster == "farthest" and (counts == 0).any():
             relocated += _relocate_empty(comm, backend, x, row_offset, centres, sums, counts)
         filled = counts > 0
         new = centres.copy()  # an empty cluster keeps its centre: never a NaN
         new[filled] = sums[filled] / counts[filled, None]
         shift = float(np.sqrt(((new - centres) ** 2).sum(axis=1)).max())
-        centres = new
         seconds = time.perf_counter() - t0
-        history.append({"iteration": it, "sse": sse, "shift": shift, "changed": changed, "seconds": seconds})
+        history = state.history + [{"iteration": it, "sse": sse, "shift": shift, "changed": changed,
+                                    "seconds": seconds}]
+        state = LoopState(it, new, centres, history, relocated)
         log.info("iter %4d  sse %.10g  max shift %.4g  changed %d  %.4fs", it, sse, shift, changed, seconds)
         if changed == 0:
             reason, converged = STOP_UNCHANGED, True
@@ -230,12 +281,26 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
         if tol > 0 and shift <= tol:
             reason, converged = STOP_TOL, True
             break
+        if stop:
+            reason, interrupted = STOP_INTERRUPTED, True
+        if after_iteration is not None and state.iteration < max_iter:
+            after_iteration(state, interrupted)
+        if interrupted:
+            return KMeansResult(centres=state.centres, labels=None, inertia=float("nan"), sizes=None,
+                                iterations=state.iteration, converged=False, stop_reason=reason,
+                                history=state.history, relocated=state.relocated, interrupted=True,
+                                state=state)
+    centres = state.centres
     labels, dist2 = backend.assign(centres)
     k = centres.shape[0]
     tail = np.empty(k + 1, dtype=np.float64)
     tail[:k] = np.bincount(labels, minlength=k)
     tail[k] = dist2.sum()
     tail = comm.allreduce(tail, "sum")
-    return KMeansResult(centres=centres, labels=labels, inertia=float(tail[k]),
-                        sizes=tail[:k].astype(np.int64), iterations=it, converged=converged,
-                        stop_reason=reason, history=history, relocated=relocated)
+    sizes = tail[:k].astype(np.int64)
+    if (sizes == 0).any():
+        log.warning("%d of %d clusters are empty at the end (fewer distinct rows than k, or a poor start)",
+                    int((sizes == 0).sum()), k)
+    return KMeansResult(centres=centres, labels=labels, inertia=float(tail[k]), sizes=sizes,
+                        iterations=state.iteration, converged=converged, stop_reason=reason,
+                        history=state.history, relocated=state.relocated, state=state)

@@ -23,27 +23,35 @@ _BLOCKS = 64
 
 
 @njit(cache=True, fastmath=False, inline="always")
-def _nearest(x, i, centres, k, m):
-    best = 0
-    best_d = np.inf
+def _nearest(x, i, ct, d):
+    # centres transposed (m, k): the inner loop runs over centres with one
+    # accumulator each, so it vectorises without reordering any sum (each d[c]
+    # still adds its m terms in attribute order, as the GPU kernels do)
+    m, k = ct.shape
     for c in range(k):
-        d = 0.0
-        for j in range(m):
-            t = x[i, j] - centres[c, j]
-            d += t * t
+        d[c] = 0.0
+    for j in range(m):
+        xj = x[i, j]
+        for c in range(k):
+            t = xj - ct[j, c]
+            d[c] += t * t
+    best = 0
+    best_d = d[0]
+    for c in range(1, k):
         # strict '<': ties go to the lowest centre index (the backends' contract)
-        if d < best_d:
-            best_d = d
+        if d[c] < best_d:
+            best_d = d[c]
             best = c
     return best, best_d
 
 
 @njit(parallel=True, cache=True, fastmath=False)
-def _lloyd_pass(x, centres, labels, weights, use_weights, part_sums, part_counts, part_sse, part_changed):
+def _lloyd_pass(x, ct, labels, weights, use_weights, part_sums, part_counts, part_sse, part_changed):
     n, m = x.shape
-    k = centres.shape[0]
+    k = ct.shape[1]
     nb = part_sums.shape[0]
     for b in prange(nb):
+        d = np.empty(k, dtype=np.float64)
         lo = n * b // nb
         hi = n * (b + 1) // nb
         sums = part_sums[b]
@@ -55,7 +63,7 @@ def _lloyd_pass(x, centres, labels, weights, use_weights, part_sums, part_counts
             for j in range(m):
                 sums[c, j] = 0.0
         for i in range(lo, hi):
-            best, best_d = _nearest(x, i, centres, k, m)
+            best, best_d = _nearest(x, i, ct, d)
             if labels[i] != best:
                 changed += 1
                 labels[i] = best
@@ -69,13 +77,16 @@ def _lloyd_pass(x, centres, labels, weights, use_weights, part_sums, part_counts
 
 
 @njit(parallel=True, cache=True, fastmath=False)
-def _assign_pass(x, centres, labels, dist2):
-    n, m = x.shape
-    k = centres.shape[0]
-    for i in prange(n):
-        best, best_d = _nearest(x, i, centres, k, m)
-        labels[i] = best
-        dist2[i] = best_d
+def _assign_pass(x, ct, labels, dist2):
+    n = x.shape[0]
+    k = ct.shape[1]
+    nb = min(n, 256)
+    for b in prange(nb):
+        d = np.empty(k, dtype=np.float64)
+        for i in range(n * b // nb, n * (b + 1) // nb):
+            best, best_d = _nearest(x, i, ct, d)
+            labels[i] = best
+            dist2[i] = best_d
 
 
 @njit(cache=True)
@@ -159,7 +170,7 @@ class CPUBackend(Backend):
         part_counts = np.empty((nb, k), dtype=np.float64)
         part_sse = np.empty(nb, dtype=np.float64)
         part_changed = np.empty(nb, dtype=np.int64)
-        _lloyd_pass(self._x, centres, self._labels, self._weights, self._weights.size > 0,
+        _lloyd_pass(self._x, np.ascontiguousarray(centres.T), self._labels, self._weights, self._weights.size > 0,
                     part_sums, part_counts, part_sse, part_changed)
         sums, counts, sse, changed = _reduce_blocks(part_sums, part_counts, part_sse, part_changed)
         return StepResult(sums=sums, counts=counts, sse=float(sse), changed=int(changed))
@@ -169,7 +180,7 @@ class CPUBackend(Backend):
         n = self._x.shape[0]
         labels = np.empty(n, dtype=np.int32)
         dist2 = np.empty(n, dtype=np.float64)
-        _assign_pass(self._x, centres, labels, dist2)
+        _assign_pass(self._x, np.ascontiguousarray(centres.T), labels, dist2)
         return labels, dist2
 
     def info(self) -> BackendInfo:

@@ -1,0 +1,260 @@
+"""One ``mpikmeans run`` from start to finish, on every rank (collective).
+
+The order of the steps is chosen so that a run fails early and cheaply: the
+output directory and the memory estimate are checked before the data is
+parsed, the data before the backend takes it, and nothing is written to the
+output directory before the clustering has finished.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import __version__
+from .arff import check_memory, read_arff, shared_header
+from .backends import BackendUnavailable, make_backend
+from .backends.cpu import default_threads
+from .checkpoint import Checkpointer, check_compatible, load
+from .errors import MpikmeansError, RunError, UsageError
+from .faults import fault_point
+from .interrupt import StopRequest
+from .kmeans import check_centres, init_range, init_sample, lloyd
+from .output import CENTERS, LABELS, SUMMARY, read_centres_csv, write_arrays, write_summary
+
+
+@dataclass
+class RunOutcome:
+    """What the CLI reports.
+
+    Attributes
+    ----------
+    summary : dict
+        The content of summary.json (also for an interrupted run, unwritten).
+    out_dir : str
+    interrupted_by : str
+        Signal name when a signal stopped the run, else "".
+    checkpoint : str or None
+        Where the state was saved.
+    """
+
+    summary: dict
+    out_dir: str
+    interrupted_by: str = ""
+    checkpoint: str | None = None
+
+
+def default_output_dir(data: str) -> str:
+    """DATA's path without its extension, plus ``.mpikmeans``."""
+    return os.path.splitext(data)[0] + ".mpikmeans"
+
+
+def prepare_output_dir(comm, out_dir: str, overwrite: bool) -> None:
+    """Check, before any work, that results can be written and none would be lost (collective).
+
+    Raises
+    ------
+    UsageError
+        Results are already there and ``overwrite`` is False.
+    RunError
+        The directory cannot be created or written.
+    """
+    error = None
+    if comm.rank == 0:
+        present = [f for f in (CENTERS, LABELS, SUMMARY) if os.path.exists(os.path.join(out_dir, f))]
+        if present and not overwrite:
+            error = UsageError(f"{out_dir} already holds results ({', '.join(present)}); "
+                               "pass --overwrite or choose another --output-dir")
+        else:
+            probe = os.path.join(out_dir, f".probe-{os.getpid()}")
+            try:
+                os.makedirs(out_dir, exist_ok=True)
+                with open(probe, "wb"):
+                    pass
+                os.unlink(probe)
+            except OSError as exc:
+                error = RunError(f"{out_dir}: cannot write results there: {exc.strerror}")
+    comm.agree(error)
+
+
+def _make_backend(comm, cfg):
+    threads = cfg.threads or default_threads(comm.node_size)
+    options = {"threads": threads, "dtype": cfg.dtype, "chunk_rows": cfg.chunk_rows}
+    if cfg.backend in ("gpu", "auto"):
+        try:
+            from .backends.gpu import gpu_available, select_device_for
+        except ImportError:
+            gpu_available = None
+        if gpu_available is not None and (cfg.backend == "gpu" or gpu_available()):
+            options["device"] = select_device_for(comm.node_rank, comm.node_size, cfg.share_gpus)
+    return make_backend(cfg.backend, **options)
+
+
+def _initial_centres(comm, cfg, local) -> np.ndarray:
+    k, m = cfg.k, local.m
+    if k > local.n:
+        raise UsageError(f"-k {k} is more than the {local.n} rows of {local.path}", collective=True)
+    if cfg.init == "range":
+        return init_range(k, local.mins, local.maxs, cfg.seed)
+    if cfg.init == "sample":
+        return init_sample(comm, k, local.x, local.row_offset, local.n, cfg.seed)
+    centres, message = None, None
+    if comm.rank == 0:
+        try:
+            centres = check_centres(read_centres_csv(cfg.init)[0], k, m, cfg.init)
+        except (ValueError, OSError) as exc:
+            message = f"--init {cfg.init}: {exc}"
+        except MpikmeansError as exc:
+            message = exc.message
+    centres, message = comm.bcast((centres, message), root=0)
+    if message is not None:
+        raise UsageError(message, collective=True)
+    return centres
+
+
+def _binding_settings(cfg, local) -> dict:
+    return {"data": os.path.abspath(local.path), "data_size": local.header.file_size, "n": local.n,
+            "m": local.m, "k": cfg.k, "tol": cfg.tol, "empty_cluster": cfg.empty_cluster,
+            "init": cfg.init, "seed": cfg.seed}
+
+
+def _resume_state(comm, cfg, settings: dict):
+    state, message = None, None
+    if comm.rank == 0:
+        try:
+            state, saved = load(cfg.resume)
+            check_compatible(cfg.resume, saved, settings)
+        except UsageError as exc:
+            message = exc.message
+    state, message = comm.bcast((state, message), root=0)
+    if message is not None:
+        raise UsageError(message, collective=True)
+    return state
+
+
+def dry_run(comm, data: str, cfg) -> list:
+    """Per-rank estimates without parsing the data (collective).
+
+    Returns
+    -------
+    list of dict
+        One per rank: rank, host, byte range, bytes, estimated rows, host
+        memory and device memory estimates, available memory.
+    """
+    from .arff import available_memory, plan_local
+
+    header = shared_header(data, comm)
+    plan = plan_local(data, header, comm.rank, comm.size)
+    m = len(header.attributes)
+    item = 4 if cfg.dtype == "float32" else 8
+    plan.update({"rank": comm.rank, "host": comm.host, "node_rank": comm.node_rank,
+                 "device_bytes": plan["rows"] * (m * item + 8) + cfg.k * m * 16,
+                 "available_bytes": available_memory(), "m": m})
+    return comm.allgather(plan)
+
+
+def run_job(comm, data: str, cfg) -> RunOutcome:
+    """Read, cluster and write results (collective: every rank calls it).
+
+    Parameters
+    ----------
+    comm : Comm or SerialComm
+    data : str
+        The ARFF file.
+    cfg : RunConfig
+        Validated settings.
+
+    Returns
+    -------
+    RunOutcome
+    """
+    t0 = time.perf_counter()
+    out_dir = cfg.output_dir or default_output_dir(data)
+    prepare_output_dir(comm, out_dir, cfg.overwrite)
+
+    fault_point(comm.rank, "read")
+    header = shared_header(data, comm)
+    check_memory(data, header, comm)
+    local = read_arff(data, comm, header=header)
+    t_read = time.perf_counter()
+
+    backend, error = None, None
+    try:
+        backend = _make_backend(comm, cfg)
+        backend.load(local.x)
+    except (BackendUnavailable, MpikmeansError) as exc:
+        error = RunError(str(exc))
+    except MemoryError:
+        error = RunError(f"rank {comm.rank}: not enough device or host memory for {len(local.x)} rows")
+    comm.agree(error)
+
+    settings = _binding_settings(cfg, local)
+    resume = _resume_state(comm, cfg, settings) if cfg.resume else None
+    centres = None if resume is not None else _initial_centres(comm, cfg, local)
+    t_init = time.perf_counter()
+
+    ckpt_path = cfg.checkpoint or os.path.join(out_dir, "checkpoint.npz")
+    checkpointer = Checkpointer(ckpt_path, settings, every=cfg.checkpoint_every, is_root=comm.rank == 0)
+    if not cfg.checkpoint:
+        checkpointer.every, checkpointer.seconds = None, float("inf")  # only on a signal
+    with StopRequest() as stop:
+        result = lloyd(comm, backend, local.x, local.row_offset, centres, max_iter=cfg.max_iter, tol=cfg.tol,
+                       empty_cluster=cfg.empty_cluster, resume=resume, after_iteration=checkpointer,
+                       stop_requested=stop)
+    t_compute = time.perf_counter()
+
+    info = backend.info()
+    summary = {
+        "version": __version__,
+        "data": os.path.abspath(data),
+        "relation": local.header.relation,
+        "k": cfg.k,
+        "n": local.n,
+        "m": local.m,
+        "attributes": local.header.names,
+        "iterations": result.iterations,
+        "converged": result.converged,
+        "stop_reason": result.stop_reason,
+        "inertia": result.inertia,
+        "sizes": None if result.sizes is None else [int(s) for s in result.sizes],
+        "ranks": comm.size,
+        "hosts": sorted(set(comm.allgather(comm.host))),
+        "rows_per_rank": local.counts,
+        "backend": info.name,
+        "devices": [d for per_rank in comm.allgather(info.devices) for d in per_rank],
+        "threads_per_rank": info.threads,
+        "dtype": info.dtype,
+        "init": cfg.init,
+        "seed": cfg.seed,
+        "tol": cfg.tol,
+        "max_iter": cfg.max_iter,
+        "empty_cluster": cfg.empty_cluster,
+        "empty_relocations": result.relocated,
+        "resumed_from": os.path.abspath(cfg.resume) if cfg.resume else None,
+        "resumed_at_iteration": resume.iteration if resume is not None else None,
+        "mpi_library": comm.library(),
+        "bytes_read": int(comm.allreduce(np.array([local.bytes_read], dtype=np.int64), "sum")[0]),
+        "timings": {},
+        "history": result.history,
+    }
+    if result.interrupted:
+        backend.close()
+        return RunOutcome(summary, out_dir, interrupted_by=stop.name or "signal", checkpoint=ckpt_path)
+
+    fault_point(comm.rank, "write")
+    write_arrays(comm, out_dir, result.centres, local.header.names, result.labels)
+    t_written = time.perf_counter()
+    summary["timings"] = {
+        "read_s": t_read - t0,
+        "init_s": t_init - t_read,
+        "compute_s": t_compute - t_init,
+        "write_s": t_written - t_compute,
+        "total_s": t_written - t0,
+        "per_iteration_s": (t_compute - t_init) / max(1, len(result.history) - (resume.iteration if resume else 0)),
+    }
+    write_summary(comm, out_dir, summary)
+    backend.close()
+    return RunOutcome(summary, out_dir, checkpoint=ckpt_path if checkpointer.written else None)
