@@ -147,7 +147,27 @@ def _attribute_kind(type_text: str) -> str:
     return "unknown"
 
 
-def parse_header(path: str, head: bytes) -> Header:
+class _NeedMore(Exception):
+    """The bytes given end before the ``@data`` line."""
+
+
+def _strip_comment(text: str) -> str:
+    """Drop a ``%`` comment that is not inside quotes (Weka allows one anywhere)."""
+    quote = None
+    for i, c in enumerate(text):
+        if quote:
+            if c == "\\":
+                continue
+            if c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c == "%":
+            return text[:i].rstrip()
+    return text
+
+
+def parse_header(path: str, head: bytes, complete: bool = True) -> Header:
     """Parse the header at the start of an ARFF file.
 
     Parameters
@@ -156,6 +176,9 @@ def parse_header(path: str, head: bytes) -> Header:
         For error messages.
     head : bytes
         The file's first bytes, at least through the ``@data`` line.
+    complete : bool
+        ``head`` is the whole file.  When False and ``head`` ends before the
+        ``@data`` line, :class:`_NeedMore` is raised so the caller reads on.
 
     Raises
     ------
@@ -173,7 +196,12 @@ def parse_header(path: str, head: bytes) -> Header:
     while True:
         nl = head.find(b"\n", offset)
         if nl < 0:
-            raise InputError(f"{path}: no @data line: the header never ends (read {len(head)} bytes)")
+            if not complete:
+                raise _NeedMore
+            if head[offset:].strip():  # a last line without its newline
+                head += b"\n"
+                continue
+            raise InputError(f"{path}: no @data line: the header never ends ({len(head)} bytes read)")
         raw = head[offset:nl]
         offset = nl + 1
         line_no += 1
@@ -181,7 +209,8 @@ def parse_header(path: str, head: bytes) -> Header:
             text = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
             raise InputError(f"{path}:{line_no}: the header line is not UTF-8 text") from None
-        if not text or text.startswith("%"):
+        text = _strip_comment(text)
+        if not text:
             continue
         keyword, _, rest = text.partition(" ")
         if "\t" in keyword:
@@ -216,7 +245,7 @@ def parse_header(path: str, head: bytes) -> Header:
                 f"{path}:{a.line}: attribute {a.name!r} is {a.kind}; only numeric, real and integer "
                 "attributes can be clustered"
             )
-    return Header(relation, attributes, offset, line_no + 1, file_size)
+    return Header(relation, attributes, min(offset, file_size), line_no + 1, file_size)
 
 
 def read_header(path: str) -> Header:
@@ -230,18 +259,14 @@ def read_header(path: str) -> Header:
             while True:
                 more = f.read(block)
                 head += more
-                low = head.lower()
-                at = low.find(b"@data")
-                if at >= 0 and head.find(b"\n", at) >= 0:
-                    break
-                if not more:
-                    if at >= 0:  # @data is the last line, no newline: no rows follow
-                        head += b"\n"
-                    break
-                block = min(block * 2, 1 << 24)
+                try:
+                    return parse_header(path, head, complete=not more)
+                except _NeedMore:
+                    block = min(block * 2, 1 << 24)
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not an ARFF file") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
-    return parse_header(path, head)
 
 
 # --------------------------------------------------------------------------- split

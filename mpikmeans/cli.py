@@ -47,7 +47,8 @@ def _setup_logging(comm, verbose: int, quiet: bool) -> None:
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(f"[rank {comm.rank}] %(message)s"))
-        level = logging.DEBUG if verbose > 1 else logging.WARNING
+        # warnings about the global result are the same on every rank: rank 0 says them
+        level = logging.DEBUG if verbose > 1 else logging.ERROR
     root.addHandler(handler)
     root.setLevel(level)
 
@@ -60,7 +61,11 @@ def _reporter(comm, verbose: int):
                 click.echo(f"mpikmeans: error{where}: {exc.message}", err=True)
             return
         where = f" on rank {comm.rank} ({comm.host})" if comm.size > 1 else ""
-        click.echo(f"mpikmeans: internal error{where}: {type(exc).__name__}: {exc}", err=True)
+        if isinstance(exc, MemoryError):
+            click.echo(f"mpikmeans: out of memory{where}: MemoryError: {exc}; use more ranks on more nodes "
+                       "(mpikmeans run --dry-run shows the memory each rank needs)", err=True)
+        else:
+            click.echo(f"mpikmeans: internal error{where}: {type(exc).__name__}: {exc}", err=True)
         if verbose:
             traceback.print_exc()
         else:
@@ -199,7 +204,7 @@ def _print_summary(s: dict, out_dir: str) -> None:
 @click.option("-k", "k", type=click.IntRange(min=1), required=True, help="Blobs.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--spread", type=float, default=1.0, show_default=True, help="Standard deviation of each blob.")
-@click.option("--decimals", type=click.IntRange(0, 15), default=10, show_default=True,
+@click.option("--decimals", type=click.IntRange(0, 14), default=10, show_default=True,
               help="Digits after the decimal point.")
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)

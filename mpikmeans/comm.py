@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -108,6 +110,11 @@ class Comm(SerialComm):
         self._comm.Barrier()
 
     def abort(self, code: int) -> None:
+        # give the launcher a moment to forward the message just printed:
+        # Abort kills every rank, and output still in the pipe can be lost
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(0.5)
         self._comm.Abort(code)
 
     def library(self) -> str:

@@ -85,19 +85,22 @@ class RunConfig:
         """Check every setting; raise :class:`UsageError` naming the first bad one."""
         if self.k is None:
             raise UsageError("the number of clusters is required: -k K (or 'k:' in the config file)")
-        _check(isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1, "k", self.k, "an integer >= 1")
-        _check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
-        _check(isinstance(self.max_iter, int) and self.max_iter >= 1, "max-iter", self.max_iter, "an integer >= 1")
-        _check(isinstance(self.tol, (int, float)) and self.tol >= 0, "tol", self.tol, "a number >= 0")
+        _check(_is_int(self.k) and self.k >= 1, "k", self.k, "an integer >= 1")
+        _check(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        _check(_is_int(self.max_iter) and self.max_iter >= 1, "max-iter", self.max_iter, "an integer >= 1")
+        _check(isinstance(self.tol, (int, float)) and not isinstance(self.tol, bool) and self.tol >= 0,
+               "tol", self.tol, "a number >= 0")
         _check(self.backend in BACKENDS, "backend", self.backend, " or ".join(BACKENDS))
         _check(self.dtype in DTYPES, "dtype", self.dtype, " or ".join(DTYPES))
         _check(self.empty_cluster in EMPTY_POLICIES, "empty-cluster", self.empty_cluster, " or ".join(EMPTY_POLICIES))
-        _check(self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
-               "threads", self.threads, "an integer >= 1")
-        _check(self.chunk_rows is None or (isinstance(self.chunk_rows, int) and self.chunk_rows >= 1),
-               "chunk-rows", self.chunk_rows, "an integer >= 1")
-        _check(self.checkpoint_every is None or (isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 1),
-               "checkpoint-every", self.checkpoint_every, "an integer >= 1")
+        for key in ("threads", "chunk_rows", "checkpoint_every"):
+            value = getattr(self, key)
+            _check(value is None or (_is_int(value) and value >= 1), key.replace("_", "-"), value, "an integer >= 1")
+        for key in ("share_gpus", "overwrite"):
+            _check(isinstance(getattr(self, key), bool), key.replace("_", "-"), getattr(self, key), "true or false")
+        for key in ("output_dir", "checkpoint", "resume"):
+            value = getattr(self, key)
+            _check(value is None or isinstance(value, str), key.replace("_", "-"), value, "a path")
         if self.resume is not None and not os.path.isfile(str(self.resume)):
             raise UsageError(f"--resume {self.resume!r}: no such checkpoint file")
         if self.init not in INIT_METHODS and not os.path.isfile(str(self.init)):
@@ -107,6 +110,10 @@ class RunConfig:
     def as_dict(self) -> dict:
         """Settings keyed by option name (for summary.json and checks)."""
         return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check(ok: bool, key: str, value, expected: str) -> None:

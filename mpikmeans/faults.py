@@ -1,10 +1,11 @@
 """Fault injection for the reliability tests: make one rank fail on purpose.
 
-``MPIKMEANS_FAULT=RANK:STAGE:KIND`` makes rank RANK fail when it reaches STAGE
-(``read``, ``iteration``, ``write``).  KIND is ``raise`` (an unexpected
-exception), ``memory`` (MemoryError), ``exit`` (``sys.exit(5)``) or ``kill``
-(SIGKILL to itself).  Unset in normal use: then :func:`fault_point` costs one
-dictionary look-up.
+``MPIKMEANS_FAULT=RANK:STAGE:KIND[:COUNT]`` makes rank RANK fail when it
+reaches STAGE (``read``, ``iteration``, ``write``) for the COUNT-th time
+(default: the first).  KIND is ``raise`` (an unexpected exception), ``memory``
+(MemoryError), ``exit`` (``sys.exit(5)``), ``kill`` (SIGKILL to itself) or
+``term`` (SIGTERM to itself, as a scheduler's warning would).  Unset in normal
+use: then :func:`fault_point` costs one dictionary look-up.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections import Counter
+
+_reached: Counter = Counter()
 
 
 def fault_point(rank: int, stage: str) -> None:
@@ -20,8 +24,11 @@ def fault_point(rank: int, stage: str) -> None:
     if not spec:
         return
     try:
-        want_rank, want_stage, kind = spec.split(":")
+        want_rank, want_stage, kind, *count = spec.split(":")
         if int(want_rank) != rank or want_stage != stage:
+            return
+        _reached[stage] += 1
+        if _reached[stage] != (int(count[0]) if count else 1):
             return
     except ValueError:
         return
@@ -33,3 +40,5 @@ def fault_point(rank: int, stage: str) -> None:
         sys.exit(5)
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "term":
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -46,8 +46,8 @@ class GenSpec:
             raise ValueError("n, m and k must be at least 1")
         if not np.isfinite(self.spread) or self.spread < 0:
             raise ValueError("spread must be a finite number >= 0")
-        if not 0 <= self.decimals <= 15:
-            raise ValueError("decimals must be in [0, 15]")
+        if not 0 <= self.decimals <= 14:
+            raise ValueError("decimals must be in [0, 14]")
         # the largest |value| must stay an exact integer count of ticks in float64
         bound = (CENTRE_BOX + 40 * self.spread) * 10.0 ** self.decimals
         if bound >= 2.0**53:

@@ -148,43 +148,56 @@ def centres_csv(centres: np.ndarray, names: list) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-def read_centres_csv(path: str) -> tuple[np.ndarray, list | None]:
+def read_centres_csv(path: str, names: list | None = None) -> tuple[np.ndarray, list | None]:
     """Read centres written by :func:`centres_csv` (or a plain CSV of numbers).
+
+    Parameters
+    ----------
+    path : str
+    names : list of str, optional
+        The data's attribute names: a first line equal to them is the header
+        even when the names look like numbers (``@attribute 1 numeric``).
 
     Returns
     -------
     centres : ndarray, shape (k, m), float64
     names : list of str or None
-        The header line's names, if the first line is not numeric.
+        The header line's names, if the first line is a header.
 
     Raises
     ------
     ValueError
-        With the line number of the first line that is not numbers.
+        With the file's line number of the first line that is not numbers.
     """
     import csv
 
     with open(path, newline="") as f:
-        rows = [r for r in csv.reader(f) if r and not r[0].lstrip().startswith("#")]
-    names = None
+        reader = csv.reader(f)
+        rows = [(reader.line_num, r) for r in reader if r and not r[0].lstrip().startswith("#")]
+    header = None
     if rows:
-        try:
-            [float(v) for v in rows[0]]
-        except ValueError:
-            names = [v.strip() for v in rows[0]]
+        first = [v.strip() for v in rows[0][1]]
+        if names is not None and first == list(names):
+            header = first
+        else:
+            try:
+                [float(v) for v in first]
+            except ValueError:
+                header = first
+        if header is not None:
             rows = rows[1:]
     values = []
-    for i, r in enumerate(rows, start=2 if names else 1):
+    for line_no, r in rows:
         try:
             values.append([float(v) for v in r])
         except ValueError:
-            raise ValueError(f"line {i}: not a row of numbers: {','.join(r)[:60]!r}") from None
+            raise ValueError(f"line {line_no}: not a row of numbers: {','.join(r)[:60]!r}") from None
     if not values:
         raise ValueError("no rows of centres")
     widths = {len(v) for v in values}
     if len(widths) != 1:
         raise ValueError(f"rows have different numbers of values: {sorted(widths)}")
-    return np.array(values, dtype=np.float64), names
+    return np.array(values, dtype=np.float64), header
 
 
 def write_arrays(comm, out_dir: str, centres: np.ndarray, names: list, labels: np.ndarray) -> None:

@@ -104,7 +104,7 @@ def _initial_centres(comm, cfg, local) -> np.ndarray:
     centres, message = None, None
     if comm.rank == 0:
         try:
-            centres = check_centres(read_centres_csv(cfg.init)[0], k, m, cfg.init)
+            centres = check_centres(read_centres_csv(cfg.init, local.header.names)[0], k, m, cfg.init)
         except (ValueError, OSError) as exc:
             message = f"--init {cfg.init}: {exc}"
         except MpikmeansError as exc:
@@ -242,7 +242,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     }
     if result.interrupted:
         backend.close()
-        return RunOutcome(summary, out_dir, interrupted_by=stop.name or "signal", checkpoint=ckpt_path)
+        return RunOutcome(summary, out_dir, interrupted_by=stop.name or "a stop signal on another rank", checkpoint=ckpt_path)
 
     fault_point(comm.rank, "write")
     write_arrays(comm, out_dir, result.centres, local.header.names, result.labels)

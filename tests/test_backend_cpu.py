@@ -1,0 +1,198 @@
+"""Tests for :mod:`mpikmeans.backends.cpu` against a NumPy brute-force reference."""
+
+from __future__ import annotations
+
+import os
+
+import numba
+import numpy as np
+import pytest
+
+from mpikmeans.backends import Backend, StepResult, make_backend
+from mpikmeans.backends import cpu
+from mpikmeans.backends.cpu import CPUBackend, default_threads
+
+
+def reference(x, centres, weights=None):
+    """Brute force.  Distances summed over attributes in order, as (x - c)**2, so
+    they are the same float64 numbers the backend computes; argmin takes the
+    first minimum, i.e. ties go to the lowest centre index."""
+    n, m = x.shape
+    k = centres.shape[0]
+    d = np.zeros((n, k))
+    for j in range(m):
+        t = x[:, j, None] - centres[None, :, j]
+        d = d + t * t
+    labels = np.argmin(d, axis=1) if n else np.zeros(0, dtype=np.int64)
+    dist2 = d[np.arange(n), labels]
+    w = np.ones(n) if weights is None else weights
+    sums = np.zeros((k, m))
+    np.add.at(sums, labels, w[:, None] * x)
+    counts = np.bincount(labels, weights=w, minlength=k).astype(np.float64)
+    sse = float((w * dist2).sum())
+    return labels, dist2, sums, counts, sse
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    scale = max(np.abs(b).max(initial=0.0), 1e-300)
+    return np.abs(a - b).max(initial=0.0) / scale
+
+
+def loaded(x, threads=1, weights=None):
+    b = CPUBackend(threads=threads)
+    b.load(x, weights)
+    return b
+
+
+@pytest.mark.parametrize("n, m, k, seed", [(1000, 5, 7, 0), (333, 1, 1, 1), (2000, 13, 20, 2), (70, 3, 64, 3)])
+def test_step_and_assign_match_reference(n, m, k, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, m)) * 3 + rng.integers(-5, 5, size=(n, 1))
+    c = x[rng.choice(n, size=min(k, n), replace=False)] + 0.01 * rng.standard_normal((min(k, n), m))
+    labels, dist2, sums, counts, sse = reference(x, c)
+    b = loaded(x)
+    r = b.step(c)
+    assert isinstance(r, StepResult)
+    assert r.sums.shape == (len(c), m) and r.sums.dtype == np.float64
+    assert r.counts.shape == (len(c),) and r.counts.dtype == np.float64
+    np.testing.assert_array_equal(r.counts, counts)
+    assert rel_err(r.sums, sums) <= 1e-12
+    assert abs(r.sse - sse) <= 1e-12 * sse
+    assert r.changed == n
+    got_labels, got_d = b.assign(c)
+    assert got_labels.dtype == np.int32 and got_d.dtype == np.float64
+    np.testing.assert_array_equal(got_labels, labels)
+    assert got_d.tobytes() == dist2.tobytes()
+
+
+def test_ties_go_to_the_lowest_index():
+    x = np.array([[0.0], [5.0], [-5.0], [2.0]])
+    for c in (np.array([[1.0], [-1.0]]), np.array([[-1.0], [1.0]])):
+        labels, _ = loaded(x).assign(c)
+        assert labels[0] == 0  # exactly between the two centres
+    # duplicate centres: the second copy never wins
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((500, 3))
+    c = rng.standard_normal((4, 3))
+    dup = np.vstack([c[:2], c[1:2], c[2:], c[0:1]])  # centres 2 and 5 repeat 1 and 0
+    b = loaded(x)
+    r = b.step(dup)
+    labels, _ = b.assign(dup)
+    assert not np.isin(labels, [2, 5]).any()
+    assert r.counts[2] == 0 and r.counts[5] == 0
+    np.testing.assert_array_equal(labels, reference(x, dup)[0])
+    # all centres equal: everything in cluster 0
+    labels, _ = loaded(x).assign(np.zeros((3, 3)))
+    assert (labels == 0).all()
+
+
+def test_thread_count_does_not_change_the_result():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((20_000, 6)) * 10
+    c = rng.standard_normal((9, 6)) * 5
+    out = []
+    for threads in (1, 2, 1):
+        b = CPUBackend(threads=threads)
+        assert numba.get_num_threads() == min(threads, numba.config.NUMBA_NUM_THREADS)
+        b.load(x)
+        r = b.step(c)
+        labels, d = b.assign(c)
+        out.append((r.sums.tobytes(), r.counts.tobytes(), r.sse, r.changed, labels.tobytes(), d.tobytes()))
+    assert out[0] == out[1] == out[2]
+
+
+def test_changed_counts():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((400, 2))
+    c1 = rng.standard_normal((5, 2))
+    c2 = c1 + 0.3 * rng.standard_normal((5, 2))
+    l1, l2 = reference(x, c1)[0], reference(x, c2)[0]
+    assert (l1 != l2).sum() > 0, "test set-up"
+    b = loaded(x)
+    assert b.step(c1).changed == 400  # the first step: every row is new
+    assert b.step(c1).changed == 0
+    b.assign(c2)  # assign does not touch the labels that step keeps
+    assert b.step(c1).changed == 0
+    assert b.step(c2).changed == int((l1 != l2).sum())
+    assert b.step(c2).changed == 0
+    b.load(x)  # a new load starts afresh
+    assert b.step(c2).changed == 400
+
+
+def test_zero_rows():
+    b = loaded(np.empty((0, 3)))
+    r = b.step(np.ones((4, 3)))
+    assert r.sums.shape == (4, 3) and not r.sums.any()
+    assert r.counts.shape == (4,) and not r.counts.any()
+    assert r.sse == 0.0 and r.changed == 0
+    labels, d = b.assign(np.ones((4, 3)))
+    assert labels.shape == (0,) and d.shape == (0,)
+    assert labels.dtype == np.int32
+
+
+def test_weights():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((800, 4))
+    c = rng.standard_normal((6, 4))
+    w = rng.uniform(0.1, 3.0, size=800)
+    labels, _, sums, counts, sse = reference(x, c, w)
+    r = loaded(x, weights=w).step(c)
+    assert rel_err(r.counts, counts) <= 1e-12
+    assert rel_err(r.sums, sums) <= 1e-12
+    assert abs(r.sse - sse) <= 1e-12 * sse
+    # unit weights are the unweighted result, bit for bit
+    r1 = loaded(x, weights=np.ones(800)).step(c)
+    r0 = loaded(x).step(c)
+    assert (r1.sums.tobytes(), r1.counts.tobytes(), r1.sse) == (r0.sums.tobytes(), r0.counts.tobytes(), r0.sse)
+    # integer weights are repeated rows
+    wi = rng.integers(1, 4, size=800)
+    rep = loaded(np.repeat(x, wi, axis=0)).step(c)
+    rw = loaded(x, weights=wi.astype(np.float64)).step(c)
+    np.testing.assert_array_equal(rw.counts, rep.counts)
+    assert rel_err(rw.sums, rep.sums) <= 1e-12
+
+
+def test_input_layouts():
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((300, 4))
+    c = rng.standard_normal((3, 4))
+    base = loaded(x).step(c)
+    # Fortran-ordered rows or centres are the same numbers: the same result
+    for xv, cv in [(np.asfortranarray(x), c), (x, np.asfortranarray(c)), (x[::-1][::-1], c[:, :])]:
+        r = loaded(xv).step(cv)
+        assert (r.sums.tobytes(), r.counts.tobytes(), r.sse) == (base.sums.tobytes(), base.counts.tobytes(), base.sse)
+    # float32 centres are widened to float64
+    c32 = c.astype(np.float32)
+    labels = reference(x, c32.astype(np.float64))[0]
+    np.testing.assert_array_equal(loaded(x).assign(c32)[0], labels)
+
+
+def test_default_threads(monkeypatch):
+    def machine(total, usable):
+        monkeypatch.setattr(os, "cpu_count", lambda: total)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(usable)), raising=False)
+
+    machine(16, 16)
+    assert [default_threads(r) for r in (1, 2, 3, 4, 16, 32)] == [16, 8, 5, 4, 1, 1]
+    assert default_threads() == 16
+    assert default_threads(0) == 16  # nonsense input still gives a usable count
+    machine(16, 1)  # the launcher bound this rank to one core
+    assert default_threads(1) == 1 and default_threads(4) == 1
+    machine(16, 6)
+    assert default_threads(1) == 6 and default_threads(4) == 4
+
+
+def test_threads_option_and_info():
+    b = CPUBackend(threads=10_000)
+    assert b.threads == numba.config.NUMBA_NUM_THREADS
+    info = b.info()
+    assert info.name == "cpu" and info.threads == b.threads and info.dtype == "float64"
+    assert CPUBackend(threads=1).info().threads == 1
+
+
+def test_make_backend():
+    b = make_backend("cpu", threads=1)
+    assert isinstance(b, CPUBackend) and isinstance(b, Backend)
+    with pytest.raises(ValueError, match="unknown backend"):
+        make_backend("tpu")
