@@ -9,8 +9,8 @@ rank sends rows to another.  Row and line counts are then exchanged so that
 each rank knows the global index of its first row (labels are written in input
 order) and the line number of any bad row.
 
-Numbers are parsed by :func:`mpikmeans.numparse.parse_number`, compiled and
-bit-identical to Python's ``float()``.
+Data lines are parsed by :mod:`mpikmeans.rowparse` (compiled; numbers
+bit-identical to Python's ``float()``).
 
 This module never imports mpi4py: the communicator is passed in.
 """
@@ -22,10 +22,9 @@ import re
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
 
-from .errors import InputError
-from .numparse import PARSE_EMPTY, PARSE_OK, PARSE_RANGE, parse_number
+from . import rowparse
+from .errors import InputError, UsageError
 
 NUMERIC_TYPES = ("numeric", "real", "integer")
 
@@ -33,20 +32,6 @@ NUMERIC_TYPES = ("numeric", "real", "integer")
 READ_PIECE = 64 << 20
 
 _NL = 10
-_CR = 13
-_SPACE = 32
-_TAB = 9
-_COMMA = 44
-_PERCENT = 37
-
-# error codes of the compiled row parser
-E_NONE = 0
-E_FEW = 1      # fewer values than attributes
-E_MANY = 2     # more values than attributes
-E_NUMBER = 3   # a token that is not a number
-E_EMPTY = 4    # an empty value
-E_RANGE = 5    # a value that overflows float64 (infinity)
-E_MISSING = 6  # '?' (missing value)
 
 
 @dataclass
@@ -78,6 +63,7 @@ class Header:
     data_offset: int
     data_line: int
     file_size: int
+    path: str = ""
 
     @property
     def names(self) -> list:
@@ -91,17 +77,29 @@ class LocalData:
     Attributes
     ----------
     x : ndarray, shape (n_local, m), float64
-        This rank's rows, in file order.
+        This rank's rows, in file order (the clustered attributes only).
     row_offset : int
-        Global index of this rank's first row.
+        Global index of this rank's first row (among the rows kept).
     n : int
-        Rows in the whole file.
+        Rows clustered, over all ranks.
     mins, maxs : ndarray, shape (m,), float64
         Global per-attribute minimum and maximum (Allreduce MIN/MAX).
     byte_range : (int, int)
         The bytes this rank owns: whole lines, ``[start, end)``.
     bytes_read : int
         Bytes this rank read from the file (its range plus alignment look-ups).
+    counts : list of int
+        Rows clustered on each rank.
+    names : list of str
+        The clustered attributes' names.
+    weights : ndarray, shape (n_local,), float64, or None
+        Instance weights, when any row of the file has one.
+    kept : ndarray, shape (rows read,), bool, or None
+        Which rows read were kept (``--missing drop``); None: all of them.
+    input_rows : int
+        Data rows in the file.
+    missing : int
+        Rows dropped or values filled in because of ``?``, over all ranks.
     """
 
     path: str
@@ -114,6 +112,12 @@ class LocalData:
     byte_range: tuple
     bytes_read: int
     counts: list = field(default_factory=list)
+    names: list = field(default_factory=list)
+    selection: "Selection | None" = None
+    weights: np.ndarray | None = None
+    kept: np.ndarray | None = None
+    input_rows: int = 0
+    missing: int = 0
 
     @property
     def m(self) -> int:
@@ -240,12 +244,10 @@ def parse_header(path: str, head: bytes, complete: bool = True) -> Header:
     if not attributes:
         raise InputError(f"{path}: no @attribute lines before @data")
     for a in attributes:
-        if a.kind != "numeric":
-            raise InputError(
-                f"{path}:{a.line}: attribute {a.name!r} is {a.kind}; only numeric, real and integer "
-                "attributes can be clustered"
-            )
-    return Header(relation, attributes, min(offset, file_size), line_no + 1, file_size)
+        if a.kind == "relational":
+            raise InputError(f"{path}:{a.line}: attribute {a.name!r} is relational (multi-instance data); "
+                             "flatten it to numeric attributes first")
+    return Header(relation, attributes, min(offset, file_size), line_no + 1, file_size, path)
 
 
 def read_header(path: str) -> Header:
@@ -401,118 +403,144 @@ def check_memory(path: str, header: Header, comm) -> dict:
 
 # --------------------------------------------------------------------------- parse
 
-@njit(cache=True)
-def _is_blank(c):
-    return c == _SPACE or c == _TAB or c == _CR
+MISSING_POLICIES = ("error", "drop", "mean")
 
 
-@njit(cache=True)
-def parse_rows(buf, m, out):
-    """Parse whole data lines of ``buf`` into ``out`` (compiled).
+@dataclass
+class Selection:
+    """Which attributes of the header are clustered.
 
-    Parameters
+    Attributes
     ----------
-    buf : ndarray, shape (n_bytes,), uint8
-        Whole lines (the last may lack its newline).
-    m : int
-        Values per row.
-    out : ndarray, shape (>= rows, m), float64
-
-    Returns
-    -------
-    rows, lines, err, err_line, err_col, tok_start, tok_end : int
-        Rows parsed; lines consumed (comment and blank lines included); on
-        error, its code, the 0-based line within ``buf``, the 0-based column,
-        and the offending token's byte span.
+    kinds : ndarray, shape (a,), int64
+        ``rowparse.KEEP`` or ``rowparse.SKIP`` per header attribute.
+    outcol : ndarray, shape (a,), int64
+        Column of each kept attribute in the data array (-1 if skipped).
+    names : list of str
+        Kept attribute names, in order.
+    skipped : list of str
+        Non-numeric attributes (not clustered), in order.
+    ignored : list of str
+        Numeric attributes dropped with ``--ignore``.
     """
-    n = buf.shape[0]
-    i = 0
-    rows = 0
-    line = 0
-    while i < n:
-        # skip leading blanks; comment or blank line?
-        while i < n and _is_blank(buf[i]):
-            i += 1
-        if i >= n:
-            line += 1
-            break
-        c = buf[i]
-        if c == _NL or c == _PERCENT:
-            while i < n and buf[i] != _NL:
-                i += 1
-            i += 1
-            line += 1
+
+    kinds: np.ndarray
+    outcol: np.ndarray
+    names: list
+    skipped: list
+    ignored: list
+
+
+def _ignore_indices(spec: str, header: Header) -> set:
+    """0-based indices named by ``--ignore`` (names, ``first``, ``last``, 1-based indices, ranges)."""
+    names = header.names
+    a = len(names)
+
+    def position(token: str) -> int:
+        low = token.lower()
+        if low == "first":
+            return 0
+        if low == "last":
+            return a - 1
+        if token.isdigit():
+            index = int(token) - 1
+            if not 0 <= index < a:
+                raise UsageError(f"--ignore {spec!r}: index {token} is not in 1..{a}")
+            return index
+        raise ValueError(token)
+
+    out = set()
+    for item in (t.strip() for t in spec.split(",")):
+        if not item:
             continue
-        for j in range(m):
-            while i < n and (buf[i] == _SPACE or buf[i] == _TAB):
-                i += 1
-            ts = i
-            while i < n:
-                c = buf[i]
-                if c == _COMMA or c == _NL or c == _PERCENT:
-                    break
-                i += 1
-            te = i
-            while te > ts and _is_blank(buf[te - 1]):
-                te -= 1
-            at_eol = i >= n or buf[i] != _COMMA
-            if te == ts:
-                # (a line with no value at all was taken as blank above, so an
-                # empty token is always a real empty value: ",," or a trailing ",")
-                return rows, line, E_EMPTY, line, j, ts, te
-            if te - ts == 1 and buf[ts] == 63:  # '?'
-                return rows, line, E_MISSING, line, j, ts, te
-            value, status = parse_number(buf, ts, te)
-            if status != PARSE_OK:
-                if status == PARSE_RANGE:
-                    return rows, line, E_RANGE, line, j, ts, te
-                if status == PARSE_EMPTY:
-                    return rows, line, E_EMPTY, line, j, ts, te
-                return rows, line, E_NUMBER, line, j, ts, te
-            out[rows, j] = value
-            if j < m - 1:
-                if at_eol:
-                    return rows, line, E_FEW, line, j + 1, ts, te
-                i += 1  # past the comma
+        if item in names:
+            out.add(names.index(item))
+            continue
+        try:
+            if "-" in item and not item.startswith("-"):
+                lo, hi = item.split("-", 1)
+                out.update(range(position(lo.strip()), position(hi.strip()) + 1))
             else:
-                if not at_eol:
-                    # a comma after the last value: more values than attributes
-                    return rows, line, E_MANY, line, m, i, i + 1
-        # end of the row: an optional comment, then the newline
-        while i < n and buf[i] != _NL:
-            i += 1
-        i += 1
-        rows += 1
-        line += 1
-    return rows, line, E_NONE, -1, -1, -1, -1
+                out.add(position(item))
+        except ValueError:
+            raise UsageError(f"--ignore {spec!r}: no attribute named {item!r} "
+                             f"(names, first, last, 1-based indices or ranges like 2-4)") from None
+    return out
+
+
+def select_attributes(header: Header, ignore: str | None = None) -> Selection:
+    """Decide which attributes are clustered: the numeric ones not ignored.
+
+    Raises
+    ------
+    UsageError
+        ``ignore`` names an attribute that does not exist.
+    InputError
+        No numeric attribute is left to cluster.
+    """
+    ignored_idx = _ignore_indices(ignore, header) if ignore else set()
+    kinds = np.full(len(header.attributes), rowparse.SKIP, dtype=np.int64)
+    outcol = np.full(len(header.attributes), -1, dtype=np.int64)
+    names, skipped, ignored = [], [], []
+    for idx, attr in enumerate(header.attributes):
+        if attr.kind != "numeric":
+            skipped.append(attr.name)
+        elif idx in ignored_idx:
+            ignored.append(attr.name)
+        else:
+            kinds[idx] = rowparse.KEEP
+            outcol[idx] = len(names)
+            names.append(attr.name)
+    if not names:
+        what = f" ({len(ignored)} ignored with --ignore)" if ignored else ""
+        raise InputError(f"{header.path}: no numeric attribute is left to cluster{what}")
+    return Selection(kinds, outcol, names, skipped, ignored)
+
+
+_MESSAGES = {
+    rowparse.E_EMPTY: "empty value",
+    rowparse.E_RANGE: "{token!r} is out of the float64 range",
+    rowparse.E_MISSING: "missing value '?' (use --missing drop or --missing mean to accept them)",
+    rowparse.E_NUMBER: "{token!r} is not a number",
+    rowparse.E_QUOTE: "a quote that is never closed: {token!r}",
+}
 
 
 def _describe(code: int, path: str, line_no: int, col: int, attrs: list, token: str) -> str:
-    name = attrs[col].name if 0 <= col < len(attrs) else None
+    """The message for a bad row: file, line, attribute, what is wrong."""
     where = f"{path}:{line_no}"
-    m = len(attrs)
-    if code == E_FEW:
-        return f"{where}: row has {col} value{'s' if col != 1 else ''}, expected {m} (attribute {attrs[col].name!r} is missing)"
-    if code == E_MANY:
-        return f"{where}: row has more than {m} values (the header declares {m} attributes)"
-    if code == E_EMPTY:
-        return f"{where}: attribute {name!r}: empty value"
-    if code == E_RANGE:
-        return f"{where}: attribute {name!r}: {token!r} is out of the float64 range"
-    if code == E_MISSING:
-        return f"{where}: attribute {name!r}: missing value '?' is not supported in this version"
-    return f"{where}: attribute {name!r}: {token!r} is not a number"
+    a = len(attrs)
+    if "\x00" in token or any(ord(ch) < 32 and ch not in "\t\r" for ch in token) or "\ufffd" in token:
+        shown = token.encode("utf-8", "backslashreplace")[:40]
+        attr = f"attribute {attrs[col].name!r}: " if 0 <= col < a else ""
+        return f"{where}: {attr}binary data, not text: {shown!r}"
+    if code == rowparse.E_FEW:
+        return (f"{where}: row has {col} value{'s' if col != 1 else ''}, expected {a} "
+                f"(attribute {attrs[col].name!r} is missing)")
+    if code == rowparse.E_MANY:
+        return (f"{where}: row has more than {a} values (the header declares {a} attributes; "
+                "a decimal comma would split a number in two)")
+    if code == rowparse.E_INDEX:
+        return f"{where}: sparse index {token!r} is not an attribute index (0..{a - 1})"
+    if code == rowparse.E_SPARSE:
+        return f"{where}: malformed sparse row near {token!r}: expected {{index value, ...}}"
+    if code == rowparse.E_WEIGHT:
+        return f"{where}: instance weight {{{token}}} is not a positive number"
+    return f"{where}: attribute {attrs[col].name!r}: " + _MESSAGES[code].format(token=token)
 
 
-def _parse_span(fd, start: int, end: int, m: int, path: str):
+def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, path: str):
     """Parse the owned lines ``[start, end)`` piece by piece.
 
-    Returns ``(list of row arrays, lines consumed, bad)`` where ``bad`` is None
-    or ``(code, line, column, token)`` with the line counted from ``start``
-    (the caller adds this rank's first line number once counts are exchanged).
+    Returns ``(row arrays, weight arrays, lines consumed, weighted, bad)``
+    where ``bad`` is None or ``(code, line, attribute, token)`` with the line
+    counted from ``start`` (the caller adds this rank's first line number once
+    counts are exchanged).
     """
-    pieces = []
+    m = len(sel.names)
+    pieces, wpieces = [], []
     total_lines = 0
+    weighted = False
     pos = start
     while pos < end:
         want = min(READ_PIECE, end - pos)
@@ -522,26 +550,36 @@ def _parse_span(fd, start: int, end: int, m: int, path: str):
         if pos + want < end:
             # cut at the last newline; the rest goes into the next piece
             newlines = np.flatnonzero(buf == _NL)
-            if len(newlines) == 0:
-                want = len(buf)  # a single line longer than a piece: take it whole
+            if len(newlines) == 0:  # a single line longer than a piece: take it whole
                 more = first_line_start(fd, pos + want, start, end)[0]
                 buf = np.frombuffer(os.pread(fd, more - pos, pos), dtype=np.uint8)
             else:
                 buf = buf[: int(newlines[-1]) + 1]
         upper = int(np.count_nonzero(buf == _NL)) + 1
         out = np.empty((upper, m), dtype=np.float64)
-        rows, lines, err, err_line, err_col, ts, te = parse_rows(buf, m, out)
-        if err != E_NONE:
+        w = np.empty(upper, dtype=np.float64)
+        rows, lines, has_w, err, err_line, err_col, ts, te = rowparse.parse_rows(
+            buf, sel.kinds, sel.outcol, missing_mode, out, w)
+        if err != rowparse.E_NONE:
             token = bytes(buf[ts:te]).decode("utf-8", "replace")
-            line_no = total_lines + err_line
-            return pieces, total_lines + lines, (err, line_no, err_col, token)
+            return pieces, wpieces, total_lines + lines, weighted, (err, total_lines + err_line, err_col, token)
         pieces.append(out[:rows])
+        wpieces.append(w[:rows])
+        weighted = weighted or bool(has_w)
         total_lines += lines
         pos += len(buf)
-    return pieces, total_lines, None
+    return pieces, wpieces, total_lines, weighted, None
 
 
-def read_local(path: str, header: Header, comm) -> LocalData:
+def _join(pieces: list, shape_tail: tuple) -> np.ndarray:
+    if len(pieces) == 1:
+        return np.ascontiguousarray(pieces[0])
+    if not pieces:
+        return np.empty((0,) + shape_tail)
+    return np.concatenate(pieces)
+
+
+def read_local(path: str, header: Header, comm, ignore: str | None = None, missing: str = "error") -> LocalData:
     """Read this rank's rows of an ARFF file (collective: every rank calls it).
 
     Parameters
@@ -550,6 +588,11 @@ def read_local(path: str, header: Header, comm) -> LocalData:
     header : Header
         The same on every rank (rank 0 parsed it and broadcast it).
     comm : mpikmeans.comm.SerialComm or Comm
+    ignore : str, optional
+        Numeric attributes not to cluster (see :func:`select_attributes`).
+    missing : {"error", "drop", "mean"}
+        What to do with ``?``: refuse the file, drop the rows that have one,
+        or replace it by the attribute's global mean (as Weka's SimpleKMeans).
 
     Returns
     -------
@@ -561,10 +604,12 @@ def read_local(path: str, header: Header, comm) -> LocalData:
         On every rank, if any rank found a bad row: the message names the file,
         the 1-based line number and the attribute of the first bad row.
     """
-    m = len(header.attributes)
+    sel = select_attributes(header, ignore)
+    m = len(sel.names)
+    mode = rowparse.MISSING_ERROR if missing == "error" else rowparse.MISSING_NAN
     lo, hi = byte_ranges(header.data_offset, header.file_size, comm.size)[comm.rank]
     error = None
-    pieces, lines, bad = [], 0, None
+    pieces, wpieces, lines, weighted, bad = [], [], 0, False, None
     start = end = lo
     bytes_read = 0
     try:
@@ -577,7 +622,7 @@ def read_local(path: str, header: Header, comm) -> LocalData:
             start, r1 = first_line_start(fd, lo, header.data_offset, header.file_size)
             end, r2 = first_line_start(fd, hi, header.data_offset, header.file_size)
             end = max(start, end)
-            pieces, lines, bad = _parse_span(fd, start, end, m, path)
+            pieces, wpieces, lines, weighted, bad = _parse_span(fd, start, end, sel, mode, path)
             bytes_read = (end - start) + r1 + r2
         except InputError as exc:
             error = exc
@@ -585,16 +630,14 @@ def read_local(path: str, header: Header, comm) -> LocalData:
             error = InputError(f"{path}: read failed: {exc.strerror}")
         finally:
             os.close(fd)
-    rows = sum(len(p) for p in pieces)
-    # one exchange gives every rank its row offset, its first line's number,
-    # the global row count, and whether any rank found a bad row
-    report = (rows, lines, bad, None if error is None else error.message)
-    reports = comm.allgather(report)
-    row_offset = sum(r[0] for r in reports[: comm.rank])
-    n = sum(r[0] for r in reports)
+    x = _join(pieces, (m,))
+    weights = _join(wpieces, ())
+    # one exchange gives every rank its first line's number, the row counts,
+    # whether any row is weighted, and whether any rank found a bad row
+    reports = comm.allgather((len(x), lines, weighted, bad, None if error is None else error.message))
     problems = []
     line_base = header.data_line
-    for r, (_, r_lines, r_bad, r_msg) in enumerate(reports):
+    for r, (_, r_lines, _, r_bad, r_msg) in enumerate(reports):
         if r_msg is not None:
             problems.append((-1, r, r_msg))
         elif r_bad is not None:
@@ -605,18 +648,59 @@ def read_local(path: str, header: Header, comm) -> LocalData:
     if problems:
         _, _, message = min(problems)
         raise InputError(message, collective=True)
-    if n == 0:
+    input_rows = sum(r[0] for r in reports)
+    if input_rows == 0:
         raise InputError(f"{path}: the data section has no rows", collective=True)
-    x = pieces[0] if len(pieces) == 1 else (np.concatenate(pieces) if pieces else np.empty((0, m)))
-    x = np.ascontiguousarray(x)
+    any_weighted = any(r[2] for r in reports)
+
+    kept, missing_count = None, 0
+    if mode == rowparse.MISSING_NAN:
+        x, weights, kept, missing_count = _apply_missing(comm, x, weights, missing, path)
+    counts = comm.allgather(len(x))
+    n = sum(counts)
+    if n == 0:
+        raise InputError(f"{path}: every row has a missing value: none is left to cluster", collective=True)
     if len(x):
         mins, maxs = x.min(axis=0), x.max(axis=0)
     else:
         mins, maxs = np.full(m, np.inf), np.full(m, -np.inf)
-    mins = comm.allreduce(mins, "min")
-    maxs = comm.allreduce(maxs, "max")
-    return LocalData(path, header, x, row_offset, n, mins, maxs, (start, end), bytes_read,
-                     counts=[r[0] for r in reports])
+    return LocalData(path, header, x, sum(counts[: comm.rank]), n, comm.allreduce(mins, "min"),
+                     comm.allreduce(maxs, "max"), (start, end), bytes_read, counts=counts, names=sel.names,
+                     selection=sel, weights=weights if any_weighted else None, kept=kept,
+                     input_rows=input_rows, missing=missing_count)
+
+
+def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, path: str):
+    """Drop rows with a ``?`` or fill it with the global mean of its attribute (collective).
+
+    Returns
+    -------
+    x, weights : the rows kept (filled)
+    kept : ndarray of bool, shape (rows read,), or None when every row is kept
+    count : int
+        Rows dropped (``drop``) or values replaced (``mean``), over all ranks.
+    """
+    nan = np.isnan(x)
+    if policy == "drop":
+        bad_rows = nan.any(axis=1)
+        count = int(comm.allreduce(np.array([bad_rows.sum()], dtype=np.int64), "sum")[0])
+        if count == 0:
+            return x, weights, None, 0
+        keep = ~bad_rows
+        return np.ascontiguousarray(x[keep]), weights[keep], keep, count
+    stats = np.zeros((3, x.shape[1]), dtype=np.float64)
+    stats[0] = np.where(nan, 0.0, x).sum(axis=0)
+    stats[1] = (~nan).sum(axis=0)
+    stats[2] = nan.sum(axis=0)
+    stats = comm.allreduce(stats, "sum")
+    count = int(stats[2].sum())
+    if count == 0:
+        return x, weights, None, 0
+    if (stats[1] == 0).any():
+        raise InputError(f"{path}: an attribute has only missing values: no mean to fill in", collective=True)
+    means = stats[0] / stats[1]
+    x = np.where(nan, means, x)
+    return np.ascontiguousarray(x), weights, None, count
 
 
 def shared_header(path: str, comm) -> Header:
@@ -633,13 +717,19 @@ def shared_header(path: str, comm) -> Header:
     return header
 
 
-def read_arff(path: str, comm, header: Header | None = None) -> LocalData:
+def read_arff(path: str, comm, header: Header | None = None, ignore: str | None = None,
+              missing: str = "error") -> LocalData:
     """Read an ARFF file in parallel: header on rank 0, rows on every rank.
 
     Collective.  See :func:`read_local`; ``header`` skips the header step when
     the caller already has it from :func:`shared_header`.
     """
-    return read_local(path, header or shared_header(path, comm), comm)
+    header = header or shared_header(path, comm)
+    try:
+        return read_local(path, header, comm, ignore=ignore, missing=missing)
+    except (UsageError, InputError) as exc:
+        exc.collective = True  # select_attributes decides the same on every rank
+        raise
 
 
 # --------------------------------------------------------------------------- write

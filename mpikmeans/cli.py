@@ -17,7 +17,7 @@ import click
 from click.core import ParameterSource
 
 from . import __version__
-from .config import BACKENDS, DTYPES, EMPTY_POLICIES, build_config, load_yaml
+from .config import BACKENDS, DTYPES, EMPTY_POLICIES, MISSING_POLICIES, build_config, load_yaml
 from .errors import MpikmeansError, UsageError
 
 log = logging.getLogger("mpikmeans")
@@ -103,7 +103,8 @@ def main():
 # --------------------------------------------------------------------------- run
 
 _RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_cluster", "output_dir",
-             "threads", "share_gpus", "chunk_rows", "checkpoint", "checkpoint_every", "resume", "overwrite")
+             "threads", "share_gpus", "chunk_rows", "checkpoint", "checkpoint_every", "resume", "overwrite",
+             "ignore", "missing")
 
 
 @main.command()
@@ -116,6 +117,8 @@ _RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_
 @click.option("--backend", type=click.Choice(BACKENDS), help="[default: auto]")
 @click.option("--dtype", type=click.Choice(DTYPES), help="Precision of the data on the GPU  [default: float64]")
 @click.option("--empty-cluster", type=click.Choice(EMPTY_POLICIES), help="Empty-cluster policy  [default: keep]")
+@click.option("--ignore", help="Numeric attributes not to cluster: names, first, last, 1-based indices, ranges.")
+@click.option("--missing", type=click.Choice(MISSING_POLICIES), help="Missing values '?'  [default: error]")
 @click.option("--output-dir", "-o", help="Default: DATA's stem + .mpikmeans/")
 @click.option("--overwrite", is_flag=True, default=None, help="Replace results already in the output directory.")
 @click.option("--threads", type=int, help="CPU threads per rank  [default: cores / ranks on the node]")

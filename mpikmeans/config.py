@@ -18,6 +18,7 @@ INIT_METHODS = ("range", "sample")
 BACKENDS = ("auto", "cpu", "gpu")
 DTYPES = ("float64", "float32")
 EMPTY_POLICIES = ("keep", "farthest")
+MISSING_POLICIES = ("error", "drop", "mean")
 
 
 @dataclass
@@ -62,6 +63,12 @@ class RunConfig:
         Go on from this checkpoint.
     overwrite : bool
         Replace results already in the output directory.
+    ignore : str or None
+        Numeric attributes not to cluster: names, ``first``, ``last``, 1-based
+        indices or ranges, comma-separated (as Weka's ``-I``).
+    missing : str
+        ``?`` values: ``error``, ``drop`` the row, or fill in the attribute's
+        global ``mean`` (as Weka's SimpleKMeans).
     """
 
     k: int | None = None
@@ -80,6 +87,8 @@ class RunConfig:
     checkpoint_every: int | None = None
     resume: str | None = None
     overwrite: bool = False
+    ignore: str | None = None
+    missing: str = "error"
 
     def validate(self) -> "RunConfig":
         """Check every setting; raise :class:`UsageError` naming the first bad one."""
@@ -98,7 +107,10 @@ class RunConfig:
             _check(value is None or (_is_int(value) and value >= 1), key.replace("_", "-"), value, "an integer >= 1")
         for key in ("share_gpus", "overwrite"):
             _check(isinstance(getattr(self, key), bool), key.replace("_", "-"), getattr(self, key), "true or false")
-        for key in ("output_dir", "checkpoint", "resume"):
+        _check(self.missing in MISSING_POLICIES, "missing", self.missing, " or ".join(MISSING_POLICIES))
+        if isinstance(self.ignore, int) and not isinstance(self.ignore, bool):
+            self.ignore = str(self.ignore)
+        for key in ("output_dir", "checkpoint", "resume", "ignore"):
             value = getattr(self, key)
             _check(value is None or isinstance(value, str), key.replace("_", "-"), value, "a path")
         if self.resume is not None and not os.path.isfile(str(self.resume)):

@@ -10,11 +10,15 @@ moves only the last bits of the centres.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from .errors import InputError, UsageError
 from .faults import fault_point
@@ -183,7 +187,7 @@ def _merge(comm, part, stop: bool) -> tuple:
     return buf[: k * m].reshape(k, m), buf[k * m : k * m + k], float(buf[-3]), int(buf[-2]), buf[-1] > 0
 
 
-def _relocate_empty(comm, backend, x, row_offset, centres, sums, counts) -> int:
+def _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights=None) -> int:
     """Move each empty cluster to one of the points farthest from their centre.
 
     As scikit-learn does: the e farthest points (globally, ties to the lower
@@ -197,25 +201,26 @@ def _relocate_empty(comm, backend, x, row_offset, centres, sums, counts) -> int:
     take = min(e, len(dist2))
     if take:
         order = np.lexsort((np.arange(len(dist2)), -dist2))[:take]
-        mine = [(-float(dist2[i]), row_offset + int(i), int(labels[i]), x[i].copy()) for i in order]
+        mine = [(-float(dist2[i]), row_offset + int(i), int(labels[i]), x[i].copy(),
+                 1.0 if weights is None else float(weights[i])) for i in order]
     else:
         mine = []
     candidates = sorted((c for part in comm.allgather(mine) for c in part), key=lambda c: (c[0], c[1]))
     moved = 0
-    for cluster, (neg_d, _, owner, row) in zip(empty, candidates):
+    for cluster, (neg_d, _, owner, row, w) in zip(empty, candidates):
         if neg_d == 0.0:  # every remaining point sits on its centre: nothing to gain
             break
-        sums[owner] -= row
-        counts[owner] -= 1
-        sums[cluster] = row
-        counts[cluster] = 1
+        sums[owner] -= w * row
+        counts[owner] -= w
+        sums[cluster] = w * row
+        counts[cluster] = w
         moved += 1
     return moved
 
 
 def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *, max_iter: int = 300,
           tol: float = 0.0, empty_cluster: str = "keep", resume: LoopState | None = None,
-          after_iteration=None, stop_requested=None) -> KMeansResult:
+          after_iteration=None, stop_requested=None, weights: np.ndarray | None = None) -> KMeansResult:
     """Lloyd's iterations until convergence, ``max_iter`` or a stop request (collective).
 
     Parameters
@@ -243,6 +248,9 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
         (a checkpoint must be written now).
     stop_requested : callable() -> bool, optional
         Polled once per iteration (a signal handler's flag).
+    weights : ndarray, shape (n_local,), float64, optional
+        The instance weights the backend was loaded with (for the final SSE
+        and for relocating empty clusters).
 
     Returns
     -------
@@ -265,7 +273,7 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
         sums, counts, sse, changed, stop = _merge(comm, part, bool(stop_requested and stop_requested()))
         relocated = state.relocated
         if empty_cluster == "farthest" and (counts == 0).any():
-            relocated += _relocate_empty(comm, backend, x, row_offset, centres, sums, counts)
+            relocated += _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights)
         filled = counts > 0
         new = centres.copy()  # an empty cluster keeps its centre: never a NaN
         new[filled] = sums[filled] / counts[filled, None]
@@ -295,7 +303,7 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
     k = centres.shape[0]
     tail = np.empty(k + 1, dtype=np.float64)
     tail[:k] = np.bincount(labels, minlength=k)
-    tail[k] = dist2.sum()
+    tail[k] = dist2.sum() if weights is None else weights @ dist2
     tail = comm.allreduce(tail, "sum")
     sizes = tail[:k].astype(np.int64)
     if (sizes == 0).any():

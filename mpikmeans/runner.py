@@ -8,6 +8,7 @@ output directory before the clustering has finished.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from .faults import fault_point
 from .interrupt import StopRequest
 from .kmeans import check_centres, init_range, init_sample, lloyd
 from .output import CENTERS, LABELS, SUMMARY, read_centres_csv, write_arrays, write_summary
+
+log = logging.getLogger("mpikmeans")
 
 
 @dataclass
@@ -104,7 +107,7 @@ def _initial_centres(comm, cfg, local) -> np.ndarray:
     centres, message = None, None
     if comm.rank == 0:
         try:
-            centres = check_centres(read_centres_csv(cfg.init, local.header.names)[0], k, m, cfg.init)
+            centres = check_centres(read_centres_csv(cfg.init, local.names)[0], k, m, cfg.init)
         except (ValueError, OSError) as exc:
             message = f"--init {cfg.init}: {exc}"
         except MpikmeansError as exc:
@@ -178,13 +181,19 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     fault_point(comm.rank, "read")
     header = shared_header(data, comm)
     check_memory(data, header, comm)
-    local = read_arff(data, comm, header=header)
+    local = read_arff(data, comm, header=header, ignore=cfg.ignore, missing=cfg.missing)
     t_read = time.perf_counter()
+    sel = local.selection
+    if sel.skipped:
+        log.warning("not clustered (not numeric): %s", ", ".join(sel.skipped))
+    if local.missing:
+        log.warning("missing values: %s %d %s", "dropped" if cfg.missing == "drop" else "replaced by the mean",
+                    local.missing, "rows" if cfg.missing == "drop" else "values")
 
     backend, error = None, None
     try:
         backend = _make_backend(comm, cfg)
-        backend.load(local.x)
+        backend.load(local.x, local.weights)
     except (BackendUnavailable, MpikmeansError) as exc:
         error = RunError(str(exc))
     except MemoryError:
@@ -203,7 +212,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     with StopRequest() as stop:
         result = lloyd(comm, backend, local.x, local.row_offset, centres, max_iter=cfg.max_iter, tol=cfg.tol,
                        empty_cluster=cfg.empty_cluster, resume=resume, after_iteration=checkpointer,
-                       stop_requested=stop)
+                       stop_requested=stop, weights=local.weights)
     t_compute = time.perf_counter()
 
     info = backend.info()
@@ -214,7 +223,12 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         "k": cfg.k,
         "n": local.n,
         "m": local.m,
-        "attributes": local.header.names,
+        "attributes": local.names,
+        "skipped_attributes": sel.skipped,
+        "ignored_attributes": sel.ignored,
+        "input_rows": local.input_rows,
+        "missing": {"policy": cfg.missing, "count": local.missing},
+        "weighted": local.weights is not None,
         "iterations": result.iterations,
         "converged": result.converged,
         "stop_reason": result.stop_reason,
@@ -245,7 +259,11 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         return RunOutcome(summary, out_dir, interrupted_by=stop.name or "a stop signal on another rank", checkpoint=ckpt_path)
 
     fault_point(comm.rank, "write")
-    write_arrays(comm, out_dir, result.centres, local.header.names, result.labels)
+    labels = result.labels
+    if local.kept is not None:  # rows dropped for a missing value get -1, in input order
+        labels = np.full(len(local.kept), -1, dtype=np.int32)
+        labels[local.kept] = result.labels
+    write_arrays(comm, out_dir, result.centres, local.names, labels)
     t_written = time.perf_counter()
     summary["timings"] = {
         "read_s": t_read - t0,

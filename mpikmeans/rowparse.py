@@ -1,0 +1,268 @@
+"""The compiled parser of ARFF data lines (dense and sparse rows, weights, quotes).
+
+One pass over a buffer of whole lines, in Numba.  Each attribute has a kind:
+``KEEP`` (a numeric attribute that is clustered: parsed exactly into its output
+column) or ``SKIP`` (nominal, string and date attributes, and numeric ones the
+user ignores: the token is only scanned, quotes respected, so a quoted value
+with commas inside does not shift the columns).
+
+Accepted, as Weka's ArffLoader does: dense rows ``v1, v2, ...``; sparse rows
+``{index value, ...}`` with 0-based indices (omitted values are 0, ``{}`` is a
+row of zeros); an instance weight ``{w}`` after the last value; ``?`` for a
+missing value; ``%`` comments at the end of a line (outside quotes); blanks
+and tabs around values; CRLF line ends.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .numparse import PARSE_OK, PARSE_RANGE, parse_number
+
+KEEP = 0
+SKIP = 1
+
+_NL = 10
+_CR = 13
+_SPACE = 32
+_TAB = 9
+_COMMA = 44
+_PERCENT = 37
+_LBRACE = 123
+_RBRACE = 125
+_QUESTION = 63
+_SQUOTE = 39
+_DQUOTE = 34
+_BACKSLASH = 92
+
+# error codes
+E_NONE = 0
+E_FEW = 1          # fewer values than attributes
+E_MANY = 2         # more values than attributes
+E_NUMBER = 3       # a token that is not a number
+E_EMPTY = 4        # an empty value
+E_RANGE = 5        # a value that overflows float64 (infinity)
+E_MISSING = 6      # '?' while missing values are an error
+E_QUOTE = 7        # a quote that is never closed
+E_INDEX = 8        # a sparse index that is not an attribute number
+E_SPARSE = 9       # a malformed sparse row
+E_WEIGHT = 10      # a malformed or non-positive instance weight
+
+MISSING_ERROR = 0
+MISSING_NAN = 1    # store NaN; the caller drops the row or fills in the mean
+
+
+@njit(cache=True, inline="always")
+def _blank(c):
+    return c == _SPACE or c == _TAB or c == _CR
+
+
+@njit(cache=True, inline="always")
+def _skip_blanks(buf, i, n):
+    while i < n and _blank(buf[i]):
+        i += 1
+    return i
+
+
+@njit(cache=True)
+def _scan_token(buf, i, n, quoted_ok):
+    """Span of the token at ``i``: ``(start, end, next, ok)``.
+
+    A token ends before ``,``, ``}``, ``%`` or the line end.  A quoted token
+    (only where ``quoted_ok``) runs to its closing quote, backslash escapes
+    honoured.  ``ok`` is False for a quote never closed on the line.
+    """
+    i = _skip_blanks(buf, i, n)
+    ts = i
+    if quoted_ok and i < n and (buf[i] == _SQUOTE or buf[i] == _DQUOTE):
+        q = buf[i]
+        i += 1
+        while i < n and buf[i] != q and buf[i] != _NL:
+            if buf[i] == _BACKSLASH:
+                i += 1
+            i += 1
+        if i >= n or buf[i] != q:
+            return ts, i, i, False
+        i += 1
+        return ts, i, i, True
+    while i < n:
+        c = buf[i]
+        if c == _COMMA or c == _NL or c == _PERCENT or c == _RBRACE:
+            break
+        i += 1
+    te = i
+    while te > ts and _blank(buf[te - 1]):
+        te -= 1
+    return ts, te, i, True
+
+
+@njit(cache=True)
+def _value(buf, ts, te, kind, missing_mode):
+    """Parse one token of a kept attribute: ``(value, error code)``."""
+    if te == ts:
+        return 0.0, E_EMPTY
+    if te - ts == 1 and buf[ts] == _QUESTION:
+        if missing_mode == MISSING_NAN:
+            return np.nan, E_NONE
+        return 0.0, E_MISSING
+    v, status = parse_number(buf, ts, te)
+    if status == PARSE_OK:
+        return v, E_NONE
+    if status == PARSE_RANGE:
+        return 0.0, E_RANGE
+    return 0.0, E_NUMBER
+
+
+@njit(cache=True)
+def _weight(buf, i, n):
+    """Parse ``{w}`` at ``i``: ``(weight, next, error code, ts, te)``."""
+    i += 1  # past '{'
+    ts, te, i, ok = _scan_token(buf, i, n, False)
+    if i >= n or buf[i] != _RBRACE or te == ts:
+        return 1.0, i, E_WEIGHT, ts, te
+    w, status = parse_number(buf, ts, te)
+    if status != PARSE_OK or not w > 0.0:
+        return 1.0, i, E_WEIGHT, ts, te
+    return w, i + 1, E_NONE, ts, te
+
+
+@njit(cache=True)
+def parse_rows(buf, kinds, outcol, missing_mode, out, weights):
+    """Parse whole data lines of ``buf`` (compiled).
+
+    Parameters
+    ----------
+    buf : ndarray, shape (n_bytes,), uint8
+        Whole lines (the last may lack its newline).
+    kinds : ndarray, shape (a,), int64
+        ``KEEP`` or ``SKIP`` per attribute of the header.
+    outcol : ndarray, shape (a,), int64
+        Output column of each kept attribute (-1 for skipped ones).
+    missing_mode : int
+        ``MISSING_ERROR`` or ``MISSING_NAN``.
+    out : ndarray, shape (>= rows, m), float64
+        Kept values; m = number of kept attributes.
+    weights : ndarray, shape (>= rows,), float64
+        Instance weights (1 where a row has none).
+
+    Returns
+    -------
+    rows, lines, weighted, err, err_line, err_col, tok_start, tok_end : int
+        Rows parsed; lines consumed (comment and blank lines included);
+        whether any row had a weight; on error, its code, the 0-based line in
+        ``buf``, the 0-based attribute index and the offending token's span.
+    """
+    n = buf.shape[0]
+    a = kinds.shape[0]
+    m = out.shape[1]
+    i = 0
+    rows = 0
+    line = 0
+    weighted = 0
+    while i < n:
+        i = _skip_blanks(buf, i, n)
+        if i >= n:
+            line += 1
+            break
+        c = buf[i]
+        if c == _NL or c == _PERCENT:  # blank or comment line
+            while i < n and buf[i] != _NL:
+                i += 1
+            i += 1
+            line += 1
+            continue
+        weights[rows] = 1.0
+        if c == _LBRACE:
+            # sparse row: {index value, ...}
+            for j in range(m):
+                out[rows, j] = 0.0
+            i = _skip_blanks(buf, i + 1, n)
+            if i < n and buf[i] == _RBRACE:
+                i += 1
+            else:
+                last = -1
+                while True:
+                    i = _skip_blanks(buf, i, n)
+                    s = i
+                    idx = 0
+                    while i < n and 48 <= buf[i] <= 57:
+                        if idx <= a:  # stop growing: any larger index is as wrong
+                            idx = idx * 10 + (buf[i] - 48)
+                        i += 1
+                    if i > s and idx >= a:
+                        return rows, line, weighted, E_INDEX, line, -1, s, i
+                    if i == s or i >= n or not _blank(buf[i]):
+                        while i < n and buf[i] != _COMMA and buf[i] != _RBRACE and buf[i] != _NL:
+                            i += 1
+                        return rows, line, weighted, E_SPARSE, line, -1, s, i
+                    last = idx
+                    kind = kinds[idx]
+                    ts, te, i, ok = _scan_token(buf, i, n, kind == SKIP)
+                    if not ok:
+                        return rows, line, weighted, E_QUOTE, line, idx, ts, te
+                    if kind == KEEP:
+                        v, err = _value(buf, ts, te, KEEP, missing_mode)
+                        if err != E_NONE:
+                            return rows, line, weighted, err, line, idx, ts, te
+                        out[rows, outcol[idx]] = v
+                    elif te == ts:
+                        return rows, line, weighted, E_EMPTY, line, idx, ts, te
+                    i = _skip_blanks(buf, i, n)
+                    if i < n and buf[i] == _COMMA:
+                        i += 1
+                        continue
+                    if i < n and buf[i] == _RBRACE:
+                        i += 1
+                        break
+                    return rows, line, weighted, E_SPARSE, line, last, s, i
+        else:
+            for j in range(a):
+                kind = kinds[j]
+                ts, te, i, ok = _scan_token(buf, i, n, kind == SKIP)
+                if not ok:
+                    return rows, line, weighted, E_QUOTE, line, j, ts, te
+                if te == ts:
+                    # (a line with nothing on it was taken as blank above, so an
+                    # empty token is a real empty value: ",," or a trailing ",")
+                    return rows, line, weighted, E_EMPTY, line, j, ts, te
+                if kind == KEEP:
+                    v, err = _value(buf, ts, te, KEEP, missing_mode)
+                    if err != E_NONE:
+                        return rows, line, weighted, err, line, j, ts, te
+                    out[rows, outcol[j]] = v
+                if j < a - 1:
+                    i = _skip_blanks(buf, i, n)
+                    if i >= n or buf[i] != _COMMA:
+                        return rows, line, weighted, E_FEW, line, j + 1, ts, te
+                    i += 1
+        # after the values: an optional ", {weight}" (dense) or "{weight}"
+        i = _skip_blanks(buf, i, n)
+        if i < n and buf[i] == _COMMA:
+            j = _skip_blanks(buf, i + 1, n)
+            if j < n and buf[j] == _LBRACE:
+                w, i, err, ts, te = _weight(buf, j, n)
+                if err != E_NONE:
+                    return rows, line, weighted, err, line, -1, ts, te
+                weights[rows] = w
+                weighted = 1
+            else:
+                return rows, line, weighted, E_MANY, line, a, i, i + 1
+        elif i < n and buf[i] == _LBRACE:
+            w, i, err, ts, te = _weight(buf, i, n)
+            if err != E_NONE:
+                return rows, line, weighted, err, line, -1, ts, te
+            weights[rows] = w
+            weighted = 1
+        i = _skip_blanks(buf, i, n)
+        if i < n and buf[i] != _NL and buf[i] != _PERCENT:
+            te = i
+            while te < n and buf[te] != _NL:
+                te += 1
+            return rows, line, weighted, E_MANY, line, a, i, te
+        while i < n and buf[i] != _NL:
+            i += 1
+        i += 1
+        rows += 1
+        line += 1
+    return rows, line, weighted, E_NONE, -1, -1, -1, -1
