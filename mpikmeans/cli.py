@@ -192,7 +192,8 @@ def _print_summary(s: dict, out_dir: str) -> None:
     shown = " ".join(str(v) for v in sizes[:20]) + (" ..." if len(sizes) > 20 else "")
     click.echo(f"cluster sizes: {shown}")
     rate = f" ({mb / t['read_s']:.0f} MB/s)" if t["read_s"] > 0 else ""
-    click.echo(f"timings: read {t['read_s']:.3f} s{rate}, init {t['init_s']:.3f} s, "
+    click.echo(f"timings: read {t['read_s']:.3f} s{rate}, backend set-up {t['setup_s']:.3f} s, "
+               f"init {t['init_s']:.3f} s, "
                f"compute {t['compute_s']:.3f} s ({1e3 * t['per_iteration_s']:.2f} ms/iteration), "
                f"write {t['write_s']:.3f} s, total {t['total_s']:.3f} s")
     click.echo(f"results: {out_dir}/ (centers.csv, labels.txt, summary.json)")
@@ -230,6 +231,32 @@ def gen_data(out, n, m, k, seed, spread, decimals, verbose, quiet):
         return 0
 
     _guarded(verbose, quiet, body)
+
+
+# --------------------------------------------------------------------------- convert
+
+@main.command()
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.argument("target", type=click.Path(dir_okay=False))
+@click.option("--ignore", help="Numeric attributes to leave out (as for run).")
+@click.option("--missing", type=click.Choice(MISSING_POLICIES), default="error", show_default=True)
+@click.option("-q", "--quiet", is_flag=True)
+def convert(source, target, ignore, missing, quiet):
+    """Parse SOURCE (ARFF) once and write TARGET (.npy) for fast repeated runs."""
+    from .binary import convert as convert_file
+
+    def body(comm):
+        if not target.endswith(".npy"):
+            raise UsageError(f"{target}: the target must end in .npy", collective=True)
+        t0 = time.perf_counter()
+        local = convert_file(comm, source, target, ignore=ignore, missing=missing)
+        dt = time.perf_counter() - t0
+        if comm.rank == 0 and not quiet:
+            click.echo(f"wrote {target}: {local.n} rows x {local.m} attributes in {dt:.2f} s "
+                       f"(names in {target}.json); run it with: mpikmeans run {target} -k K")
+        return 0
+
+    _guarded(0, quiet, body)
 
 
 # --------------------------------------------------------------------------- info

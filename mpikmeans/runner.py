@@ -83,9 +83,16 @@ def prepare_output_dir(comm, out_dir: str, overwrite: bool) -> None:
     comm.agree(error)
 
 
+def gpu_possible() -> bool:
+    """Cheap test before importing numba-cuda (slow): is there an NVIDIA device node or the simulator?"""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.path.exists("/dev/nvidiactl")
+
+
 def _make_backend(comm, cfg):
     threads = cfg.threads or default_threads(comm.node_size)
     options = {"threads": threads, "dtype": cfg.dtype, "chunk_rows": cfg.chunk_rows}
+    if cfg.backend == "auto" and not gpu_possible():
+        return make_backend("cpu", **options)
     if cfg.backend in ("gpu", "auto"):
         try:
             from .backends.gpu import gpu_available, select_device_for
@@ -159,6 +166,19 @@ def dry_run(comm, data: str, cfg) -> list:
     return comm.allgather(plan)
 
 
+def read_input(comm, data: str, cfg):
+    """This rank's rows of DATA: an ARFF file, or a ``.npy`` cache made by ``convert`` (collective)."""
+    if data.endswith(".npy"):
+        from .binary import read_npy
+
+        if cfg.ignore or cfg.missing != "error":
+            raise UsageError("--ignore and --missing apply when converting, not to a .npy cache", collective=True)
+        return read_npy(data, comm)
+    header = shared_header(data, comm)
+    check_memory(data, header, comm)
+    return read_arff(data, comm, header=header, ignore=cfg.ignore, missing=cfg.missing)
+
+
 def run_job(comm, data: str, cfg) -> RunOutcome:
     """Read, cluster and write results (collective: every rank calls it).
 
@@ -179,9 +199,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     prepare_output_dir(comm, out_dir, cfg.overwrite)
 
     fault_point(comm.rank, "read")
-    header = shared_header(data, comm)
-    check_memory(data, header, comm)
-    local = read_arff(data, comm, header=header, ignore=cfg.ignore, missing=cfg.missing)
+    local = read_input(comm, data, cfg)
     t_read = time.perf_counter()
     sel = local.selection
     if sel.skipped:
@@ -194,11 +212,13 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     try:
         backend = _make_backend(comm, cfg)
         backend.load(local.x, local.weights)
+        backend.warmup(cfg.k, local.m)
     except (BackendUnavailable, MpikmeansError) as exc:
         error = RunError(str(exc))
     except MemoryError:
         error = RunError(f"rank {comm.rank}: not enough device or host memory for {len(local.x)} rows")
     comm.agree(error)
+    t_setup = time.perf_counter()
 
     settings = _binding_settings(cfg, local)
     resume = _resume_state(comm, cfg, settings) if cfg.resume else None
@@ -267,7 +287,8 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     t_written = time.perf_counter()
     summary["timings"] = {
         "read_s": t_read - t0,
-        "init_s": t_init - t_read,
+        "setup_s": t_setup - t_read,
+        "init_s": t_init - t_setup,
         "compute_s": t_compute - t_init,
         "write_s": t_written - t_compute,
         "total_s": t_written - t0,

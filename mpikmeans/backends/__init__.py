@@ -108,6 +108,13 @@ class Backend(abc.ABC):
     def info(self) -> BackendInfo:
         """What this backend runs on."""
 
+    def warmup(self, k: int, m: int) -> None:
+        """Compile (or load from the cache) every kernel for k centres of m attributes.
+
+        Called once before the timed loop, so compile time is reported apart
+        from the per-iteration time.  Default: nothing to do.
+        """
+
     def close(self) -> None:
         """Release memory held for the rows (device buffers, threads)."""
 

@@ -183,6 +183,13 @@ class CPUBackend(Backend):
         _assign_pass(self._x, np.ascontiguousarray(centres.T), labels, dist2)
         return labels, dist2
 
+    def warmup(self, k: int, m: int) -> None:
+        x = np.zeros((1, m))
+        ct = np.zeros((m, k))
+        _lloyd_pass(x, ct, np.full(1, -1, dtype=np.int32), np.ones(0), False, np.empty((1, k, m)),
+                    np.empty((1, k)), np.empty(1), np.empty(1, dtype=np.int64))
+        _assign_pass(x, ct, np.empty(1, dtype=np.int32), np.empty(1))
+
     def info(self) -> BackendInfo:
         return BackendInfo(name="cpu", devices=[], threads=self.threads, dtype="float64")
 
