@@ -19,7 +19,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
 
-.PHONY: run test venv clean
+.PHONY: run test venv clean system-test-deps
 
 venv: $(STAMP)
 
@@ -36,7 +36,18 @@ $(DEMO): | $(STAMP)
 run: $(STAMP) $(DEMO)
 	$(BIN)/mpirun -np $(NP) --bind-to none $(BIN)/mpikmeans run $(DEMO) -k $(DEMO_K) --output-dir data/demo.mpikmeans
 
-test: $(STAMP)
+# A real one-node Slurm for tests/test_slurm_real.py (Debian packages, ~15 s). Best
+# effort: without root or apt the test skips and says why.
+SLURM_PKGS := slurmctld slurmd slurm-client libpmix-dev
+system-test-deps:
+	@if command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing a local Slurm for the job-template tests: $(SLURM_PKGS)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends $(SLURM_PKGS)) >/dev/null 2>&1 || echo "Slurm not installed: its test will skip"; \
+	fi
+
+test: $(STAMP) system-test-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 clean:

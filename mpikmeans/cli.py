@@ -293,7 +293,7 @@ def info(as_json):
                     gpu = "-"
                     if r["gpus"]:
                         g = r["gpus"][r["gpu_for_rank"]]
-                        gpu = f"{g['index']}: {g['name']} ({g['memory'] / 2**30:.0f} GiB)"
+                        gpu = f"{g['index']}: {g['name']} ({g['total_memory'] / 2**30:.0f} GiB)"
                     click.echo(f"{r['rank']:>4} {r['host']:<20} {r['node_rank']:>5}/{r['node_size']:<3} "
                                f"{r['cpus']:>5} {r['threads']:>7} {r['auto_backend']:>5}  {gpu}")
         return 0

@@ -118,7 +118,8 @@ class Comm(SerialComm):
         self._comm.Abort(code)
 
     def library(self) -> str:
-        return self._MPI.Get_library_version().strip().splitlines()[0]
+        # Open MPI 4 pads the string with NUL bytes
+        return self._MPI.Get_library_version().split("\x00")[0].strip().splitlines()[0]
 
     def agree(self, error: MpikmeansError | None, key: float = 0.0) -> None:
         """Make an error seen by some ranks an error of every rank.
