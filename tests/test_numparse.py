@@ -294,7 +294,8 @@ def test_foreign_byte_anywhere_in_long_digit_runs():
     clean = []
     for n in range(1, 41):
         digits = "".join(str((k * 7 + n) % 10) for k in range(n))
-        clean += [digits, "0." + digits, "-." + digits, "1." + digits + "e-7", digits + "." + digits]
+        clean += [digits, "0." + digits, "-." + digits, "1." + digits + "e-7"]
+        clean.append(digits + "." + digits)
     _check_tokens(clean)
 
 
@@ -319,7 +320,8 @@ def test_other_index_types():
     tokens = ["1.5", "-2e3", "0.1", "123456789012345678901234567890", "4.9e-324"]
     buf, starts, ends = _pack(tokens, sep=b",")
     expected = [float(t) for t in tokens]
-    for dtype in (np.int32, np.uint64, np.intp):
+    # (int64 is what every other test uses.)
+    for dtype in (np.int32, np.uint64):
         got = _parse_values_nan_on_error(buf, starts.astype(dtype), ends.astype(dtype))
         assert got.tolist() == expected, dtype
 
@@ -343,7 +345,9 @@ def test_boundary_cases_in_njit_loop():
 
 
 def test_signed_zero():
-    for token in ["-0", "-0.0", "-.0e5", "-1e-400", "-2.4703282292062327e-324", "-0e99999999999"]:
+    negative_zeros = ["-0", "-0.0", "-.0e5", "-1e-400", "-2.4703282292062327e-324",
+                      "-0e99999999999"]
+    for token in negative_zeros:
         value, status = _parse_py(token)
         assert status == PARSE_OK
         assert value == 0.0 and math.copysign(1.0, value) == -1.0, token
@@ -354,8 +358,8 @@ def test_signed_zero():
 
 def test_random_bit_patterns_repr():
     rng = np.random.default_rng(SEED)
-    x = _random_finite_doubles(rng, 500_000)
-    assert _check_tokens(map(repr, x.tolist())) == 500_000
+    x = _random_finite_doubles(rng, 600_000)
+    assert _check_tokens(map(repr, x.tolist())) == 600_000
 
 
 def test_random_normals_repr():
@@ -365,12 +369,13 @@ def test_random_normals_repr():
     assert _check_tokens(map(repr, x.tolist())) == 400_000
 
 
-@pytest.mark.parametrize("fmt", ["%.15g", "%.17g", "%.20e", "%.25g", "%+.16e", "%.3f"])
+# format(v, ".17g") is the same as "%.17g" % v.
+@pytest.mark.parametrize("fmt", [".15g", ".17g", ".20e", ".25g", "+.16e", ".3f"])
 def test_random_doubles_other_formats(fmt):
     rng = np.random.default_rng(SEED + 2)
-    x = _random_finite_doubles(rng, 60_000).tolist()
-    x += rng.normal(size=20_000).tolist()
-    _check_tokens([fmt % v for v in x])
+    x = _random_finite_doubles(rng, 75_000).tolist()
+    x += rng.normal(size=25_000).tolist()
+    _check_tokens([format(v, fmt) for v in x])
 
 
 def test_python_calls_sample():
@@ -378,7 +383,7 @@ def test_python_calls_sample():
     rng = np.random.default_rng(SEED + 3)
     x = _random_finite_doubles(rng, 2000).tolist() + rng.normal(size=1000).tolist()
     for v in x:
-        for token in (repr(v), "%.20e" % v):
+        for token in (repr(v), format(v, ".20e")):
             value, status = _parse_py(token)
             assert status == PARSE_OK
             assert _float_bits(value) == _float_bits(float(token)), token
@@ -428,10 +433,11 @@ def test_subnormals_and_their_midpoints():
     rng = np.random.default_rng(SEED + 6)
     m = rng.integers(1, 2**52, size=30_000, dtype=np.uint64)
     sub = m.view(np.float64).tolist()
-    tokens = [repr(v) for v in sub] + ["%.17g" % v for v in sub] + ["%.25e" % v for v in sub]
+    tokens = [repr(v) for v in sub]
+    tokens += [format(v, ".17g") for v in sub] + [format(v, ".25e") for v in sub]
     tokens += ["-" + t for t in tokens[:10_000]]
     # Exact midpoints (2k+1) * 2**-1075, ties to even, and tiny perturbations.
-    for k in list(range(0, 50)) + rng.integers(0, 2**52, size=1500).tolist():
+    for k in list(range(50)) + rng.integers(0, 2**52, size=1500).tolist():
         mid = Fraction(2 * k + 1, 2**1075)
         s = _exact_decimal(mid)
         tokens += [s, s + "000001", _exact_decimal(mid - Fraction(1, 2**1100))]
@@ -444,8 +450,10 @@ def test_subnormals_and_their_midpoints():
 def test_exact_midpoints_round_to_even():
     rng = np.random.default_rng(SEED + 7)
     x = np.abs(_random_finite_doubles(rng, 2500))
-    # Midpoints with few significant digits (these go through the tie logic
-    # of Eisel-Lemire, not the fallback): doubles between 2**-4 and 2**70.
+    # Plus doubles of everyday magnitude, 2**-4 to 2**70, where the midpoints
+    # are shortest (ties with at most 19 digits have their own test below).
+    # Exact midpoints have 20+ digits, so they exercise the w / w+1 check and
+    # the objmode fallback.
     y = np.ldexp(rng.uniform(1.0, 2.0, size=2500), rng.integers(-4, 70, size=2500))
     tokens = []
     with localcontext() as ctx:
@@ -491,7 +499,7 @@ def test_exact_ties_with_few_digits():
                 base = m
             else:
                 base = (r.randint(1 << 52, (1 << 53) - 1) * 2 + 1) * 5**-q
-            for j in range(0, 70):
+            for j in range(70):
                 w = base << j
                 if w >= 10**19:
                     break
