@@ -63,6 +63,22 @@ def run_cli(args: list, np: int | None = None, timeout: float = 120, cwd=None) -
     return Result(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_numba_cache(tmp_path_factory):
+    """Compile every kernel once, in one process, before any timed test.
+
+    Numba caches compiled code on disk; without this the first runs under
+    mpirun compile the same kernels in every rank at once, and a test that
+    checks a job ends within 10 s would be timing the compiler.
+    """
+    d = tmp_path_factory.mktemp("warm")
+    sample = os.path.join(os.path.dirname(__file__), os.pardir, "data", "sample.arff")
+    r = run_cli(["gen-data", d / "g.arff", "-n", 10, "-m", 2, "-k", 2, "-q"], timeout=600)
+    assert r.code == 0, r.err
+    r = run_cli(["run", sample, "-k", 2, "-o", d / "out", "-q"], timeout=600)
+    assert r.code == 0, r.err
+
+
 @pytest.fixture(scope="session")
 def blobs(tmp_path_factory):
     """A 20,000 x 10 file of 8 well-separated blobs, made with gen-data."""
