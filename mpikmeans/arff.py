@@ -705,16 +705,7 @@ def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, path: 
 
 def shared_header(path: str, comm) -> Header:
     """Rank 0 parses the header and broadcasts it; every rank gets it or the same error (collective)."""
-    header, message = None, None
-    if comm.rank == 0:
-        try:
-            header = read_header(path)
-        except InputError as exc:
-            message = exc.message
-    header, message = comm.bcast((header, message), root=0)
-    if message is not None:
-        raise InputError(message, collective=True)
-    return header
+    return comm.from_root(lambda: read_header(path))
 
 
 def read_arff(path: str, comm, header: Header | None = None, ignore: str | None = None,

@@ -61,6 +61,25 @@ class SerialComm:
         """The MPI library's name and version, or why there is none."""
         return "none (serial run)"
 
+    def from_root(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on rank 0 only; every rank gets its result, or raises its error (collective).
+
+        For work one rank does for all (parsing a header, reading a small file):
+        an :class:`MpikmeansError` raised by ``fn`` is raised on every rank,
+        marked collective, so all ranks exit together with its code.
+        """
+        result, failure = None, None
+        if self.rank == 0:
+            try:
+                result = fn()
+            except MpikmeansError as exc:
+                failure = (type(exc), exc.message)
+        result, failure = self.bcast((result, failure), root=0)
+        if failure is not None:
+            cls, message = failure
+            raise cls(message, collective=True)
+        return result
+
     def agree(self, error: MpikmeansError | None, key: float = 0.0) -> None:
         """Raise, on every rank, the first error any rank has (see :meth:`Comm.agree`)."""
         if error is not None:

@@ -65,7 +65,7 @@ def _skip_blanks(buf, i, n):
     return i
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _scan_token(buf, i, n, quoted_ok):
     """Span of the token at ``i``: ``(start, end, next, ok)``.
 
@@ -97,7 +97,7 @@ def _scan_token(buf, i, n, quoted_ok):
     return ts, te, i, True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _value(buf, ts, te, kind, missing_mode):
     """Parse one token of a kept attribute: ``(value, error code)``."""
     if te == ts:
@@ -114,7 +114,7 @@ def _value(buf, ts, te, kind, missing_mode):
     return 0.0, E_NUMBER
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _weight(buf, i, n):
     """Parse ``{w}`` at ``i``: ``(weight, next, error code, ts, te)``."""
     i += 1  # past '{'

@@ -111,18 +111,16 @@ def _initial_centres(comm, cfg, local) -> np.ndarray:
         return init_range(k, local.mins, local.maxs, cfg.seed)
     if cfg.init == "sample":
         return init_sample(comm, k, local.x, local.row_offset, local.n, cfg.seed)
-    centres, message = None, None
-    if comm.rank == 0:
+
+    def read_file():
         try:
-            centres = check_centres(read_centres_csv(cfg.init, local.names)[0], k, m, cfg.init)
+            return check_centres(read_centres_csv(cfg.init, local.names)[0], k, m, cfg.init)
         except (ValueError, OSError) as exc:
-            message = f"--init {cfg.init}: {exc}"
-        except MpikmeansError as exc:
-            message = exc.message
-    centres, message = comm.bcast((centres, message), root=0)
-    if message is not None:
-        raise UsageError(message, collective=True)
-    return centres
+            raise UsageError(f"--init {cfg.init}: {exc}") from None
+        except MpikmeansError as exc:  # wrong shape: a usage error of this run
+            raise UsageError(exc.message) from None
+
+    return comm.from_root(read_file)
 
 
 def _binding_settings(cfg, local) -> dict:
@@ -132,17 +130,12 @@ def _binding_settings(cfg, local) -> dict:
 
 
 def _resume_state(comm, cfg, settings: dict):
-    state, message = None, None
-    if comm.rank == 0:
-        try:
-            state, saved = load(cfg.resume)
-            check_compatible(cfg.resume, saved, settings)
-        except UsageError as exc:
-            message = exc.message
-    state, message = comm.bcast((state, message), root=0)
-    if message is not None:
-        raise UsageError(message, collective=True)
-    return state
+    def read_checkpoint():
+        state, saved = load(cfg.resume)
+        check_compatible(cfg.resume, saved, settings)
+        return state
+
+    return comm.from_root(read_checkpoint)
 
 
 def dry_run(comm, data: str, cfg) -> list:
