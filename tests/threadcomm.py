@@ -32,6 +32,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mpikmeans.comm import SerialComm
+
 _OPS = ("sum", "min", "max")
 
 #: Seconds a rank waits in one collective before the test fails (numba may
@@ -195,6 +197,9 @@ class ThreadComm:
             return
         _, _, cls, message = min(reports, key=lambda r: (r[0], r[1]))
         raise cls(message, collective=True)
+
+    # the same helper the real communicators have, built on this class's bcast
+    from_root = SerialComm.from_root
 
     def library(self) -> str:
         """What a real communicator reports about its MPI library."""
