@@ -193,3 +193,12 @@ def test_single_attribute(tmp_path):
     assert r.code == 0, r.err
     labels = np.loadtxt(tmp_path / "o" / "labels.txt", dtype=int)
     assert labels[0] == labels[1] != labels[2] == labels[3] == labels[4]
+
+
+def test_data_larger_than_memory_is_refused_with_an_estimate(slow, tmp_path, monkeypatch):
+    monkeypatch.setenv("MPIKMEANS_MEMORY_LIMIT", str(2 << 20))  # 2 MiB per node
+    r = run_cli(["run", slow, "-k", 3, "-o", tmp_path / "o"], np=3, timeout=60)
+    assert r.code == 1, (r.out, r.err)
+    assert "needs about" in r.err and "use at least" in r.err and "ranks" in r.err
+    assert r.seconds < 10
+    assert "Traceback" not in r.err

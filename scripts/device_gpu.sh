@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: GPU tests, CPU/GPU parity, benchmark, an ncu profile.
+#
+#   bash scripts/device_gpu.sh                  # everything, results under $OUT
+#   STAGES=bench BENCH_ARGS="--cases A" BENCH_VARIANTS='[{}, {"blocks": 3}]' bash scripts/device_gpu.sh
+#
+# On the project's lent GPU machines (numpy 2.5 there breaks numba-cuda) carry a numpy
+# 2.4 wheel in .whl/ (see bench/GPU_NOTES.md); it is installed into /tmp/site first.
+# Writes env.txt, tests.log, bench.json, bench.log, ncu_*.txt under $OUT
+# (default bench/results/device_<date>).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/results/device_$(date +%Y%m%d_%H%M%S)}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+STAGES=${STAGES:-env,tests,bench,ncu}
+BENCH_ARGS=${BENCH_ARGS:-}
+BENCH_VARIANTS=${BENCH_VARIANTS:-'[{}]'}   # JSON, see scripts/bench_gpu.py --variants
+NCU_CASES=${NCU_CASES:-A:float32}
+rc=0
+
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+
+if has env; then
+    {
+        nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+        python3 -c 'import sys, numpy, numba, numba_cuda, torch; print(sys.version); print("numpy", numpy.__version__, "numba", numba.__version__, "numba-cuda", numba_cuda.__version__, "torch", torch.__version__)'
+        python3 -c 'from mpikmeans.backends import gpu; print(gpu.device_descriptions())'
+    } 2>&1 | tee "$OUT/env.txt"
+fi
+
+if has tests; then
+    echo "== GPU tests"
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_backend_gpu.py -rs 2>&1 | tee "$OUT/tests.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+fi
+
+if has bench; then
+    echo "== benchmark"
+    python3 scripts/bench_gpu.py --out "$OUT/bench.json" --variants "$BENCH_VARIANTS" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+fi
+
+if has ncu && command -v ncu >/dev/null; then
+    for cd in $NCU_CASES; do
+        c=${cd%%:*}; d=${cd##*:}
+        echo "== ncu $c $d"
+        ncu --clock-control none --kernel-name regex:km_fused --launch-skip 3 --launch-count 1 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+            --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats \
+            python3 scripts/bench_gpu.py --cases "$c" --dtype "$d" --repeats 1 --iters 1 --no-torch \
+            --out /tmp/ncu_bench.json > "$OUT/ncu_${c}_${d}.txt" 2>&1 || rc=1
+        grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Issued Ipc|No Eligible|Block Limit" \
+            "$OUT/ncu_${c}_${d}.txt" | head -30
+    done
+fi
+exit $rc

@@ -1,0 +1,401 @@
+"""GPU backend against the CPU reference.
+
+Two halves:
+
+* simulator checks: every scenario runs once, in one child process with
+  ``NUMBA_ENABLE_CUDASIM=1`` set before numba is imported (this pytest process has
+  already imported numba for the CPU tests, so the simulator cannot be switched on
+  here); the child prints one JSON line per scenario and the tests below assert on
+  them.  Data stay tiny: the simulator runs every CUDA thread as a Python thread.
+* ``@pytest.mark.gpu`` tests on a real GPU, skipped cleanly without one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpikmeans.backends import BackendUnavailable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# --------------------------------------------------------------------------------------
+# The child program: scenarios under the CUDA simulator
+# --------------------------------------------------------------------------------------
+
+_SIM_PROGRAM = textwrap.dedent(
+    r"""
+    import json, sys
+    import numpy as np
+    from mpikmeans.backends import BackendUnavailable, make_backend
+    from mpikmeans.backends.cpu import CPUBackend
+    from mpikmeans.backends import gpu as G
+
+    assert G.SIM, "the simulator is not on"
+
+    def blobs(n, m, k, seed, offset=0.0):
+        r = np.random.default_rng(seed)
+        c = r.uniform(-10, 10, size=(k, m)) + offset
+        lab = r.integers(0, k, n)
+        x = c[lab] + r.normal(size=(n, m))
+        start = c + r.normal(scale=0.7, size=c.shape)
+        return x, start
+
+    def compare(name, x, cent, dtype="float64", chunk=None, weights=None, tune=None, iters=2):
+        cpu = CPUBackend(threads=1)
+        cpu.load(x, weights)
+        gpu = G.GPUBackend(dtype=dtype, chunk_rows=chunk, tune=tune or {})
+        gpu.load(x, weights)
+        out = {"name": name, "steps": [], "plans": []}
+        for _ in range(iters):
+            a = cpu.step(cent)
+            b = gpu.step(cent)
+            out["plans"].append([gpu.last_plan.mode, gpu.last_plan.R, gpu.last_plan.TC,
+                                 gpu.last_plan.nct, gpu.last_plan.centres_shared])
+            flagged = gpu.last_flagged
+            la, da = cpu.assign(cent)
+            lb, db = gpu.assign(cent)
+            scale = max(np.abs(a.sums).max(), 1e-300)
+            out["steps"].append({
+                "labels_equal": bool(np.array_equal(la, lb)),
+                "labels_dtype": str(lb.dtype),
+                "sums_rel": float(np.abs(a.sums - b.sums).max() / scale),
+                "sums_shape": list(b.sums.shape),
+                "counts_equal": bool(np.array_equal(a.counts, b.counts)),
+                "counts_rel": float(np.abs(a.counts - b.counts).max() / max(a.counts.max(), 1e-300)),
+                "sse_rel": float(abs(a.sse - b.sse) / max(abs(a.sse), 1e-300)),
+                "changed": [a.changed, b.changed],
+                "dist2_rel": float(np.abs(da - db).max() / max(da.max(), 1e-300)),
+                "flagged": flagged,
+            })
+            good = a.counts > 0
+            cent = cent.copy()
+            cent[good] = a.sums[good] / a.counts[good, None]
+        gpu.close()
+        print(json.dumps(out), flush=True)
+
+    x, c = blobs(300, 6, 8, 1)
+    compare("f64", x, c)
+    compare("f32", x, c, dtype="float32")
+    compare("chunked", x, c, chunk=70)
+    w = np.random.default_rng(5).uniform(0.5, 2.0, x.shape[0])
+    compare("weighted", x, c, weights=w)
+    compare("chunked_f32_weighted", x, c, dtype="float32", chunk=64, weights=w, iters=1)
+    # K x M sums too big for the shared-memory budget: global atomics, centres from global
+    compare("no_shared_room", x, c, tune={"smem_budget": 256}, iters=1)
+    # several centre tiles with padding (k=10, tiles of 4)
+    x2, c2 = blobs(250, 5, 10, 2)
+    compare("centre_tiles", x2, c2, tune={"TC": 4, "centres_shared": False}, iters=1)
+    # far from the origin: the shift keeps the float32 distances certified
+    x3, c3 = blobs(260, 4, 6, 3, offset=1.0e4)
+    compare("offset", x3, c3, iters=1)
+    # exact ties: integer points, centres at half-integers -> the exact kernel decides
+    r = np.random.default_rng(7)
+    xt = r.integers(-3, 4, size=(240, 2)).astype(np.float64)
+    ct = np.array([[0.5, 0.0], [-0.5, 0.0], [0.0, 0.5], [0.0, -0.5], [2.5, 2.5]])
+    compare("ties", xt, ct, iters=1)
+    # two identical centres: every row nearest to them is a tie, lowest index wins
+    cd = np.vstack([c[:3], c[2:3], c[3:]])
+    compare("duplicate_centres", x, cd, iters=1)
+    compare("k1", x, c[:1], iters=1)
+
+    # zero-row rank
+    g = G.GPUBackend()
+    g.load(np.empty((0, 6)))
+    res = g.step(c)
+    lab, d2 = g.assign(c)
+    print(json.dumps({"name": "empty", "sums_shape": list(res.sums.shape), "sums_zero": bool(not res.sums.any()),
+                      "counts_zero": bool(not res.counts.any()), "sse": res.sse, "changed": res.changed,
+                      "labels": lab.shape[0], "dist2": d2.shape[0]}), flush=True)
+
+    # discovery and device choice
+    info = g.info()
+    choices = {"share": [G.select_device_for(r_, 3, True) for r_ in range(3)]}
+    try:
+        G.select_device_for(0, 2, False)
+        choices["refused"] = None
+    except BackendUnavailable as exc:
+        choices["refused"] = str(exc)
+    print(json.dumps({"name": "discovery", "available": G.gpu_available(), "count": G.gpu_count(),
+                      "descriptions": G.device_descriptions(), "info_name": info.name,
+                      "info_devices": info.devices, "info_dtype": info.dtype,
+                      "one_rank": G.select_device_for(0, 1, False), "choices": choices,
+                      "make_gpu": type(make_backend("gpu")).__name__,
+                      "make_auto": type(make_backend("auto")).__name__}), flush=True)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def sim():
+    """Run every simulator scenario once; map scenario name -> its JSON record."""
+    env = dict(os.environ)
+    env["NUMBA_ENABLE_CUDASIM"] = "1"
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _SIM_PROGRAM], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        if "No module named 'numba.cuda'" in proc.stderr or "numba_cuda" in proc.stderr and "ModuleNotFound" in proc.stderr:
+            pytest.skip("numba-cuda is not installed")
+        raise AssertionError(f"simulator run failed:\n{proc.stdout}\n{proc.stderr[-4000:]}")
+    records = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            records[rec["name"]] = rec
+    return records
+
+
+def _assert_parity(rec, sums_tol=1e-12, exact_counts=True, labels=True):
+    assert rec["steps"], rec
+    for st in rec["steps"]:
+        if labels:
+            assert st["labels_equal"], st
+        assert st["labels_dtype"] == "int32"
+        assert st["sums_rel"] <= sums_tol, st
+        if exact_counts:
+            assert st["counts_equal"], st
+        else:
+            assert st["counts_rel"] <= 1e-12, st
+        assert st["sse_rel"] <= max(sums_tol, 1e-12), st
+        assert st["changed"][0] == st["changed"][1], st
+        assert st["dist2_rel"] <= max(sums_tol, 1e-12), st
+
+
+def test_sim_float64_matches_cpu(sim):
+    rec = sim["f64"]
+    _assert_parity(rec)
+    assert rec["steps"][0]["changed"][1] == 300  # every label is new on the first step
+    assert rec["plans"][0][0] == 0  # fused shared-memory sums
+
+
+def test_sim_float32(sim):
+    # the rows are rounded to float32 on the device: labels still agree on separated data
+    _assert_parity(sim["f32"], sums_tol=1e-6)
+
+
+def test_sim_streaming_chunks(sim):
+    _assert_parity(sim["chunked"])
+
+
+def test_sim_weights(sim):
+    _assert_parity(sim["weighted"], exact_counts=False)
+
+
+def test_sim_streaming_float32_weighted(sim):
+    _assert_parity(sim["chunked_f32_weighted"], sums_tol=1e-6, exact_counts=False)
+
+
+def test_sim_sums_too_big_for_shared_memory(sim):
+    rec = sim["no_shared_room"]
+    _assert_parity(rec)
+    mode, _r, _tc, _nct, centres_shared = rec["plans"][0]
+    assert mode == 1 and centres_shared is False
+
+
+def test_sim_several_centre_tiles(sim):
+    rec = sim["centre_tiles"]
+    _assert_parity(rec)
+    assert rec["plans"][0][3] == 3  # 10 centres in tiles of 4
+
+
+def test_sim_far_from_origin(sim):
+    _assert_parity(sim["offset"])
+
+
+def test_sim_exact_ties_go_to_lowest_index(sim):
+    rec = sim["ties"]
+    _assert_parity(rec)
+    assert rec["steps"][0]["flagged"] > 0  # the exact kernel did the deciding
+
+
+def test_sim_duplicate_centres(sim):
+    rec = sim["duplicate_centres"]
+    _assert_parity(rec)
+    assert rec["steps"][0]["flagged"] > 0
+
+
+def test_sim_single_centre(sim):
+    _assert_parity(sim["k1"])
+
+
+def test_sim_zero_rows(sim):
+    rec = sim["empty"]
+    assert rec["sums_shape"] == [8, 6] and rec["sums_zero"] and rec["counts_zero"]
+    assert rec["sse"] == 0.0 and rec["changed"] == 0
+    assert rec["labels"] == 0 and rec["dist2"] == 0
+
+
+def test_sim_discovery_and_device_choice(sim):
+    rec = sim["discovery"]
+    assert rec["available"] and rec["count"] == 1
+    assert rec["descriptions"][0]["index"] == 0
+    assert rec["info_name"] == "gpu" and rec["info_devices"][0].startswith("0: ")
+    assert rec["info_dtype"] == "float64"
+    assert rec["one_rank"] == 0
+    assert rec["choices"]["share"] == [0, 0, 0]
+    assert "--share-gpus" in rec["choices"]["refused"]
+    assert rec["make_gpu"] == "GPUBackend" and rec["make_auto"] == "GPUBackend"
+
+
+def test_no_gpu_is_refused_cleanly():
+    """In this (non-simulator) process: either a real GPU is usable, or the backend says why."""
+    pytest.importorskip("numba")
+    from mpikmeans.backends import gpu as G
+
+    if G.gpu_available():
+        pytest.skip("a GPU is usable here")
+    assert G.gpu_count() == 0 and G.device_descriptions() == []
+    with pytest.raises(BackendUnavailable):
+        G.select_device_for(0, 1, False)
+    with pytest.raises(BackendUnavailable):
+        G.GPUBackend()
+
+
+# --------------------------------------------------------------------------------------
+# Real GPU
+# --------------------------------------------------------------------------------------
+
+
+def _real_gpu():
+    try:
+        from mpikmeans.backends import gpu as G
+    except Exception:
+        return None
+    if G.SIM or not G.gpu_available():
+        return None
+    return G
+
+
+needs_gpu = pytest.mark.skipif(_real_gpu() is None, reason="needs a real CUDA GPU")
+
+
+def _blobs(n, m, k, seed, offset=0.0):
+    r = np.random.default_rng(seed)
+    c = r.uniform(-10, 10, size=(k, m)) + offset
+    lab = r.integers(0, k, n)
+    x = c[lab] + r.normal(size=(n, m))
+    return x, c + r.normal(scale=0.7, size=c.shape)
+
+
+def _lloyd(backend, cent, iters):
+    cent = cent.copy()
+    res = None
+    for _ in range(iters):
+        res = backend.step(cent)
+        good = res.counts > 0
+        cent[good] = res.sums[good] / res.counts[good, None]
+    return cent, res
+
+
+def _gpu_vs_cpu(n, m, k, dtype="float64", chunk=None, weights=False, tune=None, seed=0, iters=3, offset=0.0):
+    from mpikmeans.backends.cpu import CPUBackend
+
+    G = _real_gpu()
+    x, c = _blobs(n, m, k, seed, offset)
+    w = np.random.default_rng(seed + 9).uniform(0.5, 2, n) if weights else None
+    cpu = CPUBackend()
+    cpu.load(x, w)
+    gpu = G.GPUBackend(dtype=dtype, chunk_rows=chunk, tune=tune or {})
+    gpu.load(x, w)
+    for _ in range(iters):
+        a = cpu.step(c)
+        b = gpu.step(c)
+        tol = 1e-12 if dtype == "float64" else 1e-6
+        assert np.abs(a.sums - b.sums).max() <= tol * np.abs(a.sums).max()
+        assert np.allclose(a.counts, b.counts, rtol=1e-12, atol=0)
+        assert abs(a.sse - b.sse) <= tol * a.sse
+        assert a.changed == b.changed
+        good = a.counts > 0
+        c = c.copy()
+        c[good] = a.sums[good] / a.counts[good, None]
+    la, da = cpu.assign(c)
+    lb, db = gpu.assign(c)
+    assert np.array_equal(la, lb)
+    assert np.abs(da - db).max() <= (1e-12 if dtype == "float64" else 1e-5) * da.max()
+    return gpu
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_gpu_matches_cpu(dtype):
+    _gpu_vs_cpu(200_000, 20, 16, dtype=dtype)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("k,m", [(50, 100), (200, 8), (1000, 32)])
+def test_gpu_shapes(k, m):
+    _gpu_vs_cpu(60_000, m, k, iters=2)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_streaming_and_weights():
+    _gpu_vs_cpu(150_000, 12, 10, chunk=40_000, weights=True)
+    _gpu_vs_cpu(150_000, 12, 10, chunk=40_000, weights=True, dtype="float32")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_forced_global_sums_and_tiles():
+    _gpu_vs_cpu(100_000, 16, 300, tune={"sum_mode": "global", "centres_shared": False}, iters=2)
+    _gpu_vs_cpu(100_000, 16, 40, tune={"smem_budget": 4096}, iters=2)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_offset_and_ties():
+    _gpu_vs_cpu(100_000, 10, 12, offset=1.0e5, iters=2)
+    from mpikmeans.backends.cpu import CPUBackend
+
+    G = _real_gpu()
+    r = np.random.default_rng(3)
+    x = r.integers(-20, 21, size=(100_000, 3)).astype(np.float64)
+    c = np.array([[0.5, 0, 0], [-0.5, 0, 0], [0, 0.5, 0], [0, -0.5, 0], [0, 0, 0.5], [0.5, 0, 0]])
+    cpu, gpu = CPUBackend(), G.GPUBackend()
+    cpu.load(x)
+    gpu.load(x)
+    a, b = cpu.step(c), gpu.step(c)
+    assert gpu.last_flagged > 0
+    assert np.array_equal(a.counts, b.counts) and a.changed == b.changed
+    assert np.array_equal(cpu.assign(c)[0], gpu.assign(c)[0])
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_lloyd_centres_match_cpu():
+    """Ten Lloyd iterations: centres within 1e-9 relative of the CPU's (float64)."""
+    from mpikmeans.backends.cpu import CPUBackend
+
+    G = _real_gpu()
+    x, c = _blobs(300_000, 24, 20, 11)
+    cpu, gpu = CPUBackend(), G.GPUBackend()
+    cpu.load(x)
+    gpu.load(x)
+    ca, _ = _lloyd(cpu, c, 10)
+    cb, _ = _lloyd(gpu, c, 10)
+    assert np.abs(ca - cb).max() <= 1e-9 * np.abs(ca).max()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_zero_rows_and_info():
+    G = _real_gpu()
+    g = G.GPUBackend(dtype="float32")
+    g.load(np.empty((0, 5)))
+    r = g.step(np.ones((3, 5)))
+    assert r.sums.shape == (3, 5) and r.changed == 0 and r.sse == 0.0
+    info = g.info()
+    assert info.name == "gpu" and info.dtype == "float32"
+    assert info.devices[0].startswith("0: ") and "unknown" not in info.devices[0]
+    desc = G.device_descriptions()
+    assert desc and desc[0]["total_memory"] > 0
