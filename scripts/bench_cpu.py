@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("-k", type=int, default=8)
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gen-ranks", type=int, nargs="+", help="rank counts for timing gen-data (default: --ranks)")
     ap.add_argument("--iterations", type=int, default=20, help="Lloyd iterations per run (fixed for timing)")
     ap.add_argument("--data", help="input to use/create (default: a temporary file)")
     ap.add_argument("--json", default=f"bench/results/cpu_{platform.node()}_{date.today()}.json")
@@ -51,15 +52,19 @@ def main() -> None:
 
     tmp = tempfile.mkdtemp(prefix="mpikmeans-bench-")
     data = a.data or os.path.join(tmp, "bench.arff")
+    # compile every kernel once (numba caches them), so no timing below includes the compiler
+    sample = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "data", "sample.arff")
+    mpirun(1, ["run", sample, "-k", 2, "-o", os.path.join(tmp, "warm"), "-q"])
+    mpirun(1, ["gen-data", os.path.join(tmp, "warm.arff"), "-n", 10, "-m", 2, "-k", 2, "-q"])
     results = {"machine": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
                "rows": a.rows, "attrs": a.attrs, "k": a.k, "iterations": a.iterations, "points": []}
     gen = []
-    for np_ in a.ranks:
+    for np_ in a.gen_ranks or a.ranks:
         for _ in range(a.repeats):
             gen.append((np_, mpirun(np_, ["gen-data", data, "-n", a.rows, "-m", a.attrs, "-k", a.k, "-q"])))
     size = os.path.getsize(data)
     results["file_bytes"] = size
-    for np_ in a.ranks:
+    for np_ in a.gen_ranks or a.ranks:
         times = [t for n, t in gen if n == np_]
         results["points"].append({"what": "gen-data", "ranks": np_, "median_s": statistics.median(times),
                                   "MB_per_s": size / 1e6 / statistics.median(times),

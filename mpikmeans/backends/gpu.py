@@ -1302,7 +1302,6 @@ class GPUBackend(Backend):
         n, cr = self.n, self.chunk
         weighted = self._weights_host is not None
         zc = _zero_ctr_kernel()
-        flagged = 0
         # per-stream counters: flags are per chunk, so each stream needs its own
         ctr_pair = [cuda.device_array(2, dtype=np.int64) for _ in range(2)]
         for s in range(2):
