@@ -546,17 +546,23 @@ def _describe(code: int, path: str, line_no: int, col: int, attrs: list, token: 
     return f"{where}: attribute {attrs[col].name!r}: " + _MESSAGES[code].format(token=token)
 
 
-def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, path: str):
-    """Parse the owned lines ``[start, end)`` piece by piece.
+def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, path: str, threads: int = 1):
+    """Parse the owned lines ``[start, end)`` piece by piece, each piece by ``threads`` threads.
 
-    Returns ``(row arrays, weight arrays, lines consumed, weighted, bad)``
-    where ``bad`` is None or ``(code, line, attribute, token)`` with the line
-    counted from ``start`` (the caller adds this rank's first line number once
-    counts are exchanged).
+    The rows go into one array that is allocated once from the first piece's
+    rows per byte (and grown if the estimate falls short), so no copy joins
+    the pieces at the end.
+
+    Returns ``(rows, weights, lines consumed, weighted, bad)`` where ``bad``
+    is None or ``(code, line, attribute, token)`` with the line counted from
+    ``start`` (the caller adds this rank's first line number once counts are
+    exchanged).
     """
     m = len(sel.names)
-    pieces, wpieces = [], []
-    total_lines = 0
+    parts = max(1, threads)
+    out = np.empty((0, m))
+    weights = np.empty(0)
+    rows = total_lines = 0
     weighted = False
     pos = start
     while pos < end:
@@ -566,37 +572,48 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
             raise InputError(f"{path}: file shrank while reading (expected {end} bytes)")
         if pos + want < end:
             # cut at the last newline; the rest goes into the next piece
-            newlines = np.flatnonzero(buf == _NL)
-            if len(newlines) == 0:  # a single line longer than a piece: take it whole
+            nl = np.flatnonzero(buf == _NL)
+            if len(nl):
+                buf = buf[: int(nl[-1]) + 1]
+            else:  # a single line longer than a piece: take it whole
                 more = first_line_start(fd, pos + want, start, end)[0]
                 buf = np.frombuffer(os.pread(fd, more - pos, pos), dtype=np.uint8)
-            else:
-                buf = buf[: int(newlines[-1]) + 1]
-        upper = int(np.count_nonzero(buf == _NL)) + 1
-        out = np.empty((upper, m), dtype=np.float64)
-        w = np.empty(upper, dtype=np.float64)
-        rows, lines, has_w, err, err_line, err_col, ts, te = rowparse.parse_rows(
-            buf, sel.kinds, sel.outcol, missing_mode, out, w)
-        if err != rowparse.E_NONE:
-            token = bytes(buf[ts:te]).decode("utf-8", "replace")
-            return pieces, wpieces, total_lines + lines, weighted, (err, total_lines + err_line, err_col, token)
-        pieces.append(out[:rows])
-        wpieces.append(w[:rows])
-        weighted = weighted or bool(has_w)
-        total_lines += lines
+        cuts, counts = rowparse.line_cuts(buf, parts)
+        seg = np.zeros(parts + 1, dtype=np.int64)
+        seg[1:] = np.cumsum(counts + 1)
+        need = rows + int(seg[-1])
+        if need > len(out):
+            # first piece: room for the whole span at this piece's rows per byte
+            guess = int((end - start) * seg[-1] / len(buf) * 1.02) + 16 if rows == 0 else 2 * len(out)
+            capacity = max(need, guess)
+            grown = np.empty((capacity, m))
+            grown[:rows] = out[:rows]
+            out = grown
+            wgrown = np.empty(capacity)
+            wgrown[:rows] = weights[:rows]
+            weights = wgrown
+        res = np.empty((parts, 8), dtype=np.int64)
+        first = rows
+        rowparse.parse_parallel(buf, cuts, seg + first, sel.kinds, sel.outcol, missing_mode, out, weights, res)
+        for t in range(parts):
+            got, lines, has_w, err, err_line, err_col, ts, te = (int(v) for v in res[t])
+            base = first + int(seg[t])
+            if base != rows:  # move this span's rows next to the previous span's
+                out[rows:rows + got] = out[base:base + got]
+                weights[rows:rows + got] = weights[base:base + got]
+            rows += got
+            weighted = weighted or bool(has_w)
+            if err != rowparse.E_NONE:
+                token = bytes(buf[ts:te]).decode("utf-8", "replace")
+                return out[:rows], weights[:rows], total_lines + lines, weighted, \
+                    (err, total_lines + err_line, err_col, token)
+            total_lines += lines
         pos += len(buf)
-    return pieces, wpieces, total_lines, weighted, None
+    return out[:rows], weights[:rows], total_lines, weighted, None
 
 
-def _join(pieces: list, shape_tail: tuple) -> np.ndarray:
-    if len(pieces) == 1:
-        return np.ascontiguousarray(pieces[0])
-    if not pieces:
-        return np.empty((0,) + shape_tail)
-    return np.concatenate(pieces)
-
-
-def read_local(path: str, header: Header, comm, ignore: str | None = None, missing: str = "error") -> LocalData:
+def read_local(path: str, header: Header, comm, ignore: str | None = None, missing: str = "error",
+               threads: int = 1) -> LocalData:
     """Read this rank's rows of an ARFF file (collective: every rank calls it).
 
     Parameters
@@ -610,6 +627,8 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
     missing : {"error", "drop", "mean"}
         What to do with ``?``: refuse the file, drop the rows that have one,
         or replace it by the attribute's global mean (as Weka's SimpleKMeans).
+    threads : int
+        Threads parsing this rank's text.
 
     Returns
     -------
@@ -626,7 +645,7 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
     mode = rowparse.MISSING_ERROR if missing == "error" else rowparse.MISSING_NAN
     lo, hi = byte_ranges(header.data_offset, header.file_size, comm.size)[comm.rank]
     error = None
-    pieces, wpieces, lines, weighted, bad = [], [], 0, False, None
+    x, weights, lines, weighted, bad = np.empty((0, m)), np.empty(0), 0, False, None
     start = end = lo
     bytes_read = 0
     try:
@@ -639,7 +658,7 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
             start, r1 = first_line_start(fd, lo, header.data_offset, header.file_size)
             end, r2 = first_line_start(fd, hi, header.data_offset, header.file_size)
             end = max(start, end)
-            pieces, wpieces, lines, weighted, bad = _parse_span(fd, start, end, sel, mode, path)
+            x, weights, lines, weighted, bad = _parse_span(fd, start, end, sel, mode, path, threads)
             bytes_read = (end - start) + r1 + r2
         except InputError as exc:
             error = exc
@@ -647,8 +666,6 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
             error = InputError(f"{path}: read failed: {exc.strerror}")
         finally:
             os.close(fd)
-    x = _join(pieces, (m,))
-    weights = _join(wpieces, ())
     # one exchange gives every rank its first line's number, the row counts,
     # whether any row is weighted, and whether any rank found a bad row
     reports = comm.allgather((len(x), lines, weighted, bad, None if error is None else error.message))
@@ -726,7 +743,7 @@ def shared_header(path: str, comm) -> Header:
 
 
 def read_arff(path: str, comm, header: Header | None = None, ignore: str | None = None,
-              missing: str = "error") -> LocalData:
+              missing: str = "error", threads: int = 1) -> LocalData:
     """Read an ARFF file in parallel: header on rank 0, rows on every rank.
 
     Collective.  See :func:`read_local`; ``header`` skips the header step when
@@ -734,7 +751,7 @@ def read_arff(path: str, comm, header: Header | None = None, ignore: str | None 
     """
     header = header or shared_header(path, comm)
     try:
-        return read_local(path, header, comm, ignore=ignore, missing=missing)
+        return read_local(path, header, comm, ignore=ignore, missing=missing, threads=threads)
     except (UsageError, InputError) as exc:
         exc.collective = True  # select_attributes decides the same on every rank
         raise

@@ -16,7 +16,7 @@ and tabs around values; CRLF line ends.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from .numparse import PARSE_OK, PARSE_RANGE, parse_number
 
@@ -266,3 +266,54 @@ def parse_rows(buf, kinds, outcol, missing_mode, out, weights):
         rows += 1
         line += 1
     return rows, line, weighted, E_NONE, -1, -1, -1, -1
+
+
+@njit(parallel=True, cache=True)
+def line_cuts(buf, parts):
+    """Cut ``buf`` into ``parts`` spans of whole lines; also count each span's newlines.
+
+    Returns
+    -------
+    cuts : ndarray, shape (parts + 1,), int64
+        Span t is ``buf[cuts[t]:cuts[t + 1]]``; every cut is a line start.
+    newlines : ndarray, shape (parts,), int64
+    """
+    n = buf.shape[0]
+    cuts = np.empty(parts + 1, dtype=np.int64)
+    cuts[0] = 0
+    for t in range(1, parts):
+        p = max(n * t // parts, cuts[t - 1])
+        while p < n and p > 0 and buf[p - 1] != _NL:
+            p += 1
+        cuts[t] = p
+    cuts[parts] = n
+    newlines = np.zeros(parts, dtype=np.int64)
+    for t in prange(parts):
+        c = 0
+        for i in range(cuts[t], cuts[t + 1]):
+            if buf[i] == _NL:
+                c += 1
+        newlines[t] = c
+    return cuts, newlines
+
+
+@njit(parallel=True, cache=True)
+def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, res):
+    """:func:`parse_rows` on each span ``buf[cuts[t]:cuts[t+1]]`` at once, one thread each.
+
+    Span t writes its rows from ``out[seg[t]]`` on (``seg`` leaves room for one
+    row per newline, plus one); ``res[t]`` gets :func:`parse_rows`' eight results.
+    The caller moves the spans' rows together and reports the first error.
+    """
+    parts = cuts.shape[0] - 1
+    for t in prange(parts):
+        r = parse_rows(buf[cuts[t]:cuts[t + 1]], kinds, outcol, missing_mode,
+                       out[seg[t]:seg[t + 1]], weights[seg[t]:seg[t + 1]])
+        res[t, 0] = r[0]
+        res[t, 1] = r[1]
+        res[t, 2] = r[2]
+        res[t, 3] = r[3]
+        res[t, 4] = r[4]
+        res[t, 5] = r[5]
+        res[t, 6] = r[6] + cuts[t]
+        res[t, 7] = r[7] + cuts[t]

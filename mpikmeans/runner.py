@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from . import __version__
@@ -169,7 +170,9 @@ def read_input(comm, data: str, cfg):
         return read_npy(data, comm)
     header = shared_header(data, comm)
     check_memory(data, header, comm)
-    return read_arff(data, comm, header=header, ignore=cfg.ignore, missing=cfg.missing)
+    threads = cfg.threads or default_threads(comm.node_size)
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    return read_arff(data, comm, header=header, ignore=cfg.ignore, missing=cfg.missing, threads=threads)
 
 
 def run_job(comm, data: str, cfg) -> RunOutcome:
