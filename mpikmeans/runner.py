@@ -222,9 +222,9 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     t_init = time.perf_counter()
 
     ckpt_path = cfg.checkpoint or os.path.join(out_dir, "checkpoint.npz")
-    checkpointer = Checkpointer(ckpt_path, settings, every=cfg.checkpoint_every, is_root=comm.rank == 0)
-    if not cfg.checkpoint:
-        checkpointer.every, checkpointer.seconds = None, float("inf")  # only on a signal
+    # without --checkpoint the state is saved only when a signal stops the run
+    checkpointer = Checkpointer(ckpt_path, settings, every=cfg.checkpoint_every if cfg.checkpoint else None,
+                                seconds=60.0 if cfg.checkpoint else float("inf"), is_root=comm.rank == 0)
     with StopRequest() as stop:
         result = lloyd(comm, backend, local.x, local.row_offset, centres, max_iter=cfg.max_iter, tol=cfg.tol,
                        empty_cluster=cfg.empty_cluster, resume=resume, after_iteration=checkpointer,
