@@ -1,3 +1,23 @@
-"""mpikmeans: k-means clustering of large ARFF data sets over MPI ranks and GPUs."""
+"""mpikmeans: k-means clustering of large ARFF data sets over MPI ranks and GPUs.
+
+``from mpikmeans import KMeans`` gives the scikit-learn-shaped API
+(:mod:`mpikmeans.api`).  It is imported on first use, so that ``import
+mpikmeans`` (and ``mpikmeans --help``) stays cheap: no numba, no mpi4py.
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["KMeans", "__version__"]
+
+
+def __getattr__(name):
+    # PEP 562: load the API (and with it numba) only when it is asked for
+    if name == "KMeans":
+        from .api import KMeans
+
+        return KMeans
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + ["KMeans"])

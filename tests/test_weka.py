@@ -1,0 +1,305 @@
+"""Against the real Weka (Debian package ``weka``, Weka 3.6): on Weka's own example
+data sets (numeric attributes, the nominal class ignored), SimpleKMeans' final
+centroids are a fixed point of this tool's Lloyd step with ``minmax`` scaling:
+the same assignment, the same cluster sizes, the same SSE (Weka prints it in
+full: equal to ~1e-15), and the same centroids to Weka's printed 4 decimals;
+and Weka loads the ARFF files this tool writes.
+
+Skipped, saying why, where Java, ``weka.jar`` or the example files are absent
+(``apt-get install weka`` provides all three; so does a headless JRE plus
+``apt-get download weka`` unpacked into ``.venv/weka``; ``WEKA_JAR`` and
+``WEKA_EXAMPLES`` point elsewhere).
+
+How Weka is run (each takes ~0.3 s):
+
+- ``java -cp weka.jar weka.clusterers.SimpleKMeans -N K -S SEED -I 500 -t FILE -c last``
+  prints iterations, the SSE (in Weka's normalised units), the centroid table
+  and the sizes; ``-c last`` makes the class attribute ignored in clustering;
+- ``java -cp weka.jar weka.filters.unsupervised.attribute.AddCluster
+  -W "weka.clusterers.SimpleKMeans -N K -S SEED -I 500" -I last -i FILE -o OUT``
+  writes every row with its cluster (``clusterJ`` = cluster J-1), the same
+  model (``-I last`` ignores the class).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from threadcomm import run_ranks  # noqa: E402
+
+from mpikmeans.arff import read_arff  # noqa: E402
+from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
+from mpikmeans.kmeans import STOP_UNCHANGED, lloyd  # noqa: E402
+from mpikmeans.scaling import fit_scaler  # noqa: E402
+
+#: where ``apt-get install weka`` puts things, then an unpacked ``apt-get download weka``
+#: (``dpkg-deb -x weka_*.deb .venv/weka``: no root, no dependencies)
+_ROOTS = [Path("/"), Path(__file__).resolve().parents[1] / ".venv" / "weka"]
+
+
+def _first(env: str, relative: str) -> Path:
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    found = [r / relative for r in _ROOTS if (r / relative).exists()]
+    return found[0] if found else _ROOTS[0] / relative
+
+
+WEKA_JAR = _first("WEKA_JAR", "usr/share/java/weka.jar")
+EXAMPLES = _first("WEKA_EXAMPLES", "usr/share/doc/weka/examples")
+
+#: (data set, K, Weka seed): each converges well below Weka's -I 500
+CASES = [("iris", 3, 10), ("iris", 5, 3), ("glass", 6, 10), ("diabetes", 2, 10), ("segment-challenge", 7, 10)]
+
+#: Weka prints centroids with 4 decimals, rounding half up (Utils.doubleToString)
+PRINTED = 0.5e-4 + 1e-9
+
+
+def _why_no_weka() -> str | None:
+    if shutil.which("java") is None:
+        return "Weka tests need Java and Weka: apt-get install weka (no 'java' on PATH)"
+    if not WEKA_JAR.is_file():
+        return f"Weka tests need Weka: apt-get install weka (no {WEKA_JAR}; or set WEKA_JAR)"
+    return None
+
+
+def _why_no_examples() -> str | None:
+    if not (EXAMPLES / "iris.arff").is_file():
+        return f"Weka's example data sets are not in {EXAMPLES} (apt-get install weka; or set WEKA_EXAMPLES)"
+    return None
+
+
+needs_weka = pytest.mark.skipif(_why_no_weka() is not None, reason=_why_no_weka() or "")
+needs_examples = pytest.mark.skipif(_why_no_examples() is not None, reason=_why_no_examples() or "")
+
+
+# =========================================================================== running Weka
+
+def run_weka(*args: str) -> str:
+    """Run a Weka main class; its stdout.  Weka often exits 0 after an
+    exception, so a stack trace on stderr is a failure too."""
+    r = subprocess.run(["java", "-Xmx1g", "-cp", str(WEKA_JAR), *args], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 or "Exception" in r.stderr:
+        raise AssertionError(f"Weka {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    return r.stdout
+
+
+def weka_load_summary(path) -> dict:
+    """Load an ARFF file with Weka (``weka.core.Instances``).
+
+    Returns
+    -------
+    dict
+        ``instances``, ``attributes`` (counts) and ``types`` (Weka's
+        ``Num``/``Nom``/... per attribute).  Raises AssertionError when Weka
+        cannot load the file.
+    """
+    out = run_weka("weka.core.Instances", str(path))
+    inst = re.search(r"Num Instances:\s*(\d+)", out)
+    attrs = re.search(r"Num Attributes:\s*(\d+)", out)
+    if not inst or not attrs:
+        raise AssertionError(f"Weka could not load {path}:\n{out[-2000:]}")
+    types = re.findall(r"^\s*\d+\s+\S+\s+(Num|Nom|Str|Dat|Rel)\b", out, flags=re.MULTILINE)
+    return {"instances": int(inst.group(1)), "attributes": int(attrs.group(1)), "types": types}
+
+
+def weka_simple_kmeans(path: Path, k: int, seed: int) -> dict:
+    """SimpleKMeans on ``path`` with the last attribute (the class) ignored.
+
+    Returns
+    -------
+    dict
+        ``iterations``, ``sse`` (normalised units), ``n``, ``sizes`` (k,),
+        ``full`` (m,) the Full Data column, ``centroids`` (k, m) as printed.
+    """
+    out = run_weka("weka.clusterers.SimpleKMeans", "-N", str(k), "-S", str(seed), "-I", "500",
+                   "-t", str(path), "-c", "last")
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("Attribute"))
+    sizes = [int(v) for v in re.findall(r"\((\d+)\)", lines[head + 1])]
+    table = []
+    for line in lines[head + 3:]:
+        if not line.strip():
+            break
+        table.append([float(v) for v in line.split()[-(k + 1):]])
+    table = np.array(table)
+    return {"iterations": int(re.search(r"Number of iterations:\s*(\d+)", out).group(1)),
+            "sse": float(re.search(r"Within cluster sum of squared errors:\s*(\S+)", out).group(1)),
+            "n": sizes[0], "sizes": sizes[1:], "full": table[:, 0], "centroids": table[:, 1:].T.copy()}
+
+
+def weka_assignment(path: Path, k: int, seed: int, out: Path) -> np.ndarray:
+    """Weka's cluster (0-based) of every row, from AddCluster with the same model.
+
+    Returns
+    -------
+    ndarray, shape (n,), int64
+    """
+    run_weka("weka.filters.unsupervised.attribute.AddCluster", "-W",
+             f"weka.clusterers.SimpleKMeans -N {k} -S {seed} -I 500", "-I", "last", "-i", str(path), "-o", str(out))
+    labels, data = [], False
+    for line in out.read_text().splitlines():
+        text = line.strip()
+        if not text or text.startswith("%"):
+            continue
+        if data:
+            labels.append(int(text.rsplit(",", 1)[1].strip().strip("'\"").removeprefix("cluster")) - 1)
+        elif text.lower().startswith("@data"):
+            data = True
+    return np.array(labels, dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def weka_runs(tmp_path_factory):
+    """Weka's results per case, computed once."""
+    tmp = tmp_path_factory.mktemp("weka")
+    cache = {}
+
+    def get(name, k, seed):
+        key = (name, k, seed)
+        if key not in cache:
+            path = EXAMPLES / f"{name}.arff"
+            run = weka_simple_kmeans(path, k, seed)
+            run["labels"] = weka_assignment(path, k, seed, tmp / f"{name}-{k}-{seed}.arff")
+            cache[key] = run
+        return cache[key]
+
+    return get
+
+
+# =========================================================================== our side
+
+_lock = threading.Lock()
+
+
+class Serialised:
+    """One rank's CPU backend, its calls serialised across the rank threads."""
+
+    def __init__(self, x):
+        self.inner = CPUBackend(threads=1)
+        self.inner.load(x)
+
+    def step(self, centres):
+        with _lock:
+            return self.inner.step(centres)
+
+    def assign(self, centres):
+        with _lock:
+            return self.inner.assign(centres)
+
+
+def read_numeric(path: Path, ranks: int = 1) -> np.ndarray:
+    """The clustered columns of ``path`` as our reader gives them, all ranks' rows."""
+    return np.concatenate([loc.x for loc in run_ranks(ranks, lambda comm: read_arff(str(path), comm))])
+
+
+def liac_numeric(path: Path) -> tuple[np.ndarray, list]:
+    """Reference parse (liac-arff): the numeric columns and their names."""
+    import arff
+
+    with open(path) as f:
+        d = arff.load(f)
+    cols = [j for j, (_, kind) in enumerate(d["attributes"]) if isinstance(kind, str) and kind.upper() in
+            ("NUMERIC", "REAL", "INTEGER")]
+    return (np.array([[row[j] for j in cols] for row in d["data"]], dtype=np.float64),
+            [d["attributes"][j][0] for j in cols])
+
+
+# =========================================================================== tests
+
+@needs_examples
+@pytest.mark.parametrize("name", ["iris", "glass", "diabetes", "segment-challenge"])
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_reader_reads_wekas_examples_skipping_the_nominal_class(name, ranks):
+    path = EXAMPLES / f"{name}.arff"
+    ref, names = liac_numeric(path)
+    locs = run_ranks(ranks, lambda comm: read_arff(str(path), comm))
+    assert np.concatenate([loc.x for loc in locs]).tobytes() == ref.tobytes()
+    assert locs[0].names == names  # the class attribute is not clustered
+    assert locs[0].header.attributes[-1].kind == "nominal"
+
+
+@needs_weka
+@needs_examples
+@pytest.mark.parametrize("name,k,seed", CASES)
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_weka_centroids_are_a_fixed_point_of_our_lloyd_step(weka_runs, name, k, seed, ranks):
+    path = EXAMPLES / f"{name}.arff"
+    weka = weka_runs(name, k, seed)
+    assert weka["iterations"] < 500  # Weka converged: its centroids are the means of its final clusters
+    x = read_numeric(path)
+    assert weka["n"] == len(x) and len(weka["labels"]) == len(x)
+    labels = weka["labels"]
+    assert np.bincount(labels, minlength=k).tolist() == weka["sizes"]
+
+    # Weka's centroids in full precision: the means of its final clusters (what
+    # its last update computed); they print as Weka printed them
+    means = np.array([x[labels == j].mean(axis=0) for j in range(k)])
+    assert np.abs(means - weka["centroids"]).max() <= PRINTED
+    assert np.abs(x.mean(axis=0) - weka["full"]).max() <= PRINTED
+
+    def body(comm):
+        loc = read_arff(str(path), comm)
+        scaler = fit_scaler(comm, loc.x, "minmax")  # global ranges, as Weka's EuclideanDistance
+        z = scaler.transform(loc.x)
+        c0 = scaler.transform(means)
+        res = lloyd(comm, Serialised(z), z, loc.row_offset, c0, max_iter=50)
+        return res, scaler.inverse(res.centres)
+
+    out = run_ranks(ranks, body)
+    res, centres = out[0]
+    # one step from Weka's centroids assigns every row as Weka did and gives back
+    # the same centroids; the next step changes nothing
+    assert np.array_equal(np.concatenate([r.labels for r, _ in out]), labels)
+    assert res.iterations == 2 and res.stop_reason == STOP_UNCHANGED
+    assert [h["changed"] for h in res.history] == [len(x), 0]
+    assert res.sizes.tolist() == weka["sizes"]
+    assert np.abs(centres - weka["centroids"]).max() <= PRINTED
+    np.testing.assert_allclose(centres, means, rtol=1e-12, atol=1e-12)
+    # the SSE in Weka's normalised units, which Weka prints in full
+    assert res.inertia == pytest.approx(weka["sse"], rel=1e-12)
+
+
+@needs_weka
+@needs_examples
+@pytest.mark.parametrize("name,k,seed", CASES[:3])
+def test_api_with_minmax_reproduces_weka(weka_runs, name, k, seed):
+    from mpikmeans import KMeans
+
+    path = EXAMPLES / f"{name}.arff"
+    weka = weka_runs(name, k, seed)
+    x = read_numeric(path)
+    start = np.array([x[weka["labels"] == j].mean(axis=0) for j in range(k)])
+    km = KMeans(n_clusters=k, init=start, normalize="minmax").fit(x)
+    assert np.array_equal(km.labels_, weka["labels"])
+    assert km.n_iter_ == 2
+    assert np.abs(km.cluster_centers_ - weka["centroids"]).max() <= PRINTED
+    assert km.inertia_ == pytest.approx(weka["sse"], rel=1e-12)
+
+
+@needs_weka
+def test_weka_loads_our_arff_files(tmp_path):
+    from mpikmeans.gen import GenSpec, write_blobs
+
+    path = tmp_path / "blobs.arff"
+    run_ranks(3, lambda comm: write_blobs(GenSpec(n=500, m=4, k=3, seed=2, decimals=4), str(path), comm))
+    summary = weka_load_summary(path)
+    assert summary == {"instances": 500, "attributes": 4, "types": ["Num"] * 4}
+
+
+@needs_weka
+def test_weka_load_check_catches_a_bad_file(tmp_path):
+    # Weka exits 0 when it cannot parse a file: the helper must still fail
+    bad = tmp_path / "bad.arff"
+    bad.write_text("@relation r\n@attribute a numeric\n@attribute c {c1,c2}\n@data\n1,c1\n2,c3\n")
+    with pytest.raises(AssertionError, match="failed|could not load"):
+        weka_load_summary(bad)
