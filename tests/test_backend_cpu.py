@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from mpikmeans.backends import Backend, StepResult, make_backend
-from mpikmeans.backends import cpu
 from mpikmeans.backends.cpu import CPUBackend, default_threads
 
 

@@ -22,7 +22,6 @@ from threadcomm import (  # noqa: E402
     Aborted,
     CollectiveMismatch,
     CollectiveTimeout,
-    ThreadComm,
     run_ranks,
 )
 
