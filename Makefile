@@ -36,15 +36,22 @@ $(DEMO): | $(STAMP)
 run: $(STAMP) $(DEMO)
 	$(BIN)/mpirun -np $(NP) --bind-to none $(BIN)/mpikmeans run $(DEMO) -k $(DEMO_K) --output-dir data/demo.mpikmeans
 
-# A real one-node Slurm for tests/test_slurm_real.py (Debian packages, ~15 s). Best
-# effort: without root or apt the test skips and says why.
+# Best effort, Debian packages (tests skip and say why where these are missing):
+# a real one-node Slurm for tests/test_slurm_real.py (~15 s, needs root), and Weka
+# for tests/test_weka.py (its .deb unpacked into .venv/weka: no root, ~2 s).
 SLURM_PKGS := slurmctld slurmd slurm-client libpmix-dev
-system-test-deps:
-	@if command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ]; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing a local Slurm for the job-template tests: $(SLURM_PKGS)"; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			--no-install-recommends $(SLURM_PKGS)) >/dev/null 2>&1 || echo "Slurm not installed: its test will skip"; \
+system-test-deps: | $(STAMP)
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		need=""; \
+		command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need="slurm"; \
+		[ -f /usr/share/java/weka.jar ] || [ -f $(VENV)/weka/usr/share/java/weka.jar ] || need="$$need weka"; \
+		if [ -n "$$need" ]; then apt-get update -qq >/dev/null 2>&1 || true; fi; \
+		case "$$need" in *slurm*) echo "installing a local Slurm for the job-template tests"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PKGS) \
+				>/dev/null 2>&1 || echo "Slurm not installed: its test will skip";; esac; \
+		case "$$need" in *weka*) echo "unpacking Weka into $(VENV)/weka for the Weka tests"; \
+			(cd $(VENV) && apt-get download weka >/dev/null 2>&1 && dpkg-deb -x weka_*.deb weka && rm -f weka_*.deb) \
+				|| echo "Weka not available: its tests will skip";; esac; \
 	fi
 
 test: $(STAMP) system-test-deps

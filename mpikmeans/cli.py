@@ -17,7 +17,8 @@ import click
 from click.core import ParameterSource
 
 from . import __version__
-from .config import BACKENDS, DTYPES, EMPTY_POLICIES, MISSING_POLICIES, build_config, load_yaml
+from .config import (BACKENDS, DTYPES, EMPTY_POLICIES, MISSING_POLICIES, NORMALIZE_METHODS, build_config,
+                     load_yaml)
 from .errors import MpikmeansError, UsageError
 
 log = logging.getLogger("mpikmeans")
@@ -104,13 +105,18 @@ def main():
 
 _RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_cluster", "output_dir",
              "threads", "share_gpus", "chunk_rows", "checkpoint", "checkpoint_every", "resume", "overwrite",
-             "ignore", "missing")
+             "ignore", "missing", "n_init", "normalize", "write_arff")
 
 
 @main.command()
 @click.argument("data", type=click.Path(dir_okay=False))
 @click.option("-k", "k", type=int, help="Number of clusters (required, here or in --config).")
-@click.option("--init", help="range | sample | FILE.csv of k x m centres  [default: sample]")
+@click.option("--init", help="k-means++ | k-means|| | range | sample | FILE.csv of k x m centres  "
+              "[default: k-means++]")
+@click.option("--n-init", type=int, help="Initialisations to run; the lowest SSE is kept  [default: 1]")
+@click.option("--normalize", type=click.Choice(NORMALIZE_METHODS), help="Attribute scaling  [default: none]")
+@click.option("--write-arff", is_flag=True, default=None,
+              help="Also write clustered.arff: the rows with a nominal cluster attribute (Weka's AddCluster).")
 @click.option("--seed", type=int, help="Seed of the initialisation  [default: 0]")
 @click.option("--max-iter", type=int, help="Most Lloyd iterations  [default: 300]")
 @click.option("--tol", type=float, help="Stop when no centre moves more than this; 0 = until labels are stable  [default: 0]")
@@ -161,6 +167,7 @@ def run(ctx, data, config_path, dry_run, verbose, quiet, **options):
                        "(and the same settings)", err=True)
         elif comm.rank == 0 and not quiet:
             _print_summary(outcome.summary, outcome.out_dir)
+            _print_centroids(outcome)
         return EXIT_CHECKPOINTED if outcome.interrupted_by else 0
 
     _guarded(verbose, quiet, body)
@@ -178,6 +185,35 @@ def _print_plan(plans: list, cfg) -> None:
     click.echo(f"total: {sum(p['bytes'] for p in plans)} bytes, about {sum(p['rows'] for p in plans)} rows")
 
 
+#: Larger centroid tables are left to centers.csv.
+_TABLE_CELLS = 400
+
+
+def _print_centroids(outcome) -> None:
+    """A centroid table like Weka's SimpleKMeans: Full Data column, then one per cluster."""
+    s, c = outcome.summary, outcome.centres
+    k, m = c.shape
+    if k * m > _TABLE_CELLS:
+        click.echo(f"({k} x {m} centroids: see centers.csv)")
+        return
+    names = s["attributes"]
+    heads = ["Full Data"] + [str(j) for j in range(k)]
+    sizes = [f"({s['n']}.0)"] + [f"({v}.0)" for v in s["sizes"]]
+    cols = [[f"{v:.4f}" for v in outcome.full_means]] + [[f"{v:.4f}" for v in c[j]] for j in range(k)]
+    widths = [max(len(h), len(z), *(len(v) for v in col)) for h, z, col in zip(heads, sizes, cols)]
+    name_w = max(len("Attribute"), *(len(n) for n in names))
+    click.echo("\nFinal cluster centroids:")
+    click.echo(" " * name_w + "  " + " ".join(f"{'Cluster#' if j == 1 else '':>{w}}" for j, w in enumerate(widths)))
+    click.echo(f"{'Attribute':<{name_w}}  " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
+    click.echo(" " * name_w + "  " + " ".join(f"{z:>{w}}" for z, w in zip(sizes, widths)))
+    click.echo("=" * (name_w + 2 + sum(widths) + len(widths) - 1))
+    for i, name in enumerate(names):
+        click.echo(f"{name:<{name_w}}  " + " ".join(f"{col[i]:>{w}}" for col, w in zip(cols, widths)))
+    units = "" if s["inertia_units"] == "data" else f" (in {s['inertia_units']} units)"
+    click.echo(f"\nWithin cluster sum of squared errors{units}: {s['inertia']:.10g}")
+    click.echo("per cluster: " + " ".join(f"{v:.6g}" for v in s["cluster_sse"]))
+
+
 def _print_summary(s: dict, out_dir: str) -> None:
     t = s["timings"]
     mb = s["bytes_read"] / 1e6
@@ -187,7 +223,10 @@ def _print_summary(s: dict, out_dir: str) -> None:
                f"{s['ranks']} rank{'s' if s['ranks'] != 1 else ''}, backend {s['backend']} ({per}), {s['dtype']}")
     state = "converged" if s["converged"] else "stopped"
     resumed = f", resumed at iteration {s['resumed_at_iteration']}" if s.get("resumed_from") else ""
-    click.echo(f"{state} after {s['iterations']} iterations ({s['stop_reason']}{resumed}); SSE {s['inertia']:.10g}")
+    units = "" if s["inertia_units"] == "data" else f" ({s['inertia_units']} units)"
+    restarts = f", best of {s['n_init']} restarts (#{s['best_restart']})" if s["n_init"] > 1 else ""
+    click.echo(f"{state} after {s['iterations']} iterations ({s['stop_reason']}{resumed}{restarts}); "
+               f"SSE{units} {s['inertia']:.10g}")
     sizes = s["sizes"]
     shown = " ".join(str(v) for v in sizes[:20]) + (" ..." if len(sizes) > 20 else "")
     click.echo(f"cluster sizes: {shown}")

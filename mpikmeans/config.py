@@ -14,7 +14,9 @@ from dataclasses import dataclass, fields
 
 from .errors import UsageError
 
-INIT_METHODS = ("range", "sample")
+# the same names as kmeans.INIT_METHODS, repeated so that config imports no numba
+INIT_METHODS = ("k-means++", "k-means||", "range", "sample")
+NORMALIZE_METHODS = ("none", "minmax", "zscore")
 BACKENDS = ("auto", "cpu", "gpu")
 DTYPES = ("float64", "float32")
 EMPTY_POLICIES = ("keep", "farthest")
@@ -30,8 +32,10 @@ class RunConfig:
     k : int or None
         Number of clusters (required).
     init : str
-        ``range`` (uniform in the per-attribute [min, max]), ``sample`` (k
-        distinct rows drawn uniformly) or the path of a CSV of k x m centres.
+        ``k-means++`` (D² sampling, scikit-learn's greedy variant), ``k-means||``
+        (scalable oversampling), ``range`` (uniform in the per-attribute
+        [min, max]), ``sample`` (k distinct rows drawn uniformly) or the path
+        of a CSV of k x m centres.
     seed : int
         Seed of the initialisation; the result does not depend on the ranks.
     max_iter : int
@@ -69,10 +73,16 @@ class RunConfig:
     missing : str
         ``?`` values: ``error``, ``drop`` the row, or fill in the attribute's
         global ``mean`` (as Weka's SimpleKMeans).
+    n_init : int
+        Initialisations to run; the lowest SSE is kept.
+    normalize : str
+        ``none``, ``minmax`` (Weka's default for Euclidean distance) or ``zscore``.
+    write_arff : bool
+        Also write the input rows with a nominal ``cluster`` attribute (Weka's AddCluster layout).
     """
 
     k: int | None = None
-    init: str = "sample"
+    init: str = "k-means++"
     seed: int = 0
     max_iter: int = 300
     tol: float = 0.0
@@ -89,6 +99,9 @@ class RunConfig:
     overwrite: bool = False
     ignore: str | None = None
     missing: str = "error"
+    n_init: int = 1
+    normalize: str = "none"
+    write_arff: bool = False
 
     def validate(self) -> "RunConfig":
         """Check every setting; raise :class:`UsageError` naming the first bad one."""
@@ -105,7 +118,11 @@ class RunConfig:
         for key in ("threads", "chunk_rows", "checkpoint_every"):
             value = getattr(self, key)
             _check(value is None or (_is_int(value) and value >= 1), key.replace("_", "-"), value, "an integer >= 1")
-        for key in ("share_gpus", "overwrite"):
+        _check(_is_int(self.n_init) and self.n_init >= 1, "n-init", self.n_init, "an integer >= 1")
+        _check(self.normalize in NORMALIZE_METHODS, "normalize", self.normalize, " or ".join(NORMALIZE_METHODS))
+        if self.n_init > 1 and (self.resume or self.init not in INIT_METHODS):
+            raise UsageError("--n-init > 1 needs a random initialisation (not a file) and cannot --resume")
+        for key in ("share_gpus", "overwrite", "write_arff"):
             _check(isinstance(getattr(self, key), bool), key.replace("_", "-"), getattr(self, key), "true or false")
         _check(self.missing in MISSING_POLICIES, "missing", self.missing, " or ".join(MISSING_POLICIES))
         if isinstance(self.ignore, int) and not isinstance(self.ignore, bool):

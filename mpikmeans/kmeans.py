@@ -85,6 +85,8 @@ class KMeansResult:
         (largest centre move), ``changed`` (labels changed), ``seconds``.
     relocated : int
         Empty clusters moved to a far point (policy ``farthest``).
+    cluster_sse : ndarray, shape (k,), float64
+        Within-cluster SSE of the final assignment (weighted when rows are).
     """
 
     centres: np.ndarray
@@ -98,6 +100,7 @@ class KMeansResult:
     relocated: int = 0
     interrupted: bool = False
     state: LoopState | None = None
+    cluster_sse: np.ndarray | None = None
 
 
 # --------------------------------------------------------------------------- init
@@ -309,17 +312,18 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
     centres = state.centres
     labels, dist2 = backend.assign(centres)
     k = centres.shape[0]
-    tail = np.empty(k + 1, dtype=np.float64)
+    wd2 = dist2 if weights is None else weights * dist2
+    tail = np.empty(2 * k, dtype=np.float64)
     tail[:k] = np.bincount(labels, minlength=k)
-    tail[k] = dist2.sum() if weights is None else weights @ dist2
+    tail[k:] = np.bincount(labels, weights=wd2, minlength=k)
     tail = comm.allreduce(tail, "sum")
     sizes = tail[:k].astype(np.int64)
     if (sizes == 0).any():
         log.warning("%d of %d clusters are empty at the end (fewer distinct rows than k, or a poor start)",
                     int((sizes == 0).sum()), k)
-    return KMeansResult(centres=centres, labels=labels, inertia=float(tail[k]), sizes=sizes,
+    return KMeansResult(centres=centres, labels=labels, inertia=float(tail[k:].sum()), sizes=sizes,
                         iterations=state.iteration, converged=converged, stop_reason=reason,
-                        history=state.history, relocated=state.relocated, state=state)
+                        history=state.history, relocated=state.relocated, state=state, cluster_sse=tail[k:])
 
 
 # =========================================================================== exact, rank-independent sums

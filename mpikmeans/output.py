@@ -21,6 +21,7 @@ from .textfmt import format_fixed
 CENTERS = "centers.csv"
 LABELS = "labels.txt"
 SUMMARY = "summary.json"
+CLUSTERED = "clustered.arff"
 
 
 def _tmp_name(path: str) -> str:

@@ -24,8 +24,10 @@ from .checkpoint import Checkpointer, check_compatible, load
 from .errors import MpikmeansError, RunError, UsageError
 from .faults import fault_point
 from .interrupt import StopRequest
-from .kmeans import check_centres, init_range, init_sample, lloyd
-from .output import CENTERS, LABELS, SUMMARY, read_centres_csv, write_arrays, write_summary
+from .kmeans import INIT_METHODS, check_centres, run_restarts
+from .scaling import fit_scaler, global_means
+from .output import CENTERS, CLUSTERED, LABELS, SUMMARY, read_centres_csv, write_arrays, write_summary
+from .wekaout import write_clustered_arff
 
 log = logging.getLogger("mpikmeans")
 
@@ -43,12 +45,18 @@ class RunOutcome:
         Signal name when a signal stopped the run, else "".
     checkpoint : str or None
         Where the state was saved.
+    centres : ndarray, shape (k, m), or None
+        Final centres in data units.
+    full_means : ndarray, shape (m,), or None
+        Mean of every attribute over all rows (Weka's "Full Data" column).
     """
 
     summary: dict
     out_dir: str
     interrupted_by: str = ""
     checkpoint: str | None = None
+    centres: np.ndarray | None = None
+    full_means: np.ndarray | None = None
 
 
 def default_output_dir(data: str) -> str:
@@ -68,7 +76,7 @@ def prepare_output_dir(comm, out_dir: str, overwrite: bool) -> None:
     """
     error = None
     if comm.rank == 0:
-        present = [f for f in (CENTERS, LABELS, SUMMARY) if os.path.exists(os.path.join(out_dir, f))]
+        present = [f for f in (CENTERS, LABELS, SUMMARY, CLUSTERED) if os.path.exists(os.path.join(out_dir, f))]
         if present and not overwrite:
             error = UsageError(f"{out_dir} already holds results ({', '.join(present)}); "
                                "pass --overwrite or choose another --output-dir")
@@ -104,14 +112,13 @@ def _make_backend(comm, cfg):
     return make_backend(cfg.backend, **options)
 
 
-def _initial_centres(comm, cfg, local) -> np.ndarray:
+def _init_for(comm, cfg, local, scaler):
+    """What :func:`run_restarts` starts from: a method name, or the centres of ``--init FILE`` (scaled)."""
     k, m = cfg.k, local.m
     if k > local.n:
         raise UsageError(f"-k {k} is more than the {local.n} rows of {local.path}", collective=True)
-    if cfg.init == "range":
-        return init_range(k, local.mins, local.maxs, cfg.seed)
-    if cfg.init == "sample":
-        return init_sample(comm, k, local.x, local.row_offset, local.n, cfg.seed)
+    if cfg.init in INIT_METHODS:
+        return cfg.init
 
     def read_file():
         try:
@@ -121,13 +128,13 @@ def _initial_centres(comm, cfg, local) -> np.ndarray:
         except MpikmeansError as exc:  # wrong shape: a usage error of this run
             raise UsageError(exc.message) from None
 
-    return comm.from_root(read_file)
+    return scaler.transform(comm.from_root(read_file))  # the file is in data units
 
 
 def _binding_settings(cfg, local) -> dict:
     return {"data": os.path.abspath(local.path), "data_size": local.header.file_size, "n": local.n,
             "m": local.m, "k": cfg.k, "tol": cfg.tol, "empty_cluster": cfg.empty_cluster,
-            "init": cfg.init, "seed": cfg.seed}
+            "init": cfg.init, "seed": cfg.seed, "normalize": cfg.normalize}
 
 
 def _resume_state(comm, cfg, settings: dict):
@@ -165,8 +172,9 @@ def read_input(comm, data: str, cfg):
     if data.endswith(".npy"):
         from .binary import read_npy
 
-        if cfg.ignore or cfg.missing != "error":
-            raise UsageError("--ignore and --missing apply when converting, not to a .npy cache", collective=True)
+        if cfg.ignore or cfg.missing != "error" or cfg.write_arff:
+            raise UsageError("--ignore, --missing and --write-arff need the ARFF file, not a .npy cache",
+                             collective=True)
         return read_npy(data, comm)
     header = shared_header(data, comm)
     check_memory(data, header, comm)
@@ -204,10 +212,15 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         log.warning("missing values: %s %d %s", "dropped" if cfg.missing == "drop" else "replaced by the mean",
                     local.missing, "rows" if cfg.missing == "drop" else "values")
 
+    full_means = global_means(comm, local.x)
+    # scaled in place: no second copy of the rows (centres go back to data units at the end)
+    scaler = fit_scaler(comm, local.x, cfg.normalize)
+    x = scaler.transform(local.x, out=local.x)
+
     backend, error = None, None
     try:
         backend = _make_backend(comm, cfg)
-        backend.load(local.x, local.weights)
+        backend.load(x, local.weights)
         backend.warmup(cfg.k, local.m)
     except (BackendUnavailable, MpikmeansError) as exc:
         error = RunError(str(exc))
@@ -218,7 +231,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
 
     settings = _binding_settings(cfg, local)
     resume = _resume_state(comm, cfg, settings) if cfg.resume else None
-    centres = None if resume is not None else _initial_centres(comm, cfg, local)
+    init = None if resume is not None else _init_for(comm, cfg, local, scaler)
     t_init = time.perf_counter()
 
     ckpt_path = cfg.checkpoint or os.path.join(out_dir, "checkpoint.npz")
@@ -226,10 +239,18 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     checkpointer = Checkpointer(ckpt_path, settings, every=cfg.checkpoint_every if cfg.checkpoint else None,
                                 seconds=60.0 if cfg.checkpoint else float("inf"), is_root=comm.rank == 0)
     with StopRequest() as stop:
-        result = lloyd(comm, backend, local.x, local.row_offset, centres, max_iter=cfg.max_iter, tol=cfg.tol,
-                       empty_cluster=cfg.empty_cluster, resume=resume, after_iteration=checkpointer,
-                       stop_requested=stop, weights=local.weights)
+        restarts = run_restarts(comm, backend, x, local.row_offset, local.n, cfg.k, init=init, seed=cfg.seed,
+                                n_init=cfg.n_init, weights=local.weights, max_iter=cfg.max_iter, tol=cfg.tol,
+                                empty_cluster=cfg.empty_cluster,
+                                init_options={"mins": local.mins, "maxs": local.maxs}
+                                if cfg.normalize == "none" and cfg.init == "range" else None,
+                                resume=resume, after_iteration=checkpointer, stop_requested=stop)
+    result = restarts.best
+    centres = scaler.inverse(result.centres)
     t_compute = time.perf_counter()
+    # Lloyd time and iterations of all restarts (the initialisations are in init_s)
+    lloyd_s = sum(r["compute_s"] for r in restarts.restarts)
+    iterations = sum(r["iterations"] for r in restarts.restarts) - (resume.iteration if resume else 0)
 
     info = backend.info()
     summary = {
@@ -249,7 +270,13 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         "converged": result.converged,
         "stop_reason": result.stop_reason,
         "inertia": result.inertia,
+        "inertia_units": "data" if cfg.normalize == "none" else f"scaled ({cfg.normalize})",
+        "normalize": scaler.to_dict(),
+        "n_init": cfg.n_init,
+        "best_restart": restarts.best_index,
+        "restarts": restarts.restarts,
         "sizes": None if result.sizes is None else [int(s) for s in result.sizes],
+        "cluster_sse": None if result.cluster_sse is None else [float(v) for v in result.cluster_sse],
         "ranks": comm.size,
         "hosts": sorted(set(comm.allgather(comm.host))),
         "rows_per_rank": local.counts,
@@ -279,17 +306,20 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     if local.kept is not None:  # rows dropped for a missing value get -1, in input order
         labels = np.full(len(local.kept), -1, dtype=np.int32)
         labels[local.kept] = result.labels
-    write_arrays(comm, out_dir, result.centres, local.names, labels)
+    write_arrays(comm, out_dir, centres, local.names, labels)
+    if cfg.write_arff:
+        write_clustered_arff(comm, local, labels, cfg.k, os.path.join(out_dir, CLUSTERED))
     t_written = time.perf_counter()
     summary["timings"] = {
         "read_s": t_read - t0,
         "setup_s": t_setup - t_read,
-        "init_s": t_init - t_setup,
-        "compute_s": t_compute - t_init,
+        "init_s": t_init - t_setup + sum(r["init_s"] for r in restarts.restarts),
+        "compute_s": lloyd_s,
         "write_s": t_written - t_compute,
         "total_s": t_written - t0,
-        "per_iteration_s": (t_compute - t_init) / max(1, len(result.history) - (resume.iteration if resume else 0)),
+        "per_iteration_s": lloyd_s / max(1, iterations),
     }
     write_summary(comm, out_dir, summary)
     backend.close()
-    return RunOutcome(summary, out_dir, checkpoint=ckpt_path if checkpointer.written else None)
+    return RunOutcome(summary, out_dir, checkpoint=ckpt_path if checkpointer.written else None, centres=centres,
+                      full_means=full_means)
