@@ -1,4 +1,4 @@
-"""Command line: ``mpikmeans run | gen-data | info``.
+"""Command line: ``mpikmeans run | gen-data | convert | info``.
 
 Thin: parse options, call the library, print on rank 0.  The only module that
 prints.  Exit codes: 0 success, 1 runtime failure, 2 usage error, 3 bad input.
