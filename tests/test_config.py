@@ -16,9 +16,10 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_YAML = REPO / "configs" / "default.yaml"
 
 DEFAULTS = {
-    "k": None, "init": "sample", "seed": 0, "max_iter": 300, "tol": 0.0, "backend": "auto",
+    "k": None, "init": "k-means++", "seed": 0, "max_iter": 300, "tol": 0.0, "backend": "auto",
     "dtype": "float64", "empty_cluster": "keep", "output_dir": None, "threads": None,
-    "share_gpus": False, "chunk_rows": None,
+    "share_gpus": False, "chunk_rows": None, "checkpoint": None, "checkpoint_every": None, "resume": None,
+    "overwrite": False, "ignore": None, "missing": "error", "n_init": 1, "normalize": "none", "write_arff": False,
 }
 
 
@@ -41,7 +42,7 @@ def test_defaults():
 def test_build_with_only_k():
     cfg = build_config({}, {"k": 5})
     assert cfg == dataclasses.replace(RunConfig(), k=5)
-    assert cfg.k == 5 and cfg.max_iter == 300 and cfg.init == "sample"
+    assert cfg.k == 5 and cfg.max_iter == 300 and cfg.init == "k-means++"
 
 
 def test_k_is_required():
@@ -60,7 +61,7 @@ def test_layering_file_then_cli(tmp_path):
     cfg = build_config(file_values, {"seed": 9, "backend": "auto"})
     assert cfg.k == 4 and cfg.max_iter == 7 and cfg.tol == 0.5  # from the file
     assert cfg.seed == 9 and cfg.backend == "auto"  # the CLI wins
-    assert cfg.dtype == "float64" and cfg.init == "sample"  # packaged defaults
+    assert cfg.dtype == "float64" and cfg.init == "k-means++"  # packaged defaults
     cfg = build_config(file_values, {"k": 12})
     assert cfg.k == 12 and cfg.seed == 3
 
@@ -171,3 +172,16 @@ def test_default_yaml_documents_every_key():
         i = found[0]
         documented = "#" in lines[i].split(":", 1)[1] or (i > 0 and lines[i - 1].lstrip().startswith("#"))
         assert documented, f"{key}: no comment on or above its line in {DEFAULT_YAML}"
+
+
+@pytest.mark.parametrize("values, needle", [
+    ({"n_init": 0}, "--n-init"),
+    ({"normalize": "unit"}, "--normalize"),
+    ({"missing": "skip"}, "--missing"),
+    ({"write_arff": "yes"}, "--write-arff"),
+    ({"ignore": ["a"]}, "--ignore"),
+    ({"n_init": 2, "resume": __file__}, "--n-init > 1"),
+])
+def test_issue_8_and_4_settings_are_checked(values, needle):
+    with pytest.raises(UsageError, match=needle):
+        build_config({}, {"k": 2, **values})
