@@ -34,7 +34,7 @@ $(DEMO): | $(STAMP)
 	$(BIN)/mpirun -np $(NP) $(BIN)/mpikmeans gen-data $(DEMO) -n $(DEMO_N) -m $(DEMO_M) -k $(DEMO_K) --seed 1
 
 run: $(STAMP) $(DEMO)
-	$(BIN)/mpirun -np $(NP) --bind-to none $(BIN)/mpikmeans run $(DEMO) -k $(DEMO_K) --output-dir data/demo.mpikmeans
+	$(BIN)/mpirun -np $(NP) --bind-to none $(BIN)/mpikmeans run $(DEMO) -k $(DEMO_K) --output-dir data/demo.mpikmeans --overwrite
 
 # Best effort, Debian packages (tests skip and say why where these are missing):
 # a real one-node Slurm for tests/test_slurm_real.py (~15 s, needs root), and Weka
