@@ -426,23 +426,27 @@ def _global_max(comm, v: np.ndarray) -> float:
 # to the lowest centre), so both give bit-identical D², and being serial they
 # may run on several threads at once (the in-process rank simulation).
 
+@njit(cache=True, inline="always")
+def _nearest_row(x, i, c):
+    """Nearest centre of row ``i`` and its squared distance (lowest index on ties)."""
+    m = x.shape[1]
+    best = 0
+    best_d = np.inf
+    for j in range(c.shape[0]):
+        d = 0.0
+        for a in range(m):
+            t = x[i, a] - c[j, a]
+            d += t * t
+        if j == 0 or d < best_d:
+            best_d = d
+            best = j
+    return best, best_d
+
+
 @njit(cache=True)
 def _assign_serial(x, c, labels, dist2):
-    n, m = x.shape
-    k = c.shape[0]
-    for i in range(n):
-        best = 0
-        best_d = np.inf
-        for j in range(k):
-            d = 0.0
-            for a in range(m):
-                t = x[i, a] - c[j, a]
-                d += t * t
-            if j == 0 or d < best_d:
-                best_d = d
-                best = j
-        labels[i] = best
-        dist2[i] = best_d
+    for i in range(x.shape[0]):
+        labels[i], dist2[i] = _nearest_row(x, i, c)
 
 
 @njit(cache=True)
@@ -459,16 +463,7 @@ def _weighted_lloyd_serial(x, w, centres, max_iter):
         counts[:] = 0.0
         changed = 0
         for i in range(n):
-            best = 0
-            best_d = np.inf
-            for j in range(k):
-                d = 0.0
-                for a in range(m):
-                    t = x[i, a] - centres[j, a]
-                    d += t * t
-                if j == 0 or d < best_d:
-                    best_d = d
-                    best = j
+            best, _ = _nearest_row(x, i, centres)
             if labels[i] != best:
                 changed += 1
                 labels[i] = best
