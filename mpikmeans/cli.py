@@ -308,13 +308,16 @@ def info(as_json):
     def body(comm):
         from .backends.cpu import default_threads
 
+        from .runner import gpu_possible
+
         gpus, auto = [], "cpu"
         try:
-            from .backends.gpu import device_descriptions, gpu_available
+            if gpu_possible():  # else skip importing numba-cuda (slow) on a CPU node
+                from .backends.gpu import device_descriptions, gpu_available
 
-            if gpu_available():
-                gpus = device_descriptions()
-                auto = "gpu"
+                if gpu_available():
+                    gpus = device_descriptions()
+                    auto = "gpu"
         except ImportError:
             pass
         mine = {"rank": comm.rank, "host": comm.host, "node_rank": comm.node_rank, "node_size": comm.node_size,

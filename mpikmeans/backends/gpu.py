@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +53,9 @@ try:  # numba-cuda is an optional dependency
     from numba import float32, float64, int32, int64
 
     _HAVE_NUMBA_CUDA = True
+    # small launches (the warm-up, tiny ranks) are deliberate; numba-cuda's
+    # warning about them carries terminal colour codes into batch job logs
+    warnings.filterwarnings("ignore", message=".*Grid size .* will likely result in GPU under-utilization")
 except ImportError:  # pragma: no cover - exercised only where numba-cuda is absent
     cuda = None
     _HAVE_NUMBA_CUDA = False
