@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from threadcomm import run_ranks  # noqa: E402
+from threadcomm import Serialised, run_ranks  # noqa: E402
 
 from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
 from mpikmeans.comm import SerialComm  # noqa: E402
@@ -149,31 +148,6 @@ def test_sample_weight_equals_repeated_rows(x):
     w0[::3] = 1.0
     km = KMeans(n_clusters=6, random_state=0).fit(xs, sample_weight=w0)
     assert len(km.labels_) == len(xs)
-
-
-_lock = threading.Lock()
-
-
-class Serialised:
-    """One rank's CPU backend, its calls serialised across the rank threads."""
-
-    def __init__(self):
-        self.inner = CPUBackend(threads=1)
-
-    def load(self, x, weights=None):
-        with _lock:
-            self.inner.load(x, weights)
-
-    def step(self, centres):
-        with _lock:
-            return self.inner.step(centres)
-
-    def assign(self, centres):
-        with _lock:
-            return self.inner.assign(centres)
-
-    def close(self):
-        pass
 
 
 @pytest.mark.parametrize("init", ["k-means++", "k-means||"])

@@ -16,14 +16,13 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from threadcomm import run_ranks  # noqa: E402
+from threadcomm import Serialised, run_ranks  # noqa: E402
 
 from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
 from mpikmeans.comm import SerialComm  # noqa: E402
@@ -48,31 +47,6 @@ from mpikmeans.kmeans import (  # noqa: E402
 )
 
 # =========================================================================== helpers
-
-_lock = threading.Lock()
-
-
-class Serialised:
-    """A one-thread CPU backend whose calls are serialised across rank threads
-    (numba's parallel kernels are not meant to be launched from several Python
-    threads at once); the collectives stay concurrent."""
-
-    def __init__(self, x, weights=None):
-        self.inner = CPUBackend(threads=1)
-        self.load(x, weights)
-
-    def load(self, x, weights=None):
-        with _lock:
-            self.inner.load(x, weights)
-
-    def step(self, centres):
-        with _lock:
-            return self.inner.step(centres)
-
-    def assign(self, centres):
-        with _lock:
-            return self.inner.assign(centres)
-
 
 def bounds(n, ranks, rank, layout="even"):
     """Rows [lo, hi) of ``rank``: even, or uneven with rank 1 empty."""

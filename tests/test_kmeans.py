@@ -8,7 +8,6 @@ The first section checks the thread communicator the other tests rely on."""
 from __future__ import annotations
 
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -22,11 +21,11 @@ from threadcomm import (  # noqa: E402
     Aborted,
     CollectiveMismatch,
     CollectiveTimeout,
+    Serialised,
     run_ranks,
 )
 
 from mpikmeans.arff import read_arff  # noqa: E402
-from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
 from mpikmeans.comm import Comm, SerialComm  # noqa: E402
 from mpikmeans.errors import InputError, RunError, UsageError  # noqa: E402
 from mpikmeans.gen import GenSpec, write_blobs  # noqa: E402
@@ -162,27 +161,6 @@ def test_threadcomm_return_exceptions():
 
 
 # =========================================================================== helpers
-
-_backend_lock = threading.Lock()
-
-
-class Serialised:
-    """A CPU backend whose compute calls are serialised across the rank threads
-    (numba's parallel kernels are not meant to be launched from several Python
-    threads at once); the collectives stay concurrent."""
-
-    def __init__(self, x):
-        self.inner = CPUBackend(threads=1)
-        self.inner.load(x)
-
-    def step(self, centres):
-        with _backend_lock:
-            return self.inner.step(centres)
-
-    def assign(self, centres):
-        with _backend_lock:
-            return self.inner.assign(centres)
-
 
 def split(x, ranks, rank, empty_first=False):
     """Consecutive slices of ``x``; optionally rank 0 gets none."""

@@ -28,17 +28,15 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from threadcomm import run_ranks  # noqa: E402
+from threadcomm import Serialised, run_ranks  # noqa: E402
 
 from mpikmeans.arff import read_arff  # noqa: E402
-from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
 from mpikmeans.kmeans import STOP_UNCHANGED, lloyd  # noqa: E402
 from mpikmeans.scaling import fit_scaler  # noqa: E402
 
@@ -177,25 +175,6 @@ def weka_runs(tmp_path_factory):
 
 
 # =========================================================================== our side
-
-_lock = threading.Lock()
-
-
-class Serialised:
-    """One rank's CPU backend, its calls serialised across the rank threads."""
-
-    def __init__(self, x):
-        self.inner = CPUBackend(threads=1)
-        self.inner.load(x)
-
-    def step(self, centres):
-        with _lock:
-            return self.inner.step(centres)
-
-    def assign(self, centres):
-        with _lock:
-            return self.inner.assign(centres)
-
 
 def read_numeric(path: Path, ranks: int = 1) -> np.ndarray:
     """The clustered columns of ``path`` as our reader gives them, all ranks' rows."""

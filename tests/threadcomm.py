@@ -277,3 +277,37 @@ def run_ranks(size: int, fn: Callable[[ThreadComm], Any], *, timeout: float = DE
         primary = [r for r in failed if not isinstance(errors[r], RankFailed)] or failed
         raise errors[primary[0]]
     return results
+
+
+_backend_lock = threading.Lock()
+
+
+class Serialised:
+    """One rank's one-thread CPU backend, its compute calls serialised across the rank threads.
+
+    numba's parallel kernels are not meant to be launched from several Python
+    threads at once; the collectives between the calls stay concurrent.
+    Loaded at once when given rows, else by the caller's ``load``.
+    """
+
+    def __init__(self, x=None, weights=None):
+        from mpikmeans.backends.cpu import CPUBackend
+
+        self.inner = CPUBackend(threads=1)
+        if x is not None:
+            self.load(x, weights)
+
+    def load(self, x, weights=None):
+        with _backend_lock:
+            self.inner.load(x, weights)
+
+    def step(self, centres):
+        with _backend_lock:
+            return self.inner.step(centres)
+
+    def assign(self, centres):
+        with _backend_lock:
+            return self.inner.assign(centres)
+
+    def close(self):
+        pass
