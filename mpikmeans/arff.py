@@ -345,7 +345,7 @@ def plan_local(path: str, header: Header, rank: int, size: int) -> dict:
     else:
         rows = 0
     m = len(header.attributes)
-    # rows parsed piece by piece and joined at the end: twice the array at peak
+    # the rows array, with room for one copy should it have to grow past its first estimate
     host = 2 * rows * m * 8 + min(READ_PIECE, n_bytes) + (min(READ_PIECE, n_bytes) // 2 + 1) * 8
     return {"start": start, "end": end, "bytes": n_bytes, "rows": rows, "host_bytes": host}
 
