@@ -135,7 +135,7 @@ def test_weights():
     x = rng.standard_normal((800, 4))
     c = rng.standard_normal((6, 4))
     w = rng.uniform(0.1, 3.0, size=800)
-    labels, _, sums, counts, sse = reference(x, c, w)
+    _, _, sums, counts, sse = reference(x, c, w)
     r = loaded(x, weights=w).step(c)
     assert rel_err(r.counts, counts) <= 1e-12
     assert rel_err(r.sums, sums) <= 1e-12
@@ -195,3 +195,120 @@ def test_make_backend():
     assert isinstance(b, CPUBackend) and isinstance(b, Backend)
     with pytest.raises(ValueError, match="unknown backend"):
         make_backend("tpu")
+
+
+# --- the tiled kernel, pinned bit for bit ------------------------------------------------------
+#
+# The kernel computes distances for a tile of rows and four centres at a time, with the
+# attribute loop unrolled by four.  None of that may change a single bit: each distance is
+# still the sum of (x[i, j] - c[j])**2 over j in order, ties go to the lowest index, and the
+# partial sums follow the fixed row blocks.  The reference below does exactly that with
+# NumPy, so every comparison is ``tobytes()`` equality, on shapes chosen to hit every edge
+# of the tiling.
+
+def exact_reference(x, centres, weights=None, blocks=None):
+    """Bit-for-bit what a step must return, computed plainly.
+
+    Distances: ``d = d + (x[:, j] - c[j])**2`` for j in order (NumPy rounds each
+    operation once, no FMA).  Labels: ``argmin``, the first minimum.  Sums, counts and
+    SSE: rows added one after another (``np.add.at`` and ``cumsum`` are sequential)
+    within each of the backend's row blocks, the blocks' partials then added in block
+    order.
+    """
+    from mpikmeans.backends.cpu import _BLOCKS
+
+    nb = _BLOCKS if blocks is None else blocks
+    n, m = x.shape
+    k = centres.shape[0]
+    d = np.zeros((n, k))
+    for j in range(m):
+        t = x[:, j, None] - centres[None, :, j]
+        d = d + t * t
+    labels = np.argmin(d, axis=1) if n else np.zeros(0, dtype=np.int64)
+    dist2 = d[np.arange(n), labels]
+    w = np.ones(n) if weights is None else weights
+    parts = []
+    for b in range(nb):
+        lo, hi = n * b // nb, n * (b + 1) // nb
+        s = np.zeros((k, m))
+        np.add.at(s, labels[lo:hi], w[lo:hi, None] * x[lo:hi])
+        cnt = np.zeros(k)
+        np.add.at(cnt, labels[lo:hi], w[lo:hi])
+        sse = np.cumsum(w[lo:hi] * dist2[lo:hi])[-1] if hi > lo else 0.0
+        parts.append((s, cnt, sse))
+    sums, counts, sse = parts[0][0].copy(), parts[0][1].copy(), parts[0][2]
+    for s, cnt, e in parts[1:]:
+        sums += s
+        counts += cnt
+        sse += e
+    return labels, dist2, sums, counts, float(sse)
+
+
+def assert_exact(x, c, weights=None, threads=1):
+    labels, dist2, sums, counts, sse = exact_reference(x, c, weights)
+    b = loaded(x, threads=threads, weights=weights)
+    r = b.step(c)
+    assert r.sums.tobytes() == sums.tobytes()
+    assert r.counts.tobytes() == counts.tobytes()
+    assert np.float64(r.sse).tobytes() == np.float64(sse).tobytes()
+    assert r.changed == x.shape[0]
+    np.testing.assert_array_equal(b._labels, labels)
+    got_labels, got_d = b.assign(c)
+    np.testing.assert_array_equal(got_labels, labels)
+    assert got_d.tobytes() == dist2.tobytes()
+    return labels
+
+
+@pytest.mark.parametrize("n, m, k", [
+    (1, 1, 1), (5, 1, 1), (7, 1, 3), (200, 1, 1), (63, 2, 2),  # m = 1, k = 1, n below one tile
+    (64, 3, 4), (65, 4, 5), (129, 5, 6), (500, 7, 7),          # n just around a tile; k % 4 = 0..3
+    (6437, 9, 13), (5000, 16, 8), (3000, 31, 33),              # several tiles per row block, ragged
+    (777, 100, 50), (300, 129, 9), (257, 200, 3),              # wide rows: the 32-row tile
+    (40, 6, 100),                                              # more centres than rows
+])
+def test_tiled_kernel_is_bit_identical_to_the_plain_sum(n, m, k):
+    rng = np.random.default_rng(1000 * m + k)
+    x = rng.standard_normal((n, m)) * rng.uniform(0.1, 100, size=m) + rng.integers(-3, 3, size=(n, 1))
+    c = rng.standard_normal((k, m)) * (x.std(axis=0) + 1.0) + x.mean(axis=0)
+    assert_exact(x, c)
+    assert_exact(x, c, weights=rng.uniform(0.1, 5.0, size=n))
+
+
+def test_tiled_kernel_ties_go_to_the_lowest_index_in_every_group_position():
+    # duplicate centres in every position of a group of four and across group boundaries:
+    # the first copy always wins, with the same distance
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1000, 5))
+    base = rng.standard_normal((6, 5))
+    order = [0, 1, 1, 2, 3, 0, 4, 4, 4, 5, 2, 3, 5, 1]  # 14 centres: 4 + 4 + 4 + 2
+    dup = base[order]
+    labels = assert_exact(x, dup)
+    first = {}
+    for idx, src in enumerate(order):
+        first.setdefault(src, idx)
+    assert set(np.unique(labels)) <= set(first.values())
+    # all centres equal: every row goes to centre 0
+    assert (assert_exact(x, np.repeat(base[:1], 9, axis=0)) == 0).all()
+
+
+def test_tiled_kernel_exact_ties_between_distinct_centres():
+    # integer data, centres symmetric about the rows: many distances are exactly equal
+    rng = np.random.default_rng(12)
+    x = rng.integers(-4, 5, size=(3000, 3)).astype(np.float64)
+    c = np.array([[1.0, 0, 0], [-1.0, 0, 0], [0, 1.0, 0], [0, -1.0, 0], [0, 0, 1.0], [0, 0, -1.0], [0, 0, 0]])
+    d = ((x[:, None, :] - c[None]) ** 2).sum(axis=2)  # small integers: exact
+    nearest = d == d.min(axis=1, keepdims=True)
+    assert (nearest.sum(axis=1) > 1).sum() > 100, "test set-up: many rows have several nearest centres"
+    labels = assert_exact(x, c)
+    np.testing.assert_array_equal(labels, nearest.argmax(axis=1))  # the first of them
+    assert_exact(x, c[::-1].copy())
+
+
+def test_tiled_kernel_thread_count_and_ragged_blocks():
+    # rows not a multiple of the blocks or the tiles; the result must not depend on threads
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((64 * 97 + 13, 11)) * 4
+    c = rng.standard_normal((10, 11)) * 3
+    w = rng.uniform(0.5, 2.0, size=len(x))
+    assert_exact(x, c, weights=w, threads=1)
+    assert_exact(x, c, weights=w, threads=2)

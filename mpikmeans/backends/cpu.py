@@ -5,6 +5,13 @@ thread count; each block accumulates its own float64 partial sums and the
 partials are added in block order.  So the result of a step is bit-for-bit the
 same for any number of threads, and only the number of MPI ranks (which changes
 the order of the final Allreduce) can move the last bits.
+
+Within a block, rows go through the distance kernel (:func:`_nearest_tile`) a
+tile at a time: the tile is transposed so that the innermost loop runs over its
+rows (one vector lane per row) and each loaded value serves several centres and
+attributes.  Each distance is still summed attribute by attribute in order, with
+no FMA, so the labels, distances and sums are bit-for-bit those of a plain
+row-at-a-time loop; the row loop that adds the sums runs in row order as before.
 """
 
 from __future__ import annotations
@@ -21,37 +28,169 @@ from . import Backend, BackendInfo, StepResult
 #: scratch memory (_BLOCKS * k * m float64).
 _BLOCKS = 64
 
+#: Centres whose distances one pass over a row tile computes together.  Each
+#: loaded attribute value then feeds four accumulators, which keeps the inner
+#: loop bound by arithmetic rather than by loads and stores.
+_GROUP = 4
 
-@njit(cache=True, fastmath=False, inline="always")
-def _nearest(x, i, ct, d):
-    # centres transposed (m, k): the inner loop runs over centres with one
-    # accumulator each, so it vectorises without reordering any sum (each d[c]
-    # still adds its m terms in attribute order, as the GPU kernels do)
-    m, k = ct.shape
-    for c in range(k):
-        d[c] = 0.0
-    for j in range(m):
-        xj = x[i, j]
-        for c in range(k):
-            t = xj - ct[j, c]
-            d[c] += t * t
-    best = 0
-    best_d = d[0]
-    for c in range(1, k):
-        # strict '<': ties go to the lowest centre index (the backends' contract)
-        if d[c] < best_d:
-            best_d = d[c]
-            best = c
-    return best, best_d
+
+def _tile_rows(m: int) -> int:
+    """Rows per tile: whole 8-wide vectors, and a transposed tile (m x rows
+    float64) that stays in the L1/L2 cache while every centre passes over it."""
+    return 64 if m <= 128 else 32
+
+
+#: Spare columns in a transposed tile's rows: a row length of 64 or 32 float64
+#: (a power of two) would put every attribute's row in the same few L1 sets.
+_PAD = 8
+
+
+@njit(cache=True, fastmath=False)
+def _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best):
+    """Nearest centre for rows ``t0 .. t0+rt-1`` of ``x``.
+
+    Parameters
+    ----------
+    x : ndarray, shape (n, m), float64
+    t0, rt : int
+        First row and number of rows, ``rt <= T``.
+    cen : ndarray, shape (k, m), float64
+    xt : ndarray, shape (m, >= T), float64
+        Scratch: the tile, transposed.
+    acc : ndarray, shape (_GROUP, T), float64
+        Scratch: the distances of the rows to one group of centres.
+    best_d : ndarray, shape (T,), float64
+        Out: squared distance to the nearest centre, for ``r < rt``.
+    best : ndarray, shape (T,), int64
+        Out: index of the nearest centre, for ``r < rt``.
+
+    Notes
+    -----
+    Every distance is the sum of ``(x[i, j] - cen[c, j])**2`` over ``j = 0 ..
+    m-1`` in that order, in float64, one rounding per operation (no fastmath,
+    so no FMA and no reassociation): the same number the GPU kernels and a
+    plain loop compute.  What changes is only which sums run side by side: the
+    innermost loop runs over the rows of the tile (LLVM vectorises it, one lane
+    per row), four centres share each load of an attribute, and four
+    attributes are added in a row (in order) before the partial sum goes back
+    to memory, so that the loop is bound by arithmetic, not by loads and stores.
+    """
+    m = x.shape[1]
+    k = cen.shape[0]
+    # whole 8-wide vectors: the extra columns of xt hold zeros or rows of an
+    # earlier tile, finite numbers whose distances are never read
+    rv = min(best_d.shape[0], (rt + 7) // 8 * 8)
+    for r in range(rt):
+        for j in range(m):
+            xt[j, r] = x[t0 + r, j]
+    a0 = acc[0]
+    a1 = acc[1]
+    a2 = acc[2]
+    a3 = acc[3]
+    m4 = m - m % 4
+    for c0 in range(0, k, _GROUP):
+        # a short last group repeats the last centre; the copies are not compared
+        c1 = min(c0 + 1, k - 1)
+        c2 = min(c0 + 2, k - 1)
+        c3 = min(c0 + 3, k - 1)
+        for r in range(rv):
+            a0[r] = 0.0
+            a1[r] = 0.0
+            a2[r] = 0.0
+            a3[r] = 0.0
+        for j in range(0, m4, 4):
+            p0 = cen[c0, j]
+            p1 = cen[c1, j]
+            p2 = cen[c2, j]
+            p3 = cen[c3, j]
+            q0 = cen[c0, j + 1]
+            q1 = cen[c1, j + 1]
+            q2 = cen[c2, j + 1]
+            q3 = cen[c3, j + 1]
+            u0 = cen[c0, j + 2]
+            u1 = cen[c1, j + 2]
+            u2 = cen[c2, j + 2]
+            u3 = cen[c3, j + 2]
+            v0 = cen[c0, j + 3]
+            v1 = cen[c1, j + 3]
+            v2 = cen[c2, j + 3]
+            v3 = cen[c3, j + 3]
+            xp = xt[j]
+            xq = xt[j + 1]
+            xu = xt[j + 2]
+            xv = xt[j + 3]
+            for r in range(rv):
+                e = xp[r]
+                f = xq[r]
+                g = xu[r]
+                h = xv[r]
+                # (((d + t_j^2) + t_j+1^2) + t_j+2^2) + t_j+3^2: attribute order
+                tp = e - p0
+                tq = f - q0
+                tu = g - u0
+                tv = h - v0
+                a0[r] = (((a0[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
+                tp = e - p1
+                tq = f - q1
+                tu = g - u1
+                tv = h - v1
+                a1[r] = (((a1[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
+                tp = e - p2
+                tq = f - q2
+                tu = g - u2
+                tv = h - v2
+                a2[r] = (((a2[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
+                tp = e - p3
+                tq = f - q3
+                tu = g - u3
+                tv = h - v3
+                a3[r] = (((a3[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
+        for j in range(m4, m):
+            p0 = cen[c0, j]
+            p1 = cen[c1, j]
+            p2 = cen[c2, j]
+            p3 = cen[c3, j]
+            xp = xt[j]
+            for r in range(rv):
+                e = xp[r]
+                tp = e - p0
+                a0[r] += tp * tp
+                tp = e - p1
+                a1[r] += tp * tp
+                tp = e - p2
+                a2[r] += tp * tp
+                tp = e - p3
+                a3[r] += tp * tp
+        first = 0
+        if c0 == 0:
+            for r in range(rv):
+                best_d[r] = a0[r]
+                best[r] = 0
+            first = 1
+        for g in range(first, min(_GROUP, k - c0)):
+            a = acc[g]
+            c = c0 + g
+            for r in range(rv):
+                # strict '<' in increasing centre order, starting from centre 0:
+                # ties go to the lowest centre index (the backends' contract)
+                # and NaNs behave exactly as in a plain argmin loop
+                v = a[r]
+                bd = best_d[r]
+                lt = v < bd
+                best_d[r] = v if lt else bd
+                best[r] = c if lt else best[r]
 
 
 @njit(parallel=True, cache=True, fastmath=False)
-def _lloyd_pass(x, ct, labels, weights, use_weights, part_sums, part_counts, part_sse, part_changed):
+def _lloyd_pass(x, cen, tile, labels, weights, use_weights, part_sums, part_counts, part_sse, part_changed):
     n, m = x.shape
-    k = ct.shape[1]
+    k = cen.shape[0]
     nb = part_sums.shape[0]
     for b in prange(nb):
-        d = np.empty(k, dtype=np.float64)
+        xt = np.zeros((m, tile + _PAD), dtype=np.float64)
+        acc = np.empty((_GROUP, tile), dtype=np.float64)
+        best_d = np.empty(tile, dtype=np.float64)
+        best = np.empty(tile, dtype=np.int64)
         lo = n * b // nb
         hi = n * (b + 1) // nb
         sums = part_sums[b]
@@ -62,31 +201,42 @@ def _lloyd_pass(x, ct, labels, weights, use_weights, part_sums, part_counts, par
             counts[c] = 0.0
             for j in range(m):
                 sums[c, j] = 0.0
-        for i in range(lo, hi):
-            best, best_d = _nearest(x, i, ct, d)
-            if labels[i] != best:
-                changed += 1
-                labels[i] = best
-            w = weights[i] if use_weights else 1.0
-            counts[best] += w
-            for j in range(m):
-                sums[best, j] += w * x[i, j]
-            sse += w * best_d
+        for t0 in range(lo, hi, tile):
+            rt = min(tile, hi - t0)
+            _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best)
+            # rows in increasing index within the block: the same order of
+            # additions into sums, counts and sse as a row-at-a-time loop
+            for r in range(rt):
+                i = t0 + r
+                bi = best[r]
+                if labels[i] != bi:
+                    changed += 1
+                    labels[i] = bi
+                w = weights[i] if use_weights else 1.0
+                counts[bi] += w
+                for j in range(m):
+                    sums[bi, j] += w * x[i, j]
+                sse += w * best_d[r]
         part_sse[b] = sse
         part_changed[b] = changed
 
 
 @njit(parallel=True, cache=True, fastmath=False)
-def _assign_pass(x, ct, labels, dist2):
-    n = x.shape[0]
-    k = ct.shape[1]
+def _assign_pass(x, cen, tile, labels, dist2):
+    n, m = x.shape
     nb = min(n, 256)
     for b in prange(nb):
-        d = np.empty(k, dtype=np.float64)
-        for i in range(n * b // nb, n * (b + 1) // nb):
-            best, best_d = _nearest(x, i, ct, d)
-            labels[i] = best
-            dist2[i] = best_d
+        xt = np.zeros((m, tile + _PAD), dtype=np.float64)
+        acc = np.empty((_GROUP, tile), dtype=np.float64)
+        best_d = np.empty(tile, dtype=np.float64)
+        best = np.empty(tile, dtype=np.int64)
+        hi = n * (b + 1) // nb
+        for t0 in range(n * b // nb, hi, tile):
+            rt = min(tile, hi - t0)
+            _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best)
+            for r in range(rt):
+                labels[t0 + r] = best[r]
+                dist2[t0 + r] = best_d[r]
 
 
 @njit(cache=True)
@@ -170,7 +320,7 @@ class CPUBackend(Backend):
         part_counts = np.empty((nb, k), dtype=np.float64)
         part_sse = np.empty(nb, dtype=np.float64)
         part_changed = np.empty(nb, dtype=np.int64)
-        _lloyd_pass(self._x, np.ascontiguousarray(centres.T), self._labels, self._weights, self._weights.size > 0,
+        _lloyd_pass(self._x, centres, _tile_rows(m), self._labels, self._weights, self._weights.size > 0,
                     part_sums, part_counts, part_sse, part_changed)
         sums, counts, sse, changed = _reduce_blocks(part_sums, part_counts, part_sse, part_changed)
         return StepResult(sums=sums, counts=counts, sse=float(sse), changed=int(changed))
@@ -180,15 +330,15 @@ class CPUBackend(Backend):
         n = self._x.shape[0]
         labels = np.empty(n, dtype=np.int32)
         dist2 = np.empty(n, dtype=np.float64)
-        _assign_pass(self._x, np.ascontiguousarray(centres.T), labels, dist2)
+        _assign_pass(self._x, centres, _tile_rows(centres.shape[1]), labels, dist2)
         return labels, dist2
 
     def warmup(self, k: int, m: int) -> None:
         x = np.zeros((1, m))
-        ct = np.zeros((m, k))
-        _lloyd_pass(x, ct, np.full(1, -1, dtype=np.int32), np.ones(0), False, np.empty((1, k, m)),
+        cen = np.zeros((k, m))
+        _lloyd_pass(x, cen, _tile_rows(m), np.full(1, -1, dtype=np.int32), np.ones(0), False, np.empty((1, k, m)),
                     np.empty((1, k)), np.empty(1), np.empty(1, dtype=np.int64))
-        _assign_pass(x, ct, np.empty(1, dtype=np.int32), np.empty(1))
+        _assign_pass(x, cen, _tile_rows(m), np.empty(1, dtype=np.int32), np.empty(1))
 
     def info(self) -> BackendInfo:
         return BackendInfo(name="cpu", devices=[], threads=self.threads, dtype="float64")
