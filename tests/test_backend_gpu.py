@@ -105,6 +105,27 @@ _SIM_PROGRAM = textwrap.dedent(
     cd = np.vstack([c[:3], c[2:3], c[3:]])
     compare("duplicate_centres", x, cd, iters=1)
     compare("k1", x, c[:1], iters=1)
+    # the flagged-row counters are per chunk when streaming
+    compare("ties_chunked", xt, ct, chunk=70, iters=1)
+    # m=33: staged attribute chunks of 17 (the last one short) and a partial prefetch block
+    x4, c4 = blobs(150, 33, 5, 4)
+    compare("wide_uneven", x4, c4, iters=1)
+    # m=12: whole prefetch blocks, staged chunks of 5 (the last one short)
+    x5, c5 = blobs(140, 12, 6, 5)
+    compare("uneven_chunks", x5, c5, tune={"JC": 5}, iters=1)
+
+    # one backend, k changing between steps: each k has its own buffers and launches
+    cpu = CPUBackend(threads=1)
+    cpu.load(x)
+    g2 = G.GPUBackend()
+    g2.load(x)
+    ok = []
+    for cc in (c, c[:5], c, c[:5]):
+        a = cpu.step(cc)
+        b = g2.step(cc)
+        ok.append(bool(np.array_equal(a.counts, b.counts)) and a.changed == b.changed
+                  and float(np.abs(a.sums - b.sums).max()) <= 1e-12 * float(np.abs(a.sums).max()))
+    print(json.dumps({"name": "k_change", "ok": ok, "states": len(g2._states)}), flush=True)
 
     # zero-row rank
     g = G.GPUBackend()
@@ -224,6 +245,24 @@ def test_sim_duplicate_centres(sim):
 
 def test_sim_single_centre(sim):
     _assert_parity(sim["k1"])
+
+
+def test_sim_streaming_ties_per_chunk_counters(sim):
+    rec = sim["ties_chunked"]
+    _assert_parity(rec)
+    assert rec["steps"][0]["flagged"] > 0
+
+
+def test_sim_uneven_attribute_blocks(sim):
+    _assert_parity(sim["wide_uneven"])
+    rec = sim["uneven_chunks"]
+    _assert_parity(rec)
+
+
+def test_sim_k_changes_between_steps(sim):
+    rec = sim["k_change"]
+    assert rec["ok"] == [True] * 4
+    assert rec["states"] == 2
 
 
 def test_sim_zero_rows(sim):
@@ -368,6 +407,56 @@ def test_gpu_offset_and_ties():
     assert gpu.last_flagged > 0
     assert np.array_equal(a.counts, b.counts) and a.changed == b.changed
     assert np.array_equal(cpu.assign(c)[0], gpu.assign(c)[0])
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_streaming_ties():
+    """Exact ties while streaming: each chunk has its own flagged-row counter."""
+    from mpikmeans.backends.cpu import CPUBackend
+
+    G = _real_gpu()
+    r = np.random.default_rng(4)
+    x = r.integers(-20, 21, size=(90_000, 3)).astype(np.float64)
+    c = np.array([[0.5, 0, 0], [-0.5, 0, 0], [0, 0.5, 0], [0, -0.5, 0], [0, 0, 0.5], [0.5, 0, 0]])
+    cpu, gpu = CPUBackend(), G.GPUBackend(chunk_rows=25_000)
+    cpu.load(x)
+    gpu.load(x)
+    for _ in range(2):
+        a, b = cpu.step(c), gpu.step(c)
+        assert gpu.last_flagged > 0
+        assert np.array_equal(a.counts, b.counts) and a.changed == b.changed
+        assert np.abs(a.sums - b.sums).max() <= 1e-12 * np.abs(a.sums).max()
+    assert np.array_equal(cpu.assign(c)[0], gpu.assign(c)[0])
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("tune", [{}, {"idx64": True}, {"R": 1}, {"maxreg": 168, "blocks": 3}, {"launch": "numba"}])
+def test_gpu_kernel_variants(tune):
+    """m=45: a partial prefetch block and a short last staged chunk; 64-bit indices;
+    one row per thread; capped registers with short chunks; Numba's own launch path."""
+    _gpu_vs_cpu(80_000, 45, 20, dtype="float32", tune=tune, iters=2)
+    _gpu_vs_cpu(80_000, 45, 20, dtype="float64", tune=tune, iters=2)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_prepared_launch_matches_numba_launch():
+    """The prepared cuLaunchKernel launches are in use and agree with Numba's dispatcher."""
+    G = _real_gpu()
+    x, c = _blobs(120_000, 100, 50, 6)
+    runs = []
+    for launch in ("fast", "numba"):
+        g = G.GPUBackend(dtype="float32", tune={"launch": launch})
+        g.load(x)
+        steps = (g.step(c), g.step(c))
+        assert g.last_fast_launch is (launch == "fast")
+        runs.append(steps)
+    for a, b in zip(runs[0], runs[1]):
+        assert np.array_equal(a.counts, b.counts) and a.changed == b.changed
+        assert np.abs(a.sums - b.sums).max() <= 1e-12 * np.abs(a.sums).max()
+        assert abs(a.sse - b.sse) <= 1e-12 * a.sse
 
 
 @pytest.mark.gpu

@@ -29,6 +29,13 @@ Data layout and kernels (see ``bench/GPU_NOTES.md`` for the measurements behind 
   exact diff form, not the cancelling dot form.  When ``K x M`` float64 sums do not
   fit in shared memory, pass 2 adds into the global sums with atomics instead
   (slower, never a launch failure).
+* **Per step on the host** (after the first step with a given number of centres):
+  the centre data is written into a pinned host buffer that mirrors one device
+  buffer (centre data, then zeros for the outputs); one asynchronous copy in, the
+  fused and the recheck kernels launched with parameter blocks prepared once
+  (``cuLaunchKernel``), one asynchronous copy of sums, counts, SSE and counters
+  out, one synchronisation.  No allocation, no zeroing kernel, no host round trip
+  before the recheck kernel (it reads the flagged count on the device).
 
 Tie-breaking follows the backend contract: equal distances go to the lowest centre
 index.  Sums, counts and SSE are always float64; ``dtype`` is the storage precision of
@@ -234,10 +241,106 @@ if _HAVE_NUMBA_CUDA and not SIM:
 
         return sig, codegen
 
+    @_intrinsic
+    def _ldx(typingctx, arr, idx):
+        """``arr[idx]`` for an index known to be in ``[0, len)``: address and load only.
+
+        Numba's indexing turns a signed index into ``idx < 0 ? idx + len : idx``.
+        That select sits between the index arithmetic and the address, so LLVM
+        cannot strength-reduce ``j * ld + i`` across a loop, and every access costs a
+        64-bit multiply, a sign test and a reload of the array's shape.  Here the
+        address is one ``inbounds`` GEP of the data pointer (1-D C-contiguous arrays).
+        """
+        if not isinstance(arr, _nbtypes.Array) or not isinstance(idx, _nbtypes.Integer):
+            return None
+        dt = arr.dtype
+        sig = dt(arr, idx)
+
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            i = context.cast(builder, args[1], signature.args[1], _nbtypes.intp)
+            ptr = builder.gep(ary.data, [i], inbounds=True)
+            return builder.load(ptr, align=context.get_abi_sizeof(context.get_data_type(dt)))
+
+        return sig, codegen
+
+    def _make_ldc(bits: int):
+        def _ldc(typingctx, arr, j, ld, i):
+            """``arr[j * ld + i]`` (a column-major element) with ``bits``-bit index arithmetic.
+
+            No wraparound select (see :func:`_ldx`).  With ``bits=32`` (arrays of fewer
+            than ``2**31`` elements, checked on the host) the index is one 32-bit
+            ``mad.lo.u32``, written as inline PTX because LLVM widens plain 32-bit
+            arithmetic on truncated 64-bit values back to 64 bits; the address is
+            then one ``IMAD.WIDE.U32``.  With ``bits=64`` the multiply and add carry
+            ``nuw nsw`` so LLVM can strength-reduce the address across a loop.
+            """
+            if not isinstance(arr, _nbtypes.Array) or not all(isinstance(t, _nbtypes.Integer) for t in (j, ld, i)):
+                return None
+            dt = arr.dtype
+            sig = dt(arr, j, ld, i)
+
+            def codegen(context, builder, signature, args):
+                ary = context.make_array(signature.args[0])(context, builder, args[0])
+                v = [context.cast(builder, args[q], signature.args[q], _nbtypes.intp) for q in (1, 2, 3)]
+                if bits == 32:
+                    i32 = _llir.IntType(32)
+                    v = [builder.trunc(a, i32) for a in v]
+                    fty = _llir.FunctionType(i32, [i32, i32, i32])
+                    idx = builder.asm(fty, "mad.lo.u32 $0, $1, $2, $3;", "=r,r,r,r", v, side_effect=False)
+                    idx = builder.zext(idx, _llir.IntType(64))
+                else:
+                    idx = builder.mul(v[0], v[1], flags=("nuw", "nsw"))
+                    idx = builder.add(idx, v[2], flags=("nuw", "nsw"))
+                ptr = builder.gep(ary.data, [idx], inbounds=True)
+                return builder.load(ptr, align=context.get_abi_sizeof(context.get_data_type(dt)))
+
+            return sig, codegen
+
+        return _intrinsic(_ldc)
+
+    _ldc32 = _make_ldc(32)
+    _ldc64 = _make_ldc(64)
+
+    @_intrinsic
+    def _stx(typingctx, arr, idx, val):
+        """``arr[idx] = val`` for an index known to be in ``[0, len)`` (see :func:`_ldx`)."""
+        if not isinstance(arr, _nbtypes.Array) or not isinstance(idx, _nbtypes.Integer):
+            return None
+        dt = arr.dtype
+        sig = _nbtypes.void(arr, idx, val)
+
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            i = context.cast(builder, args[1], signature.args[1], _nbtypes.intp)
+            v = context.cast(builder, args[2], signature.args[2], dt)
+            ptr = builder.gep(ary.data, [i], inbounds=True)
+            builder.store(v, ptr, align=context.get_abi_sizeof(context.get_data_type(dt)))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
 else:
 
     def _ld4(arr, idx):
         return arr[idx], arr[idx + 1], arr[idx + 2], arr[idx + 3]
+
+    def _ldx(arr, idx):
+        assert 0 <= idx < arr.shape[0] or arr.shape[0] == 0, (idx, arr.shape)
+        return arr[idx]
+
+    def _ldc64(arr, j, ld, i):
+        idx = j * ld + i
+        assert 0 <= idx < arr.shape[0], (idx, arr.shape)
+        return arr[idx]
+
+    def _ldc32(arr, j, ld, i):
+        assert arr.shape[0] < 2**31
+        return _ldc64(arr, j, ld, i)
+
+    def _stx(arr, idx, val):
+        assert 0 <= idx < arr.shape[0] or arr.shape[0] == 0, (idx, arr.shape)
+        arr[idx] = val
 
 
 # modes of the fused kernel
@@ -245,49 +348,55 @@ _MODE_STEP_SHARED = 0  # step, per-block partial sums in shared memory
 _MODE_STEP_GLOBAL = 1  # step, sums straight into global memory with atomics
 _MODE_ASSIGN = 2  # labels and exact squared distances only
 
-# indices into the int32 'offs' array (shared-memory layout, computed on the host)
+# indices into the shared-memory layout tuple (see _plan_shared)
 _O_CM, _O_CC, _O_SH, _O_SUMS, _O_CNT, _O_HIST, _O_START, _O_PERM, _O_SLAB, _O_LAB, _O_W, _O_XS, _O_RED, _O_JC, _O_BRP, _O_TMP = range(16)
 _N_OFFS = 16
+
+# indices into the step-buffer layout tuple (see _pack_layout): element offsets into the
+# float32 view (P32_*), the float64 view (P64_*) and the int64 view (I64_*) of one buffer
+_P32_CM, _P32_CC, _P32_SH, _P32_ZL, _P64_C64, _P64_SH, _P64_SUMS, _P64_CNT, _P64_SSE, _I64_CHG = range(10)
 
 
 @functools.lru_cache(maxsize=None)
 def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: int, centres_shared: bool,
-                  maxreg: int, k_c: int, m_c: int, nct_c: int, offs_c: tuple):
+                  maxreg: int, k_c: int, m_c: int, nct_c: int, offs_c: tuple, pack_c: tuple, idx32: bool = False):
     """Build (once per configuration and shape) the fused assignment + accumulation kernel.
 
     Everything but the rows is a compile-time constant: rows per thread ``R``, centres
     per register tile ``TC``, threads per block ``NT``, weighting, mode, where the
-    centres are read from, and the shape (``k_c``, ``m_c``, ``nct_c``) with its
-    shared-memory layout ``offs_c``.  Loops over them unroll, the per-thread arrays stay
-    in registers, and no register holds an offset (a run compiles once per K x M).
-    The ``m, k, nct, offs`` arguments are kept in the signature but not read.
+    centres are read from, the shape (``k_c``, ``m_c``, ``nct_c``), the shared-memory
+    layout ``offs_c`` and the layout ``pack_c`` of the step buffer.  Loops over them
+    unroll, the per-thread arrays stay in registers, and no register holds an offset
+    (a run compiles once per K x M).  ``idx32``: the rows array has fewer than
+    ``2**31`` elements, so its indices are computed on 32 bits (:func:`_ldc32`).
 
     Kernel arguments (all arrays 1-D, C-contiguous, on the device)
     ---------------------------------------------------------------
     x : storage dtype, (m * ld,)      rows, column-major: x[j * ld + i]
-    n, m, ld, k, nct : int64          rows, attributes, row stride, centres, centre tiles
-    cm : float32, (nct * m * TC,)      -2 (c - s) laid out [tile][attribute][TC]
-    cc : float32, (nct * TC,)          |c - s|^2 (+inf for padding)
-    shift : storage dtype, (m,)       s, the mean of the centres
-    c64 : float64, (k * m,)           centres, row-major
-    tolf, zlim : float32              certification bound: tol = tolf * (|y|^2 + zlim) + tiny
-    w : float64, (n,) or (1,)         weights (read only when weighted)
+    n, ld : int64                     rows, row stride
+    p32, p64, ctr : float32, float64, int64 views of one step buffer (:func:`_pack_layout`):
+        p32[P32_CM:]  -2 (c - s) laid out [tile][attribute][TC]
+        p32[P32_CC:]  |c - s|^2 (+inf for padding)
+        p32/p64[..SH:] s, the mean of the centres, in the storage dtype
+        p32[P32_ZL]   2 max |c - s|^2 (certification bound: tol = tolf (|y|^2 + zlim) + tiny)
+        p64[P64_C64:] centres, row-major
+        p64[P64_SUMS:], p64[P64_CNT:], p64[P64_SSE]   accumulated float64 sums, counts, SSE
+        ctr[I64_CHG]  changed rows; ctr[fslot] flagged rows (one slot per chunk)
     labels : int32, (n,)              previous labels in, new labels out
-    dist2 : float64, (n,) or (1,)     exact squared distances (assign mode)
-    sums : float64, (k * m,)          accumulated (global) sums
-    counts : float64, (k,)
-    stats : float64, (1,)             SSE
-    ctrs : int64, (2,)                [changed rows, flagged rows]
     flags : int32, (n,)               indices of rows handed to the exact kernel
-    offs : int32, (16,)               shared-memory layout (see _plan_shared)
+    w : float64, (n,) or (1,)         weights (read only when weighted)
+    dist2 : float64, (n,) or (1,)     exact squared distances (assign mode)
+    fslot : int64                     index in ``ctr`` of this launch's flagged-row counter
+
+    All hot-loop accesses go through :func:`_ldx` / :func:`_stx` (no wraparound
+    select); row indices past ``n`` are clamped to ``n - 1`` for the loads, so only
+    the attribute bound is tested in the loops.
     """
     DT = float64 if storage == "float64" else float32
     BR = NT * R
     ACC = R * TC
     JB = max(1, min(4, 8 // R))  # attributes per prefetch block (<= 8 values in flight)
     XB = JB * R
-    SJ = max(1, 16 // R)  # pass-2 staging: 16 loads in flight per thread
-    SV = SJ * R
     EB = 8  # epilogue (global sums / assign): attributes per batch
     WB = 4  # pass-2 walk: sorted rows per batch
     TC4 = TC // 4
@@ -296,16 +405,32 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
     ASSIGN = mode == _MODE_ASSIGN
     WEIGHTED = weighted
     CSH = centres_shared
+    SH32 = storage == "float32"
     F32_INF = np.float32(np.inf)
     TINY = np.float32(1.0e-36)
     BIG = np.float32(_BIG)
 
     K_C, M_C, NCT_C = int(k_c), int(m_c), int(nct_c)
+    # bound on |computed - exact| of (|z|^2 - 2 y.z) for one centre is
+    # (m + 4)(1 + eps) u (|y|^2 + 2 max|z|^2); two centres, a computed |y|^2 and
+    # a computed gap need a little more: factor 2.1 and m + 5
+    TOLF = np.float32(2.1 * (M_C + 5) * _U32)
     (O_CM, O_CC, O_SH, O_SUMS, O_CNT, O_HIST, O_START, O_PERM, O_SLAB, O_LAB, O_W, O_XS, O_RED,
      O_JC, O_BRP, O_TMP) = (int(v) for v in offs_c)
+    (P_CM, P_CC, P_SH32, P_ZL, P_C64, P_SH64, P_SUMS, P_CNT, P_SSE, I_CHG) = (int(v) for v in pack_c)
+    # pass-2 staging: about 16 loads in flight per thread, in batches that divide the
+    # attribute chunk as evenly as possible (no all-idle tail batch)
+    SJ0 = max(1, 16 // R)
+    SJ = -(-O_JC // -(-O_JC // SJ0))
+    SV = SJ * R
+    # compile-time facts that drop bound tests from the loops
+    FULLJ = M_C % JB == 0  # every prefetch block is whole
+    FULLC = M_C % O_JC == 0  # every staged chunk has jc attributes
+    # loads of the rows, x[j * ld + i]: 32-bit index arithmetic where it is allowed, except
+    # in the staging loop, where LLVM strength-reduces the 64-bit form into fewer instructions
+    LDC = _ldc32 if idx32 else _ldc64
 
-    def km_fused(x, n, _m, ld, _k, _nct, cm, cc, shift, c64, tolf, zlim, w, labels, dist2,
-                 sums, counts, stats, ctrs, flags, _offs):
+    def km_fused(x, n, ld, p32, p64, ctr, labels, flags, w, dist2, fslot):
         smf = cuda.shared.array(0, dtype=float32, alignment=_SMEM_ALIGN)
         smd = cuda.shared.array(0, dtype=float64)
         smi = cuda.shared.array(0, dtype=int32)
@@ -330,20 +455,24 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
         brp = O_BRP
         o_tmp = O_TMP
         kp = nct * TC
+        zlim = p32[P_ZL]
 
         # ---- block set-up: centres (and their norms) to shared memory, zero partials
         if CSH:
             for q in range(tid, kp * m, NT):
-                smf[o_cm + q] = cm[q]
+                _stx(smf, o_cm + q, _ldx(p32, P_CM + q))
         for q in range(tid, kp, NT):
-            smf[o_cc + q] = cc[q]
+            _stx(smf, o_cc + q, _ldx(p32, P_CC + q))
         for q in range(tid, m, NT):
-            smx[o_sh + q] = shift[q]
+            if SH32:
+                _stx(smx, o_sh + q, _ldx(p32, P_SH32 + q))
+            else:
+                _stx(smx, o_sh + q, _ldx(p64, P_SH64 + q))
         if SHARED:
             for q in range(tid, k * m, NT):
-                smd[o_sums + q] = 0.0
+                _stx(smd, o_sums + q, 0.0)
             for q in range(tid, k, NT):
-                smd[o_cnt + q] = 0.0
+                _stx(smd, o_cnt + q, 0.0)
         if tid == 0:
             smd[o_red] = 0.0
             smi[o_tmp] = 0
@@ -368,6 +497,7 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
         i1 = cuda.local.array(R, dtype=int32)
         labr = cuda.local.array(R, dtype=int32)
         pos = cuda.local.array(R, dtype=int32)
+        rowc = cuda.local.array(R, dtype=int64)
 
         ntiles = (n + BR - 1) // BR
         for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
@@ -378,6 +508,9 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                 b1[r] = F32_INF
                 b2[r] = F32_INF
                 i1[r] = 0
+                i = row0 + tid + r * NT
+                # rows past the end load row n - 1 (always in bounds) and are ignored
+                rowc[r] = i if i < n else n - 1
             for ct in range(nct):
                 for r in range(R):
                     for c in range(TC):
@@ -387,18 +520,23 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                 # so the global loads of the next block overlap the FMAs of this one
                 for q in range(JB):
                     for r in range(R):
-                        i = row0 + tid + r * NT
-                        xb[q * R + r] = x[q * ld + i] if (i < n and q < m) else DT(0.0)
+                        xb[q * R + r] = LDC(x, q, ld, rowc[r]) if q < m else DT(0.0)
                 for jb in range(0, m, JB):
-                    for q in range(JB):
-                        jn = jb + JB + q
-                        for r in range(R):
-                            i = row0 + tid + r * NT
-                            xn[q * R + r] = x[jn * ld + i] if (i < n and jn < m) else DT(0.0)
+                    if FULLJ:
+                        # no bound tests: the last block re-reads itself (in bounds, unused)
+                        nb = jb + JB if jb + JB < m else jb
+                        for q in range(JB):
+                            for r in range(R):
+                                xn[q * R + r] = LDC(x, nb + q, ld, rowc[r])
+                    else:
+                        for q in range(JB):
+                            jn = jb + JB + q
+                            for r in range(R):
+                                xn[q * R + r] = LDC(x, jn, ld, rowc[r]) if jn < m else DT(0.0)
                     for q in range(JB):
                         j = jb + q
-                        if j < m:
-                            sj = smx[o_sh + j]
+                        if FULLJ or j < m:
+                            sj = _ldx(smx, o_sh + j)
                             for r in range(R):
                                 yv[r] = float32(xb[q * R + r] - sj)
                             if ct == 0:
@@ -408,14 +546,14 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                             if CSH:
                                 nxt = _ld4(smf, o_cm + cbase + j * TC)
                             else:
-                                nxt = _ld4(cm, cbase + j * TC)
+                                nxt = _ld4(p32, P_CM + cbase + j * TC)
                             for c4 in range(TC4):
                                 w0, w1, w2, w3 = nxt
                                 if c4 + 1 < TC4:
                                     if CSH:
                                         nxt = _ld4(smf, o_cm + cbase + j * TC + 4 * c4 + 4)
                                     else:
-                                        nxt = _ld4(cm, cbase + j * TC + 4 * c4 + 4)
+                                        nxt = _ld4(p32, P_CM + cbase + j * TC + 4 * c4 + 4)
                                 for r in range(R):
                                     a = r * TC + 4 * c4
                                     acc[a] += yv[r] * w0
@@ -443,24 +581,24 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                 lab = -1
                 if i < n:
                     scale = yy[r] + zlim
-                    tol = tolf * scale + TINY
+                    tol = TOLF * scale + TINY
                     gap = b2[r] - b1[r]
                     if gap > tol and scale < BIG:
                         lab = i1[r]
                         if ASSIGN:
-                            labels[i] = lab
+                            _stx(labels, i, lab)
                         else:
-                            old = labels[i]
+                            old = _ldx(labels, i)
                             if old != lab:
                                 changed_t += 1
-                                labels[i] = lab
+                                _stx(labels, i, lab)
                     else:
-                        p = cuda.atomic.add(ctrs, 1, 1)
-                        flags[p] = i
+                        p = cuda.atomic.add(ctr, fslot, 1)
+                        _stx(flags, p, i)
                 labr[r] = lab
                 if SHARED:
                     if WEIGHTED:
-                        smd[o_w + tid + r * NT] = w[i] if i < n else 0.0
+                        _stx(smd, o_w + tid + r * NT, _ldx(w, i) if i < n else 0.0)
 
             if ASSIGN or GLOBAL:
                 # exact float64 distance to the chosen centre (and, for a step, the
@@ -468,8 +606,8 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                 for r in range(R):
                     lab = labr[r]
                     if lab >= 0:
-                        i = row0 + tid + r * NT
-                        wi = w[i] if WEIGHTED else 1.0
+                        i = rowc[r]
+                        wi = _ldx(w, i) if WEIGHTED else 1.0
                         cb = lab * m
                         s2 = 0.0
                         # EB attributes per batch: their loads are in flight together
@@ -477,26 +615,26 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                             for q in range(EB):
                                 j = jb + q
                                 if j < m:
-                                    ev[q] = float64(x[j * ld + i])
-                                    ec[q] = c64[cb + j]
+                                    ev[q] = float64(LDC(x, j, ld, i))
+                                    ec[q] = _ldx(p64, P_C64 + cb + j)
                             for q in range(EB):
                                 j = jb + q
                                 if j < m:
                                     t = ev[q] - ec[q]
                                     s2 += t * t
                                     if GLOBAL:
-                                        cuda.atomic.add(sums, cb + j, wi * ev[q])
+                                        cuda.atomic.add(p64, P_SUMS + cb + j, wi * ev[q])
                         if ASSIGN:
-                            dist2[i] = s2
+                            _stx(dist2, i, s2)
                         else:
                             sse_t += wi * s2
-                            cuda.atomic.add(counts, lab, wi)
+                            cuda.atomic.add(p64, P_CNT + lab, wi)
 
             if SHARED:
                 # ================= pass 2: fused per-block sums =================
                 # counting sort of the tile's rows by label
                 for q in range(tid, k, NT):
-                    smi[o_hist + q] = 0
+                    _stx(smi, o_hist + q, 0)
                 cuda.syncthreads()
                 for r in range(R):
                     lab = labr[r]
@@ -508,25 +646,25 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                     for q in range(tid, k + 1, NT):
                         s = 0
                         for e in range(q):
-                            s += smi[o_hist + e]
-                        smi[o_start + q] = s
+                            s += _ldx(smi, o_hist + e)
+                        _stx(smi, o_start + q, s)
                 else:
                     if tid == 0:
                         s = 0
                         for e in range(k):
-                            smi[o_start + e] = s
-                            s += smi[o_hist + e]
-                        smi[o_start + k] = s
+                            _stx(smi, o_start + e, s)
+                            s += _ldx(smi, o_hist + e)
+                        _stx(smi, o_start + k, s)
                 cuda.syncthreads()
                 for r in range(R):
                     lab = labr[r]
                     if lab >= 0:
-                        dst = smi[o_start + lab] + pos[r]
-                        smi[o_perm + dst] = tid + r * NT
-                        smi[o_slab + dst] = lab
+                        dst = _ldx(smi, o_start + lab) + pos[r]
+                        _stx(smi, o_perm + dst, tid + r * NT)
+                        _stx(smi, o_slab + dst, lab)
                 if not WEIGHTED:
                     for q in range(tid, k, NT):
-                        smd[o_cnt + q] += float64(smi[o_hist + q])
+                        _stx(smd, o_cnt + q, _ldx(smd, o_cnt + q) + float64(_ldx(smi, o_hist + q)))
                 cuda.syncthreads()
                 nval = smi[o_start + k]
                 groups = NT // jc
@@ -535,24 +673,25 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                 p0 = (g * nval) // groups
                 p1 = ((g + 1) * nval) // groups
                 for j0 in range(0, m, jc):
-                    jn = min(jc, m - j0)
+                    jn = jc if FULLC else min(jc, m - j0)
                     # stage attributes j0..j0+jn of the tile (coalesced, mostly from L2)
                     # SJ attributes x R rows per batch, loads issued before any store
                     for jb in range(0, jn, SJ):
                         for q in range(SJ):
                             jr = jb + q
                             for r in range(R):
-                                i = row0 + tid + r * NT
-                                sv[q * R + r] = x[(j0 + jr) * ld + i] if (jr < jn and i < n) else DT(0.0)
+                                sv[q * R + r] = _ldc64(x, j0 + jr, ld, rowc[r]) if jr < jn else DT(0.0)
                         for q in range(SJ):
                             jr = jb + q
                             if jr < jn:
                                 for r in range(R):
-                                    smx[o_xs + jr * brp + tid + r * NT] = sv[q * R + r]
+                                    _stx(smx, o_xs + jr * brp + tid + r * NT, sv[q * R + r])
                     cuda.syncthreads()
                     if g < groups and jj < jn:
                         j = j0 + jj
-                        cur = -1
+                        xsb = o_xs + jj * brp
+                        csb = P_C64 + j
+                        cur = int32(-1)
                         run_s = 0.0
                         run_w = 0.0
                         # WB sorted rows per batch: their loads (label, row, value, centre
@@ -560,16 +699,16 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                         for pb in range(p0, p1, WB):
                             for u in range(WB):
                                 p = pb + u
-                                if p < p1:
-                                    la = smi[o_slab + p]
-                                    rl = smi[o_perm + p]
-                                    wl[u] = la
-                                    wx[u] = float64(smx[o_xs + jj * brp + rl])
-                                    wc[u] = c64[la * m + j]
-                                    if WEIGHTED:
-                                        ww[u] = smd[o_w + rl]
-                                else:
-                                    wl[u] = -1
+                                # past the slice end: re-read its last row (no predicated
+                                # loads, whose address set-up ptxas repeats per branch)
+                                pc = p if p < p1 else p1 - 1
+                                la = _ldx(smi, o_slab + pc)
+                                rl = _ldx(smi, o_perm + pc)
+                                wl[u] = la if p < p1 else -1
+                                wx[u] = float64(_ldx(smx, xsb + rl))
+                                wc[u] = _ldx(p64, csb + la * m)
+                                if WEIGHTED:
+                                    ww[u] = _ldx(smd, o_w + rl)
                             for u in range(WB):
                                 lab = wl[u]
                                 if lab >= 0:
@@ -604,16 +743,16 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
         cuda.syncthreads()
         if SHARED:
             for q in range(tid, k * m, NT):
-                v = smd[o_sums + q]
+                v = _ldx(smd, o_sums + q)
                 if v != 0.0:
-                    cuda.atomic.add(sums, q, v)
+                    cuda.atomic.add(p64, P_SUMS + q, v)
             for q in range(tid, k, NT):
-                v = smd[o_cnt + q]
+                v = _ldx(smd, o_cnt + q)
                 if v != 0.0:
-                    cuda.atomic.add(counts, q, v)
+                    cuda.atomic.add(p64, P_CNT + q, v)
         if not ASSIGN and tid == 0:
-            cuda.atomic.add(stats, 0, smd[o_red])
-            cuda.atomic.add(ctrs, 0, int64(smi[o_tmp]))
+            cuda.atomic.add(p64, P_SSE, smd[o_red])
+            cuda.atomic.add(ctr, I_CHG, int64(smi[o_tmp]))
 
     if SIM:
         return cuda.jit(km_fused)
@@ -626,7 +765,7 @@ _RC_WARPS = 4
 
 
 @functools.lru_cache(maxsize=None)
-def _recheck_kernel(storage: str, weighted: bool, assign: bool):
+def _recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: int, pack_c: tuple):
     """Exact float64 assignment of the flagged rows, one warp per row.
 
     Lanes split the centres; each computes ``sum_j (x_j - c_kj)^2`` in float64 in
@@ -634,21 +773,27 @@ def _recheck_kernel(storage: str, weighted: bool, assign: bool):
     reduces over the lanes.  For a step the row is then added to the global sums,
     counts, SSE and change count (atomics: flagged rows are rare).
 
-    Arguments: x, n, m, ld, k, c64, w, labels, dist2, sums, counts, stats, ctrs, flags
-    (as in :func:`_fused_kernel`).
+    Arguments: x, ld, p64, ctr, labels, flags, w, dist2, fslot (as in
+    :func:`_fused_kernel`).  It is launched after every fused launch, with no host
+    round trip: it reads the flagged count ``ctr[fslot]`` on the device, and with
+    none flagged every block returns at once.
     """
     NT = 32 * _RC_WARPS
     WEIGHTED = weighted
     ASSIGN = assign
     F64_INF = np.inf
+    K_C, M_C = int(k_c), int(m_c)
+    (_a, _b, _c, _d, P_C64, _e, P_SUMS, P_CNT, P_SSE, I_CHG) = (int(v) for v in pack_c)
 
-    def km_recheck(x, n, m, ld, k, c64, w, labels, dist2, sums, counts, stats, ctrs, flags):
+    def km_recheck(x, ld, p64, ctr, labels, flags, w, dist2, fslot):
         bd_s = cuda.shared.array(NT, dtype=float64)
         bi_s = cuda.shared.array(NT, dtype=int32)
         tid = cuda.threadIdx.x
         lane = tid % 32
         wib = tid // 32
-        nflag = ctrs[1]
+        m = M_C
+        k = K_C
+        nflag = ctr[fslot]
         sse_w = 0.0
         changed_w = 0
         step = cuda.gridDim.x * _RC_WARPS
@@ -661,9 +806,9 @@ def _recheck_kernel(storage: str, weighted: bool, assign: bool):
                 i = flags[f]
                 for kk in range(lane, k, 32):
                     d = 0.0
-                    cb = kk * m
+                    cb = P_C64 + kk * m
                     for j in range(m):
-                        t = float64(x[j * ld + i]) - c64[cb + j]
+                        t = float64(_ldx(x, j * ld + i)) - _ldx(p64, cb + j)
                         d += t * t
                     if d < bd:
                         bd = d
@@ -692,19 +837,19 @@ def _recheck_kernel(storage: str, weighted: bool, assign: bool):
                         changed_w += 1
                         labels[i] = bi
                     sse_w += wi * bd
-                    cuda.atomic.add(counts, bi, wi)
+                    cuda.atomic.add(p64, P_CNT + bi, wi)
             cuda.syncthreads()
             if not ASSIGN and f < nflag:
                 lab = bi_s[wib * 32]
                 wi = w[i] if WEIGHTED else 1.0
                 for j in range(lane, m, 32):
-                    cuda.atomic.add(sums, lab * m + j, wi * float64(x[j * ld + i]))
+                    cuda.atomic.add(p64, P_SUMS + lab * m + j, wi * float64(_ldx(x, j * ld + i)))
             cuda.syncthreads()
         if not ASSIGN and lane == 0:
             if sse_w != 0.0:
-                cuda.atomic.add(stats, 0, sse_w)
+                cuda.atomic.add(p64, P_SSE, sse_w)
             if changed_w != 0:
-                cuda.atomic.add(ctrs, 0, int64(changed_w))
+                cuda.atomic.add(ctr, I_CHG, int64(changed_w))
 
     return cuda.jit(km_recheck)
 
@@ -736,28 +881,6 @@ def _transpose_kernel(storage: str):
                 dst[j * ld + row0 + i] = DT(tile[tx, q])
 
     return cuda.jit(km_transpose)
-
-
-@functools.lru_cache(maxsize=None)
-def _zero_kernel():
-    def kernel(a, d):
-        i = cuda.grid(1)
-        s = cuda.gridsize(1)
-        for q in range(i, a.size, s):
-            a[q] = 0.0
-        for q in range(i, d.size, s):
-            d[q] = 0
-
-    return cuda.jit(kernel)
-
-
-@functools.lru_cache(maxsize=None)
-def _zero_ctr_kernel():
-    def kernel(d):
-        if cuda.grid(1) == 0:
-            d[1] = 0
-
-    return cuda.jit(kernel)
 
 
 # ---------------------------------------------------------------------------
@@ -926,64 +1049,283 @@ def _prepare(kernel, args, nbytes: int) -> int | None:
         return None
 
 
+def _pack_layout(k: int, m: int, TC: int, nct: int, storage: str, nslots: int) -> tuple[tuple, int, int]:
+    """Layout of the per-step device buffer: inputs (centre data) first, then outputs.
+
+    One allocation holds everything a step moves between host and device, so a step
+    is one host-to-device copy (the inputs, and zeros for the outputs) and one
+    device-to-host copy (the outputs).  The kernels get three views of it (float32,
+    float64, int64) and compile-time offsets into them.
+
+    Returns
+    -------
+    layout : tuple of int
+        Element offsets, indexed by the ``_P32_*``, ``_P64_*`` and ``_I64_*``
+        constants.  The int64 counters are last: ``changed`` at ``I64_CHG``, then
+        ``nslots`` flagged-row counters (one per chunk), so ``layout`` does not
+        depend on ``nslots``.
+    out0 : int
+        Byte offset of the outputs (sums, counts, SSE, counters).
+    total : int
+        Bytes of the whole buffer (a multiple of 16).
+    """
+    kp = nct * TC
+    f32 = storage == "float32"
+    off = 0
+
+    def take(nbytes, align=16):
+        nonlocal off
+        off = _round_up(off, align)
+        start = off
+        off += nbytes
+        return start
+
+    b_cm = take(kp * m * 4)  # 16-byte aligned: read with 16-byte vector loads
+    b_cc = take(kp * 4)
+    b_sh32 = take(m * 4 if f32 else 0)
+    b_zl = take(4)
+    b_c64 = take(k * m * 8)
+    b_sh64 = take(0 if f32 else m * 8)
+    out0 = take(0)
+    b_sums = take(k * m * 8, 8)
+    b_cnt = take(k * 8, 8)
+    b_sse = take(8, 8)
+    b_ctr = take((1 + max(1, nslots)) * 8, 8)
+    total = _round_up(off, 16)
+    layout = [0] * 10
+    layout[_P32_CM] = b_cm // 4
+    layout[_P32_CC] = b_cc // 4
+    layout[_P32_SH] = b_sh32 // 4
+    layout[_P32_ZL] = b_zl // 4
+    layout[_P64_C64] = b_c64 // 8
+    layout[_P64_SH] = b_sh64 // 8
+    layout[_P64_SUMS] = b_sums // 8
+    layout[_P64_CNT] = b_cnt // 8
+    layout[_P64_SSE] = b_sse // 8
+    layout[_I64_CHG] = b_ctr // 8
+    return tuple(layout), out0, total
+
+
 # ---------------------------------------------------------------------------
 # The backend
 # ---------------------------------------------------------------------------
 
 
-class _Centres:
-    """Per-step centre data on the device (float32 tiles for pass 1, float64 for sums)."""
+def _cu():
+    """The CUDA driver bindings (``cuda.bindings.driver``) that numba-cuda itself uses."""
+    from cuda.bindings import driver as cub
 
-    def __init__(self, centres: np.ndarray, storage: str, TC: int, nct: int, bufs=None):
-        k, m = centres.shape
+    return cub
+
+
+def _cucheck(res, what: str):
+    """Raise on a non-success ``CUresult``; return the call's other results."""
+    err = res[0]
+    if int(err) != 0:
+        raise RuntimeError(f"{what} failed: {err!r}")
+    return res[1:]
+
+
+def _fast_launch_wanted(tune: dict) -> bool:
+    import os
+
+    if SIM:
+        return False
+    mode = str(tune.get("launch", os.environ.get("MPIKMEANS_GPU_LAUNCH", "fast")))
+    return mode != "numba"
+
+
+class _Launch:
+    """One kernel launch whose arguments are marshalled once and replayed every step.
+
+    Numba's launch path types every argument, flattens every array into seven
+    parameters and hands them to ``cuda.core`` on each call: tens of microseconds for
+    a kernel with many array arguments.  The kernels of a step take the same device
+    buffers every step, so the parameter block is built once, with Numba's own
+    marshalling (``_Kernel._prepare_args``), checked against the compiled kernel's
+    parameter sizes (``cuFuncGetParamInfo``) and launched with one
+    ``cuLaunchKernel``.  If any of that is unavailable (simulator, changed Numba
+    internals, ``tune={"launch": "numba"}`` or ``MPIKMEANS_GPU_LAUNCH=numba``) the
+    launch goes through Numba's dispatcher as before.
+    """
+
+    def __init__(self, kern, args, grid: int, block: int, smem: int, stream, fast: bool):
+        self.kern = kern
+        self.args = args
+        self.grid = int(grid)
+        self.block = int(block)
+        self.smem = int(smem)
+        self.stream = stream
+        self.fast = False
+        if fast:
+            try:
+                self._build()
+                self.fast = True
+            except Exception as exc:  # pragma: no cover - depends on numba-cuda internals
+                log.info("GPU backend: Numba's launch path for %s (%s)", getattr(kern, "__name__", kern), exc)
+
+    def _build(self):
+        import ctypes
+
+        cub = _cu()
+        kern = self.kern
+        argtypes = tuple(kern.typeof_pyval(a) for a in self.args)
+        kobj = kern.compile(argtypes)
+        kargs, retr = [], []
+        for t, v in zip(kobj.argument_types, self.args):
+            kobj._prepare_args(t, v, self.stream, retr, kargs)
+        if retr:
+            raise RuntimeError("an argument needs a copy back (host array)")
+        objs = []
+        for a in kargs:
+            if isinstance(a, ctypes._SimpleCData):
+                objs.append(a)
+            elif isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_)):
+                objs.append(ctypes.c_int64(int(a)))  # pointers and extents: intptr_t, as cuda.core passes them
+            else:
+                raise TypeError(f"unexpected kernel parameter {type(a).__name__}")
+        params = (ctypes.c_void_p * len(objs))(*[ctypes.addressof(o) for o in objs])
+        cufunc = kobj._codelibrary.get_cufunc()
+        handle = cufunc.handle
+        try:
+            (fn,) = _cucheck(cub.cuKernelGetFunction(handle), "cuKernelGetFunction")
+        except Exception:
+            if isinstance(handle, cub.CUfunction):
+                fn = handle
+            else:
+                fn = cub.CUfunction(int(handle))
+        # the parameter block must match the compiled kernel, parameter by parameter
+        if hasattr(cub, "cuFuncGetParamInfo"):
+            for i, o in enumerate(objs):
+                _off, size = _cucheck(cub.cuFuncGetParamInfo(fn, i), "cuFuncGetParamInfo")
+                if int(size) != ctypes.sizeof(o):
+                    raise RuntimeError(f"parameter {i}: kernel takes {size} bytes, block has {ctypes.sizeof(o)}")
+            if int(cub.cuFuncGetParamInfo(fn, len(objs))[0]) == 0:
+                raise RuntimeError("the kernel takes more parameters than Numba marshalled")
+        if self.smem > 48 * 1024:
+            attr = cub.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _cucheck(cub.cuFuncSetAttribute(fn, attr, self.smem), "cuFuncSetAttribute")
+        self._keep = (objs, params, kobj)
+        self._fn = fn
+        self._params = ctypes.addressof(params)
+        self._hstream = 0 if isinstance(self.stream, int) else int(self.stream.handle)
+        self._launch_kernel = cub.cuLaunchKernel
+
+    def __call__(self):
+        if self.fast:
+            err = self._launch_kernel(self._fn, self.grid, 1, 1, self.block, 1, 1, self.smem, self._hstream,
+                                      self._params, 0)[0]
+            if int(err) != 0:
+                raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+        else:
+            self.kern[self.grid, self.block, self.stream, self.smem](*self.args)
+
+
+def _pinned(n: int, dtype) -> np.ndarray:
+    try:
+        return cuda.pinned_array(n, dtype=dtype)
+    except Exception:  # pragma: no cover - pinning refused: pageable (copies then block)
+        return np.empty(n, dtype=dtype)
+
+
+class _Pack:
+    """The step buffer of one (k, plan) on the device, with pinned host mirrors.
+
+    ``hin`` mirrors the whole buffer: the centre data, written in place each step,
+    and zeros for the outputs, which are never written on the host.  Uploading it
+    therefore also clears the sums, counts, SSE and counters: no zeroing kernel.
+    ``hout`` receives the outputs.  Both copies are asynchronous on the legacy
+    default stream, so a step synchronises once.
+    """
+
+    def __init__(self, k: int, m: int, TC: int, nct: int, storage: str, nslots: int):
+        self.k, self.m, self.TC, self.nct = k, m, TC, nct
+        self.f32 = storage == "float32"
+        self.layout, self.out0, self.total = _pack_layout(k, m, TC, nct, storage, nslots)
+        L = self.layout
+        words = self.total // 8
+        o = self.out0 // 8
+        self.nslots = max(1, nslots)
+        self.dev = cuda.device_array(words, dtype=np.float64)
+        self.p32 = self.dev.view(np.float32)
+        self.ctr = self.dev.view(np.int64)
+        self.dout = self.dev[o:]
+        self.hin = _pinned(words, np.float64)
+        self.hin[:] = 0.0
+        self.hout = _pinned(words - o, np.float64)
+        h32 = self.hin.view(np.float32)
         kp = nct * TC
+        self.cm = h32[L[_P32_CM]: L[_P32_CM] + kp * m].reshape(nct, m, TC)
+        self.cc = h32[L[_P32_CC]: L[_P32_CC] + kp]
+        self.cc[:] = np.inf  # padding centres never win
+        self.sh = h32[L[_P32_SH]: L[_P32_SH] + m] if self.f32 else self.hin[L[_P64_SH]: L[_P64_SH] + m]
+        self.zl = h32[L[_P32_ZL]: L[_P32_ZL] + 1]
+        self.c64 = self.hin[L[_P64_C64]: L[_P64_C64] + k * m].reshape(k, m)
+        self.zt = np.zeros((kp, m), dtype=np.float32)  # -2 z, padded to whole tiles
+        # results: views of hout
+        self.r_sums = self.hout[L[_P64_SUMS] - o: L[_P64_SUMS] - o + k * m].reshape(k, m)
+        self.r_cnt = self.hout[L[_P64_CNT] - o: L[_P64_CNT] - o + k]
+        self.r_sse = L[_P64_SSE] - o
+        self.r_ctr = self.hout.view(np.int64)[L[_I64_CHG] - o: L[_I64_CHG] - o + 1 + self.nslots]
+        if not SIM:
+            from numba.cuda.cudadrv.driver import device_pointer
+
+            self._dptr = int(device_pointer(self.dev))
+            self._hin_ptr = int(self.hin.ctypes.data)
+            self._hout_ptr = int(self.hout.ctypes.data)
+            cub = _cu()
+            self._h2d = cub.cuMemcpyHtoDAsync
+            self._d2h = cub.cuMemcpyDtoHAsync
+
+    def fill(self, centres: np.ndarray) -> None:
+        """Write this step's centre data into the pinned input buffer (host only)."""
+        k, m = centres.shape
+        nct, TC = self.nct, self.TC
         shift = centres.mean(axis=0)
-        if storage == "float32":
+        if self.f32:
             # the kernel subtracts in float32: shift by exactly the float32 value it uses
             shift_st = shift.astype(np.float32)
             shift = shift_st.astype(np.float64)
+            self.sh[:] = shift_st
         else:
-            shift_st = shift
+            self.sh[:] = shift
         z = (centres - shift).astype(np.float32)
         z64 = z.astype(np.float64)
-        cc = np.full(kp, np.inf, dtype=np.float32)
         norms = np.einsum("ij,ij->i", z64, z64)
-        cc[:k] = norms.astype(np.float32)
-        cm = np.zeros((nct, m, TC), dtype=np.float32)
-        zt = np.zeros((kp, m), dtype=np.float32)
-        zt[:k] = -2.0 * z
-        cm[:] = zt.reshape(nct, TC, m).transpose(0, 2, 1)
-        zmax = float(norms.max()) if k else 0.0
-        # bound on |computed - exact| of (|z|^2 - 2 y.z) for one centre is
-        # (m + 4)(1 + eps) u (|y|^2 + 2 max|z|^2); two centres, a computed |y|^2 and
-        # a computed gap need a little more: factor 2.1 and m + 5
-        self.tolf = np.float32(2.1 * (m + 5) * _U32)
-        self.zlim = np.float32(min(2.0 * zmax * (1.0 + 1e-6), 3.0e38))
-        # two host->device copies per step: a float32 pack (16-byte aligned tiles first)
-        # and a float64 pack; the kernels get views
-        f32 = [cm.ravel(), cc]
-        if storage == "float32":
-            f32.append(shift_st)
-        pack32 = np.concatenate(f32)
-        pack64 = np.concatenate([np.ascontiguousarray(centres, dtype=np.float64).ravel(), shift])
-        # reuse the device buffers of the previous step (an allocation per step costs
-        # more than the copy)
-        if bufs is not None and bufs[0].shape == pack32.shape and bufs[1].shape == pack64.shape:
-            d32, d64 = bufs
-            d32.copy_to_device(pack32)
-            d64.copy_to_device(pack64)
+        self.cc[:k] = norms
+        np.multiply(z, np.float32(-2.0), out=self.zt[:k])
+        self.cm[:] = self.zt.reshape(nct, TC, m).transpose(0, 2, 1)
+        if np.all(np.isfinite(centres)):
+            zmax = float(norms.max()) if k else 0.0
+            self.zl[0] = np.float32(min(2.0 * zmax * (1.0 + 1e-6), 3.0e38))
         else:
-            d32 = cuda.to_device(pack32)
-            d64 = cuda.to_device(pack64)
-        a, b = kp * m, kp * m + kp
-        self.cm = d32[:a]
-        self.cc = d32[a:b]
-        self.c64 = d64[: k * m]
-        self.shift = d32[b:b + m] if storage == "float32" else d64[k * m:]
-        self._keep = (d32, d64)
-        if not np.all(np.isfinite(centres)):
             # non-finite centres: every row takes the exact path
-            self.zlim = np.float32(np.inf)
+            self.zl[0] = np.float32(np.inf)
+        self.c64[:] = centres
+
+    def upload(self) -> None:
+        """Inputs and zeroed outputs to the device: one asynchronous copy."""
+        if SIM:
+            self.dev.copy_to_device(self.hin)
+        else:
+            _cucheck(self._h2d(self._dptr, self._hin_ptr, self.total, 0), "cuMemcpyHtoDAsync")
+
+    def download(self) -> None:
+        """Outputs to ``hout``: one asynchronous copy (the caller synchronises)."""
+        if SIM:
+            self.dout.copy_to_host(self.hout)
+        else:
+            _cucheck(self._d2h(self._hout_ptr, self._dptr + self.out0, self.total - self.out0, 0),
+                     "cuMemcpyDtoHAsync")
+
+
+@dataclass
+class _State:
+    """Everything a step with k centres reuses: plan, step buffer, prepared launches."""
+
+    plan: _Plan
+    pack: _Pack
+    launches: list  # [(fused, recheck)] per chunk (one when resident)
 
 
 class GPUBackend(Backend):
@@ -1003,7 +1345,10 @@ class GPUBackend(Backend):
         when the rows do not fit in device memory.
     tune : dict, optional
         Kernel overrides for benchmarks and tests: ``R``, ``TC``, ``NT``,
-        ``sum_mode`` ("global"), ``centres_shared`` (bool), ``smem_budget`` (bytes).
+        ``sum_mode`` ("global"), ``centres_shared`` (bool), ``smem_budget`` (bytes),
+        ``maxreg``, ``blocks``, ``JC``; ``launch="numba"`` launches through Numba's
+        dispatcher instead of the prepared launches; ``profile`` records
+        :attr:`last_kernel_ms`.
     """
 
     name = "gpu"
@@ -1043,14 +1388,20 @@ class GPUBackend(Backend):
         self._weights_host = None
         self._dw = None
         self._ld = 0
-        self._kbufs = None
+        self._dummy = None
+        self._alabels = None
+        self._adist = None
+        self._states = {}
+        self._plans = {}
+        self._fast = _fast_launch_wanted(self.tune)
+        self._profile = bool(self.tune.get("profile")) and not SIM
+        self._events = None
         self.last_flagged = 0
         self.last_plan = None
         self.last_grid = 0
         self.last_regs = None
+        self.last_fast_launch = None
         self._occupancy = {}
-        self._offs_cache = {}
-        self._cbufs = {}
         self.last_kernel_ms = float("nan")
 
     # ------------------------------------------------------------------ load
@@ -1177,6 +1528,11 @@ class GPUBackend(Backend):
         except Exception:  # pragma: no cover
             self._host_labels = np.empty(n, dtype=np.int32)
         self._host_labels[:] = -1
+        if self._weights_host is not None:
+            # pinned too, so the per-chunk weight copies are asynchronous
+            wp = _pinned(n, np.float64)
+            wp[:] = self._weights_host
+            self._weights_host = wp
         # transpose each chunk on the device and keep the column-major copy on the host
         s = self._streams[0]
         for c in range(nch):
@@ -1188,24 +1544,7 @@ class GPUBackend(Backend):
         self._streaming = True
 
     # ------------------------------------------------------------------ step
-    def _buffers(self, k: int, m: int):
-        """Output buffers for k centres: float64 [sums | counts | sse] and int64 [changed, flagged]."""
-        if self._kbufs is None or self._kbufs[0] != (k, m):
-            out64 = cuda.device_array(k * m + k + 1, dtype=np.float64)
-            self._kbufs = (
-                (k, m),
-                out64,
-                cuda.device_array(2, dtype=np.int64),
-                cuda.to_device(np.zeros(1, dtype=np.float64)),  # dummy weights / dist2
-            )
-        _, out64, ctrs, dummy = self._kbufs
-        return out64, out64[: k * m], out64[k * m: k * m + k], out64[k * m + k:], ctrs, dummy
-
-    def _offsets(self, plan: _Plan):
-        if plan.offs not in self._offs_cache:
-            self._offs_cache[plan.offs] = cuda.to_device(np.asarray(plan.offs, dtype=np.int32))
-        return self._offs_cache[plan.offs]
-
+    # ------------------------------------------------------------------ step
     def _blocks_per_sm(self, kern, plan: _Plan, args) -> int:
         """Resident blocks per multiprocessor (registers, shared memory, threads), cached."""
         key = (id(kern), plan)
@@ -1223,125 +1562,161 @@ class GPUBackend(Backend):
         return self._occupancy[key]
 
     def _plan(self, k: int, assign: bool) -> _Plan:
-        weighted = self._weights_host is not None
-        limit = min(self._smem_optin, 200 * 1024) if not SIM else 48 * 1024
-        return _choose_plan(k, self.m, self.dtype, assign, weighted, limit, self.tune, self._smem_sm)
+        key = (k, assign)
+        plan = self._plans.get(key)
+        if plan is None:
+            weighted = self._weights_host is not None
+            limit = min(self._smem_optin, 200 * 1024) if not SIM else 48 * 1024
+            plan = _choose_plan(k, self.m, self.dtype, assign, weighted, limit, self.tune, self._smem_sm)
+            self._plans[key] = plan
+        return plan
 
-    def _launch(self, plan: _Plan, cen: _Centres, x, rows: int, ld: int, labels, flags, w, dist2,
-                sums, counts, stats, ctrs, stream, offs_dev, assign: bool):
+    def _launches(self, plan: _Plan, pack: _Pack, k: int, assign: bool, x, rows: int, labels, flags, w,
+                  dist2, fslot: int, stream):
+        """The prepared (fused, recheck) pair for one block of rows."""
         weighted = self._weights_host is not None
-        k = cen.c64.shape[0] // self.m
+        idx32 = self.m * self._ld < 2**31 and not self.tune.get("idx64")
         kern = _fused_kernel(self.dtype, plan.R, plan.TC, plan.NT, weighted, plan.mode, plan.centres_shared,
-                             plan.maxreg, k, self.m, plan.nct, plan.offs)
-        args = (x, rows, self.m, ld, k, plan.nct, cen.cm, cen.cc, cen.shift, cen.c64,
-                cen.tolf, cen.zlim, w, labels, dist2, sums, counts, stats, ctrs, flags, offs_dev)
+                             plan.maxreg, k, self.m, plan.nct, plan.offs, pack.layout, idx32)
+        args = (x, int(rows), int(self._ld), pack.p32, pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
         per_sm = self._blocks_per_sm(kern, plan, args)
         ntiles = -(-rows // (plan.NT * plan.R))
         grid = max(1, min(ntiles, 2 if SIM else per_sm * self._sm_count))
         self.last_grid = grid
-        kern[grid, plan.NT, stream, plan.smem](*args)
-        rk = _recheck_kernel(self.dtype, weighted, assign)
-        rgrid = max(1, min(4 * self._sm_count, -(-rows // _RC_WARPS)))
-        if SIM:
-            rgrid = 1
-        rk[rgrid, 32 * _RC_WARPS, stream](x, rows, self.m, ld, k, cen.c64, w, labels, dist2,
-                                          sums, counts, stats, ctrs, flags)
+        fused = _Launch(kern, args, grid, plan.NT, plan.smem, stream, self._fast)
+        rk = _recheck_kernel(self.dtype, weighted, assign, k, self.m, pack.layout)
+        rargs = (x, int(self._ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
+        # one warp per flagged row; with none flagged each block reads the count and returns
+        rgrid = 1 if SIM else max(1, min(2 * self._sm_count, -(-rows // _RC_WARPS)))
+        recheck = _Launch(rk, rargs, rgrid, 32 * _RC_WARPS, 0, stream, self._fast)
+        self.last_fast_launch = fused.fast and recheck.fast
+        return fused, recheck
+
+    def _state(self, k: int, assign: bool) -> _State:
+        """Plan, step buffer and prepared launches for k centres: built once, reused every step."""
+        key = (k, assign)
+        st = self._states.get(key)
+        if st is not None:
+            return st
+        plan = self._plan(k, assign)
+        weighted = self._weights_host is not None
+        if self._dummy is None:
+            self._dummy = cuda.device_array(1, dtype=np.float64)
+        if not self._streaming:
+            pack = _Pack(k, self.m, plan.TC, plan.nct, self.dtype, 1)
+            if assign:
+                if self._alabels is None:
+                    self._alabels = cuda.device_array(self.n, dtype=np.int32)
+                    self._adist = cuda.device_array(self.n, dtype=np.float64)
+                labels, dist2 = self._alabels, self._adist
+            else:
+                labels, dist2 = self._labels, self._dummy
+            w = self._dw if weighted else self._dummy
+            fslot = pack.layout[_I64_CHG] + 1
+            launches = [self._launches(plan, pack, k, assign, self._dx, self.n, labels, self._flags, w, dist2,
+                                       fslot, 0)]
+        else:
+            pack = _Pack(k, self.m, plan.TC, plan.nct, self.dtype, self._nchunks)
+            launches = []
+            for c in range(self._nchunks):
+                s = c % 2
+                rows = min(self.n, (c + 1) * self.chunk) - c * self.chunk
+                w = self._dwbuf[s] if weighted else self._dummy
+                # one flagged-row counter per chunk: the outputs' upload zeroes them all
+                fslot = pack.layout[_I64_CHG] + 1 + c
+                launches.append(self._launches(plan, pack, k, assign, self._dbuf[s], rows, self._dlab[s],
+                                               self._dflags[s], w, self._ddist[s], fslot, self._streams[s]))
+        st = _State(plan, pack, launches)
+        if len(self._states) >= 8:
+            # k-means|| assigns to a new number of candidates each round: keep the latest few
+            self._states.pop(next(iter(self._states)))
+        self._states[key] = st
+        return st
 
     def _run(self, centres: np.ndarray, assign: bool):
+        """One step (or assignment) on the device.
+
+        Host work per call, once the state for this k exists: fill the pinned input
+        buffer; one asynchronous copy in (centre data and zeroed outputs); the fused
+        and recheck launches (per chunk when streaming); one asynchronous copy out of
+        sums, counts, SSE and counters; one synchronisation.
+        """
         centres = np.ascontiguousarray(centres, dtype=np.float64)
         if centres.ndim != 2 or centres.shape[1] != self.m:
             raise ValueError(f"centres must have shape (k, {self.m}), got {centres.shape}")
-        k, m = centres.shape
+        k = centres.shape[0]
         n = self.n
         if k == 0:
             raise ValueError("at least one centre is needed")
-        plan = self._plan(k, assign)
-        self.last_plan = plan
-        key = (k, m, plan.TC, plan.nct)
-        cen = _Centres(centres, self.dtype, plan.TC, plan.nct, self._cbufs.get(key))
-        self._cbufs[key] = cen._keep
-        out64, sums, counts, stats, ctrs, dummy = self._buffers(k, m)
-        dummy_w = dummy_d = dummy
-        offs_dev = self._offsets(plan)
-        zk = _zero_kernel()
-        zk[max(1, min(64, -(-(k * m + k + 1) // 256))), 256](out64, ctrs)
+        st = self._state(k, assign)
+        self.last_plan = st.plan
+        pack = st.pack
+        pack.fill(centres)
+        pack.upload()
         labels_out = dist_out = None
         if assign:
             labels_out = np.empty(n, dtype=np.int32)
             dist_out = np.empty(n, dtype=np.float64)
-        profile = bool(self.tune.get("profile")) and not SIM
+        profile = self._profile and not self._streaming
+        if profile and self._events is None:
+            self._events = (cuda.event(), cuda.event())
         if not self._streaming:
-            w = self._dw if self._dw is not None else dummy_w
-            dist2 = cuda.device_array(n, dtype=np.float64) if assign else dummy_d
-            labels = cuda.device_array(n, dtype=np.int32) if assign else self._labels
+            fused, recheck = st.launches[0]
             if profile:
-                e0, e1 = cuda.event(), cuda.event()
-                e0.record()
-            self._launch(plan, cen, self._dx, n, self._ld, labels, self._flags, w, dist2,
-                         sums, counts, stats, ctrs, 0, offs_dev, assign)
+                self._events[0].record()
+            fused()
+            recheck()
             if profile:
-                e1.record()
+                self._events[1].record()
             if assign:
-                labels.copy_to_host(labels_out)
-                dist2.copy_to_host(dist_out)
+                self._alabels.copy_to_host(labels_out)
+                self._adist.copy_to_host(dist_out)
         else:
-            self._run_streaming(plan, cen, sums, counts, stats, ctrs, dummy_w, offs_dev, assign,
-                                labels_out, dist_out)
-        h64 = out64.copy_to_host()
-        ct = ctrs.copy_to_host()
-        if profile and not self._streaming:
-            self.last_kernel_ms = cuda.event_elapsed_time(e0, e1)
-        if not self._streaming:
-            self.last_flagged = int(ct[1])
-        hs = h64[: k * m].reshape(k, m)
-        hc = h64[k * m: k * m + k].copy()
-        st = h64[k * m + k:]
+            self._run_streaming(st, assign, labels_out, dist_out)
+        pack.download()
+        if SIM:
+            pass
+        else:
+            _cucheck(_cu().cuStreamSynchronize(0), "cuStreamSynchronize")
+        if profile:
+            self.last_kernel_ms = cuda.event_elapsed_time(*self._events)
+        ctr = pack.r_ctr
+        self.last_flagged = int(ctr[1:].sum())
         if assign:
             return labels_out, dist_out
-        return StepResult(sums=hs, counts=hc, sse=float(st[0]), changed=int(ct[0]))
+        return StepResult(sums=pack.r_sums.copy(), counts=pack.r_cnt.copy(), sse=float(pack.hout[pack.r_sse]),
+                          changed=int(ctr[0]))
 
-    def _run_streaming(self, plan, cen, sums, counts, stats, ctrs, dummy_w, offs_dev, assign,
-                       labels_out, dist_out):
-        """Chunks alternate between two streams: the copy of chunk i+1 runs while chunk i computes."""
+    def _run_streaming(self, st: _State, assign: bool, labels_out, dist_out):
+        """Chunks alternate between two streams: the copy of chunk i+1 runs while chunk i computes.
+
+        The streams synchronise with the legacy default stream, so the centre upload
+        (issued before) is complete when a chunk starts, and the outputs' copy back
+        (issued after) waits for every chunk.
+        """
         n, cr = self.n, self.chunk
         weighted = self._weights_host is not None
-        zc = _zero_ctr_kernel()
-        # per-stream counters: flags are per chunk, so each stream needs its own
-        ctr_pair = [cuda.device_array(2, dtype=np.int64) for _ in range(2)]
-        for s in range(2):
-            ctr_pair[s].copy_to_device(np.zeros(2, dtype=np.int64))
         for c in range(self._nchunks):
             s = c % 2
-            st = self._streams[s]
+            stream = self._streams[s]
             a = c * cr
             b = min(n, a + cr)
             rows = b - a
-            self._dbuf[s].copy_to_device(self._host_soa[c], stream=st)
+            self._dbuf[s].copy_to_device(self._host_soa[c], stream=stream)
             if not assign:
-                self._dlab[s][:rows].copy_to_device(self._host_labels[a:b], stream=st)
-            w = dummy_w
+                self._dlab[s][:rows].copy_to_device(self._host_labels[a:b], stream=stream)
             if weighted:
-                self._dwbuf[s][:rows].copy_to_device(self._weights_host[a:b], stream=st)
-                w = self._dwbuf[s]
-            zc[1, 1, st](ctr_pair[s])
-            self._launch(plan, cen, self._dbuf[s], rows, self._ld, self._dlab[s], self._dflags[s], w,
-                         self._ddist[s], sums, counts, stats, ctr_pair[s], st, offs_dev, assign)
+                self._dwbuf[s][:rows].copy_to_device(self._weights_host[a:b], stream=stream)
+            fused, recheck = st.launches[c]
+            fused()
+            recheck()
             if assign:
-                self._dlab[s][:rows].copy_to_host(labels_out[a:b], stream=st)
-                self._ddist[s][:rows].copy_to_host(dist_out[a:b], stream=st)
+                self._dlab[s][:rows].copy_to_host(labels_out[a:b], stream=stream)
+                self._ddist[s][:rows].copy_to_host(dist_out[a:b], stream=stream)
             else:
-                self._dlab[s][:rows].copy_to_host(self._host_labels[a:b], stream=st)
-        for st in self._streams:
-            st.synchronize()
-        changed = 0
-        for s in range(2):
-            h = ctr_pair[s].copy_to_host()
-            changed += int(h[0])
-        # fold the change count into the shared counter array read by _run
-        h = ctrs.copy_to_host()
-        h[0] += changed
-        ctrs.copy_to_device(h)
-        self.last_flagged = -1  # not tracked per chunk
+                self._dlab[s][:rows].copy_to_host(self._host_labels[a:b], stream=stream)
+        for stream in self._streams:
+            stream.synchronize()
 
     def step(self, centres: np.ndarray) -> StepResult:
         """Assign every local row and accumulate float64 sums (see :meth:`Backend.step`).
@@ -1387,8 +1762,11 @@ class GPUBackend(Backend):
         self._labels = None
         self._flags = None
         self._dw = None
-        self._kbufs = None
-        self._cbufs = {}
+        self._dummy = None
+        self._alabels = None
+        self._adist = None
+        self._states = {}
+        self._plans = {}
         self._streaming = False
         for attr in ("_host_soa", "_dbuf", "_dlab", "_dflags", "_dwbuf", "_ddist", "_host_labels", "_streams"):
             if hasattr(self, attr):
