@@ -345,8 +345,9 @@ def plan_local(path: str, header: Header, rank: int, size: int) -> dict:
     else:
         rows = 0
     m = len(header.attributes)
-    # the rows array, with room for one copy should it have to grow past its first estimate
-    host = 2 * rows * m * 8 + min(READ_PIECE, n_bytes) + (min(READ_PIECE, n_bytes) // 2 + 1) * 8
+    # the rows array, with room for one copy should it have to grow past its first
+    # estimate, and the one text buffer
+    host = 2 * rows * m * 8 + min(READ_PIECE, n_bytes)
     return {"start": start, "end": end, "bytes": n_bytes, "rows": rows, "host_bytes": host}
 
 
@@ -546,12 +547,48 @@ def _describe(code: int, path: str, line_no: int, col: int, attrs: list, token: 
     return f"{where}: attribute {attrs[col].name!r}: " + _MESSAGES[code].format(token=token)
 
 
+#: The fewest bytes worth a thread of their own when a piece is read by several.
+_READ_STRIDE = 2 << 20
+
+
+def _read_into(fd, view, offset: int, pool, parts: int = 1) -> int:
+    """Fill ``view`` from the file at ``offset``, in up to ``parts`` strides read by ``pool``'s threads.
+
+    ``os.preadv`` copies straight into the caller's buffer (no bytes object)
+    and releases the GIL, so threads copy from the page cache side by side.
+
+    Returns
+    -------
+    int
+        Bytes read (fewer than ``len(view)`` only at the end of the file).
+    """
+    def fill(lo: int, hi: int) -> int:
+        done = lo
+        while done < hi:  # preadv may read less than asked
+            got = os.preadv(fd, [view[done:hi]], offset + done)
+            if got == 0:
+                break
+            done += got
+        return done - lo
+
+    size = len(view)
+    strides = min(parts, size // _READ_STRIDE)
+    if pool is None or strides < 2:
+        return fill(0, size)
+    bounds = [size * k // strides for k in range(strides + 1)]
+    return sum(pool.map(lambda k: fill(bounds[k], bounds[k + 1]), range(strides)))
+
+
 def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, path: str, threads: int = 1):
     """Parse the owned lines ``[start, end)`` piece by piece, each piece by ``threads`` threads.
 
-    The rows go into one array that is allocated once from the first piece's
-    rows per byte (and grown if the estimate falls short), so no copy joins
-    the pieces at the end.
+    One text buffer of ``READ_PIECE`` bytes is reused for every piece (read
+    by ``threads`` threads at once); a piece ends at its last newline and the
+    partial line after it moves to the front of the buffer for the next
+    piece.  Each thread parses a span of whole lines straight into its place
+    in one rows array, which is allocated once from the first piece's rows
+    per byte (and grown if the estimate falls short): no copy joins the
+    pieces or the spans, unless blank or comment lines leave gaps to close.
 
     Returns ``(rows, weights, lines consumed, weighted, bad)`` where ``bad``
     is None or ``(code, line, attribute, token)`` with the line counted from
@@ -564,51 +601,78 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
     weights = np.empty(0)
     rows = total_lines = 0
     weighted = False
+    cap = max(1, min(READ_PIECE, end - start))
+    buf = np.empty(cap, dtype=np.uint8)
+    have = 0  # bytes at the front of buf: the start of a line cut off by the previous piece
     pos = start
-    while pos < end:
-        want = min(READ_PIECE, end - pos)
-        buf = np.frombuffer(os.pread(fd, want, pos), dtype=np.uint8)
-        if len(buf) < want:
-            raise InputError(f"{path}: file shrank while reading (expected {end} bytes)")
-        if pos + want < end:
-            # cut at the last newline; the rest goes into the next piece
-            nl = np.flatnonzero(buf == _NL)
-            if len(nl):
-                buf = buf[: int(nl[-1]) + 1]
-            else:  # a single line longer than a piece: take it whole
-                more = first_line_start(fd, pos + want, start, end)[0]
-                buf = np.frombuffer(os.pread(fd, more - pos, pos), dtype=np.uint8)
-        cuts, counts = rowparse.line_cuts(buf, parts)
-        seg = np.zeros(parts + 1, dtype=np.int64)
-        seg[1:] = np.cumsum(counts + 1)
-        need = rows + int(seg[-1])
-        if need > len(out):
-            # first piece: room for the whole span at this piece's rows per byte
-            guess = int((end - start) * seg[-1] / len(buf) * 1.02) + 16 if rows == 0 else 2 * len(out)
-            capacity = max(need, guess)
-            grown = np.empty((capacity, m))
-            grown[:rows] = out[:rows]
-            out = grown
-            wgrown = np.empty(capacity)
-            wgrown[:rows] = weights[:rows]
-            weights = wgrown
-        res = np.empty((parts, 8), dtype=np.int64)
-        first = rows
-        rowparse.parse_parallel(buf, cuts, seg + first, sel.kinds, sel.outcol, missing_mode, out, weights, res)
-        for t in range(parts):
-            got, lines, has_w, err, err_line, err_col, ts, te = (int(v) for v in res[t])
-            base = first + int(seg[t])
-            if base != rows:  # move this span's rows next to the previous span's
-                out[rows:rows + got] = out[base:base + got]
-                weights[rows:rows + got] = weights[base:base + got]
-            rows += got
-            weighted = weighted or bool(has_w)
-            if err != rowparse.E_NONE:
-                token = bytes(buf[ts:te]).decode("utf-8", "replace")
-                return out[:rows], weights[:rows], total_lines + lines, weighted, \
-                    (err, total_lines + err_line, err_col, token)
-            total_lines += lines
-        pos += len(buf)
+    pool = None
+    if parts > 1 and end - start >= 2 * _READ_STRIDE:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=parts)
+    try:
+        while pos < end or have:
+            want = min(cap - have, end - pos)
+            got = _read_into(fd, memoryview(buf)[have:have + want], pos, pool, parts)
+            if got < want:
+                raise InputError(f"{path}: file shrank while reading (expected {end} bytes)")
+            pos += want
+            have += want
+            if pos < end:
+                nl = rowparse.last_newline(buf[:have], 0)
+                if nl < 0:  # a single line longer than the buffer: make room for it
+                    grown = np.empty(2 * cap, dtype=np.uint8)
+                    grown[:have] = buf[:have]
+                    buf, cap = grown, 2 * cap
+                    continue
+                use = nl + 1
+            else:
+                use = have
+            text = buf[:use]
+            cuts, counts = rowparse.line_cuts(text, parts)
+            # room for one row per line: a span holds whole lines, each ending in a
+            # newline but the file's last one (in the last span that is not empty)
+            ends = cuts[1:]
+            unterminated = (ends > cuts[:-1]) & (text[np.maximum(ends - 1, 0)] != _NL)
+            seg = np.zeros(parts + 1, dtype=np.int64)
+            seg[1:] = np.cumsum(counts + unterminated)
+            need = rows + int(seg[-1])
+            if need > len(out):
+                if rows == 0:  # first piece: room for the whole span at this piece's rows per byte
+                    guess = int((end - start) * seg[-1] / use * 1.02) + 16
+                else:  # the estimate fell short: what is left at the rows per byte seen so far
+                    guess = int(rows + (end - pos + have) * rows / (pos - have - start) * 1.05) + 16
+                capacity = max(need, guess)
+                grown = np.empty((capacity, m))
+                grown[:rows] = out[:rows]
+                out = grown
+                wgrown = np.empty(capacity)
+                wgrown[:rows] = weights[:rows]
+                weights = wgrown
+            res = np.empty((parts, 8), dtype=np.int64)
+            first = rows
+            rowparse.parse_parallel(text, cuts, seg + first, sel.kinds, sel.outcol, missing_mode, out, weights, res)
+            for t in range(parts):
+                got, lines, has_w, err, err_line, err_col, ts, te = (int(v) for v in res[t])
+                base = first + int(seg[t])
+                if base != rows:  # close the gap left by blank or comment lines of earlier spans
+                    out[rows:rows + got] = out[base:base + got]
+                    weights[rows:rows + got] = weights[base:base + got]
+                rows += got
+                weighted = weighted or bool(has_w)
+                if err != rowparse.E_NONE:
+                    token = bytes(text[ts:te]).decode("utf-8", "replace")
+                    return out[:rows], weights[:rows], total_lines + lines, weighted, \
+                        (err, total_lines + err_line, err_col, token)
+                total_lines += lines
+            # the cut-off start of a line moves to the front (less than a line: cheap)
+            rest = have - use
+            if rest:
+                buf[:rest] = buf[use:have].copy()
+            have = rest
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return out[:rows], weights[:rows], total_lines, weighted, None
 
 
@@ -695,7 +759,7 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
     if n == 0:
         raise InputError(f"{path}: every row has a missing value: none is left to cluster", collective=True)
     if len(x):
-        mins, maxs = x.min(axis=0), x.max(axis=0)
+        mins, maxs = rowparse.column_min_max(x, max(1, threads))
     else:
         mins, maxs = np.full(m, np.inf), np.full(m, -np.inf)
     return LocalData(path, header, x, sum(counts[: comm.rank]), n, comm.allreduce(mins, "min"),

@@ -116,7 +116,11 @@ __all__ = [
     "PARSE_OK",
     "PARSE_RANGE",
     "PARSE_SYNTAX",
+    "data_pointer",
     "parse_number",
+    "parse_number_ptr",
+    "parse_prefix",
+    "parse_prefix_ptr",
 ]
 
 #: The token was parsed; the value is exact (bit-identical to ``float()``).
@@ -544,44 +548,28 @@ def _long_significand(p, int_start, int_end, frac_start, frac_end):
 # inline="always" makes Numba splice the body into each jitted caller at the
 # IR level: the per-token call overhead (arguments and a status word passed
 # through memory) is otherwise a sizeable part of parsing a short token.
-# Called from Python it behaves like any other jitted function.
 @numba.njit(cache=True, inline="always")
-def parse_number(buf, start, end):
-    """Parse the decimal number ``buf[start:end]`` exactly.
+def _parse_at(p, start, stop):
+    """The number that starts at ``p[start]``, read no further than ``stop``.
 
-    Parameters
-    ----------
-    buf : numpy.ndarray
-        C-contiguous 1-D ``uint8`` array holding ASCII text (read-only is
-        fine).
-    start, end : int
-        Token bounds (``end`` exclusive); any integer type.  Not
-        bounds-checked: the caller guarantees ``0 <= start`` and
-        ``end <= len(buf)``.  Surrounding blanks must already be stripped;
-        a blank inside the token is a syntax error.
+    Reads the longest run of bytes from ``start`` that follows the grammar and
+    stops at the first byte that cannot continue it (or at ``stop``), so a
+    caller that meets its delimiter there needs no separate pass to find the
+    token's end.
 
     Returns
     -------
     value : float
-        The parsed value, bit-identical to ``float(token)``; ``0.0`` on
-        ``PARSE_SYNTAX``/``PARSE_EMPTY`` and +-inf on ``PARSE_RANGE``.
+        As :func:`parse_number` for the bytes ``[start, end)``.
     status : int
-        ``PARSE_OK``, ``PARSE_SYNTAX``, ``PARSE_EMPTY`` or ``PARSE_RANGE``.
-
-    Notes
-    -----
-    No allocation happens unless a significand with more than 19 digits is
-    ambiguous after truncation, in which case ``float()`` is called through
-    ``numba.objmode`` (see the module docstring).
+        ``PARSE_OK`` or ``PARSE_RANGE``; ``PARSE_SYNTAX`` when no digit was
+        found or an exponent marker has no digits (``end`` is then where the
+        scan stopped).
+    end : int
+        One past the last byte of the number.
     """
-    # Read the bytes through a raw pointer; see _data_pointer for why.
-    p = _data_pointer(buf)
-    # Fixed-width signed indices whatever the caller passes (a uint64 index
-    # would turn the mixed arithmetic below into float64).
     i = np.int64(start)
-    stop = np.int64(end)
-    if i >= stop:
-        return 0.0, PARSE_EMPTY
+    stop = np.int64(stop)
     negative = False
     c = p[i]
     if c == 45:  # '-'
@@ -625,7 +613,7 @@ def parse_number(buf, start, end):
         frac_end = i
     ndigits = (int_end - int_start) + (frac_end - frac_start)
     if ndigits == 0:
-        return 0.0, PARSE_SYNTAX
+        return 0.0, PARSE_SYNTAX, i
 
     # Exponent part.
     q = 0
@@ -650,14 +638,11 @@ def parse_number(buf, start, end):
             i += 1
             exp_digits += 1
         if exp_digits == 0:
-            return 0.0, PARSE_SYNTAX
+            return 0.0, PARSE_SYNTAX, i
         if exp_negative:
             q -= exp_value
         else:
             q += exp_value
-
-    if i != stop:
-        return 0.0, PARSE_SYNTAX
 
     q -= frac_end - frac_start
     truncated = False  # a non-zero digit was dropped
@@ -669,7 +654,7 @@ def parse_number(buf, start, end):
 
     if w == _U0:
         # All digits are zero: +-0 whatever the exponent (no range error).
-        return (-0.0 if negative else 0.0), PARSE_OK
+        return (-0.0 if negative else 0.0), PARSE_OK, i
 
     if not truncated:
         if w <= _BIT53:
@@ -677,13 +662,13 @@ def parse_number(buf, start, end):
             # single instruction on x86-64, from uint64 it is a sequence.
             if q >= 0 and q <= 22:
                 v = np.float64(np.int64(w)) * _EXACT_POW10[q]
-                return (-v if negative else v), PARSE_OK
+                return (-v if negative else v), PARSE_OK, i
             if q < 0 and q >= -22:
                 v = np.float64(np.int64(w)) / _EXACT_POW10[-q]
-                return (-v if negative else v), PARSE_OK
+                return (-v if negative else v), PARSE_OK, i
             if q > 22 and q <= 37 and w <= _DISGUISED_MAX_W[q - 22]:
                 v = np.float64(w * _EXACT_POW10_INT[q - 22]) * _EXACT_POW10[22]
-                return (-v if negative else v), PARSE_OK
+                return (-v if negative else v), PARSE_OK, i
         mantissa, power2 = _eisel_lemire(w, q)
     else:
         mantissa, power2 = _eisel_lemire(w, q)
@@ -696,14 +681,113 @@ def parse_number(buf, start, end):
         mantissa_up, power2_up = _eisel_lemire(w_up, q_up)
         if mantissa_up != mantissa or power2_up != power2:
             first = np.int64(start)
-            v = _exact_fallback(_address(p) + first, stop - first)
+            v = _exact_fallback(_address(p) + first, i - first)
             if np.isinf(v):
-                return v, PARSE_RANGE
-            return v, PARSE_OK
+                return v, PARSE_RANGE, i
+            return v, PARSE_OK, i
 
     if power2 == _INFINITE_POWER:
-        return (-np.inf if negative else np.inf), PARSE_RANGE
+        return (-np.inf if negative else np.inf), PARSE_RANGE, i
     bits = mantissa | (np.uint64(power2) << _U52)
     if negative:
         bits = bits | _SIGN_BIT
-    return _bits_to_float64(bits), PARSE_OK
+    return _bits_to_float64(bits), PARSE_OK, i
+
+
+# Called from Python it behaves like any other jitted function.
+@numba.njit(cache=True, inline="always")
+def parse_number(buf, start, end):
+    """Parse the decimal number ``buf[start:end]`` exactly.
+
+    Parameters
+    ----------
+    buf : numpy.ndarray
+        C-contiguous 1-D ``uint8`` array holding ASCII text (read-only is
+        fine).
+    start, end : int
+        Token bounds (``end`` exclusive); any integer type.  Not
+        bounds-checked: the caller guarantees ``0 <= start`` and
+        ``end <= len(buf)``.  Surrounding blanks must already be stripped;
+        a blank inside the token is a syntax error.
+
+    Returns
+    -------
+    value : float
+        The parsed value, bit-identical to ``float(token)``; ``0.0`` on
+        ``PARSE_SYNTAX``/``PARSE_EMPTY`` and +-inf on ``PARSE_RANGE``.
+    status : int
+        ``PARSE_OK``, ``PARSE_SYNTAX``, ``PARSE_EMPTY`` or ``PARSE_RANGE``.
+
+    Notes
+    -----
+    No allocation happens unless a significand with more than 19 digits is
+    ambiguous after truncation, in which case ``float()`` is called through
+    ``numba.objmode`` (see the module docstring).
+    """
+    # Read the bytes through a raw pointer; see _data_pointer for why.
+    return parse_number_ptr(_data_pointer(buf), start, end)
+
+
+@numba.njit(cache=True, inline="always")
+def parse_number_ptr(p, start, end):
+    """:func:`parse_number` on the bytes at a raw pointer (see :func:`data_pointer`).
+
+    For compiled callers that take the pointer once and pass it around:
+    passing an array to an inlined helper costs a reference-count increment
+    and decrement per call (two atomic operations and two calls).
+    """
+    # Fixed-width signed indices whatever the caller passes (a uint64 index
+    # would turn the mixed arithmetic below into float64).
+    i = np.int64(start)
+    stop = np.int64(end)
+    if i >= stop:
+        return 0.0, PARSE_EMPTY
+    v, status, last = _parse_at(p, i, stop)
+    if status == PARSE_SYNTAX or last != stop:
+        return 0.0, PARSE_SYNTAX
+    return v, status
+
+
+@numba.njit(cache=True, inline="always")
+def parse_prefix(buf, start, end):
+    """Parse the number that starts at ``buf[start]``, stopping where it ends.
+
+    For a caller scanning delimited text: one pass finds both the value and
+    the token's end, and the caller checks that a delimiter follows.  When it
+    does (and the status is ``PARSE_OK``), the value is the one
+    :func:`parse_number` gives for ``buf[start:last]``.
+
+    Parameters
+    ----------
+    buf : numpy.ndarray
+        C-contiguous 1-D ``uint8`` array.
+    start, end : int
+        Where the number starts, and a bound the scan never passes.
+
+    Returns
+    -------
+    value : float
+    status : int
+        ``PARSE_OK``, ``PARSE_RANGE``, ``PARSE_SYNTAX`` (no digits, or an
+        exponent marker without digits) or ``PARSE_EMPTY`` (``start >= end``).
+    last : int
+        One past the last byte read as part of the number.
+    """
+    return parse_prefix_ptr(_data_pointer(buf), start, end)
+
+
+@numba.njit(cache=True, inline="always")
+def parse_prefix_ptr(p, start, end):
+    """:func:`parse_prefix` on the bytes at a raw pointer (see :func:`parse_number_ptr`)."""
+    i = np.int64(start)
+    stop = np.int64(end)
+    if i >= stop:
+        return 0.0, PARSE_EMPTY, i
+    return _parse_at(p, i, stop)
+
+
+#: ``data_pointer(buf)`` in compiled code: the address of a C-contiguous 1-D
+#: uint8 array's first byte, indexable like the array (``p[i]``), for
+#: :func:`parse_number_ptr` and :func:`parse_prefix_ptr`.  The caller keeps
+#: the array alive while the pointer is used.
+data_pointer = _data_pointer

@@ -557,3 +557,53 @@ def test_bad_row_line_number_across_pieces(tmp_path, monkeypatch, piece):
     path = write_file(tmp_path / "pc.arff", HEADER, data, newline="\r\n")
     for ranks in (1, 2):
         _expect_error_everywhere(path, ranks, len(HEADER) + 25, "'c'", "'zz'")
+
+
+# --------------------------------------------------------------------------- parse threads
+
+def _read_threads(path, ranks: int, threads: int) -> list:
+    return run_ranks(ranks, lambda comm: read_arff(str(path), comm, threads=threads))
+
+
+@pytest.mark.parametrize("final_newline", [True, False], ids=["final-nl", "no-final-nl"])
+@pytest.mark.parametrize("piece", [None, 64, 300])
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_reader_threads_equal_loadtxt(tmp_path, monkeypatch, threads, piece, final_newline):
+    # spans of whole lines parsed side by side, blank and comment lines between
+    # rows (gaps to close), the last line without its newline in any span, more
+    # threads than lines in a piece: the same rows as one thread and loadtxt
+    if piece:
+        monkeypatch.setattr(arff, "READ_PIECE", piece)
+    monkeypatch.setattr(arff, "_READ_STRIDE", 7)  # pieces read by several threads too
+    data = random_data(5, rows=60)
+    if not final_newline:
+        while not data[-1] or data[-1].startswith("%"):
+            data.pop()
+    path = write_file(tmp_path / "t.arff", HEADER, data, newline="\r\n", final_newline=final_newline)
+    for ranks in (1, 2):
+        check_split(_read_threads(path, ranks, threads), loadtxt(data), path)
+
+
+def test_reader_threads_long_last_line(tmp_path):
+    # the line that lacks a newline is long, so the span cut meant for a later
+    # thread lands inside it and every later span is empty
+    data = ["1,2,3"] * 3 + [",".join(["1" + "0" * 300, "2", "3"])]
+    path = write_file(tmp_path / "l.arff", HEADER, data, final_newline=False)
+    for threads in (2, 4, 7):
+        check_split(_read_threads(path, 1, threads), loadtxt(data), path)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_bad_row_line_number_any_threads(tmp_path, monkeypatch, threads):
+    monkeypatch.setattr(arff, "READ_PIECE", 100)
+    data = list(GOOD)
+    data.insert(10, "% comment")
+    data.insert(20, "")
+    data[24] = "1,2,zz"
+    data[27] = "1,2,yy"
+    path = write_file(tmp_path / "pt.arff", HEADER, data)
+    for ranks in (1, 3):
+        out = run_ranks(ranks, lambda comm: read_arff(str(path), comm, threads=threads), return_exceptions=True)
+        assert all(isinstance(e, InputError) for e in out), out
+        assert {e.message for e in out} == {out[0].message}
+        assert f":{len(HEADER) + 25}:" in out[0].message and "'zz'" in out[0].message

@@ -181,3 +181,52 @@ def test_validate_accepts_sensible_settings():
     GenSpec(n=1, m=1, k=1).validate()
     GenSpec(n=10**9, m=100, k=50, spread=5.0, decimals=10).validate()
     GenSpec(n=10, m=2, k=2, spread=0.0, decimals=0).validate()
+
+
+def reference_text(spec: GenSpec) -> bytes:
+    """The file as the first implementation wrote it: numpy ticks of each block, then format_fixed."""
+    from mpikmeans.arff import header_text
+    from mpikmeans.textfmt import format_fixed
+
+    centres = blob_centres(spec)
+    body = b"".join(format_fixed(gen.generate_block(spec, b, centres)[0], spec.decimals).tobytes()
+                    for b in range((spec.n + gen.BLOCK_ROWS - 1) // gen.BLOCK_ROWS))
+    return header_text(spec.relation, [f"X{j + 1}" for j in range(spec.m)]) + body
+
+
+@pytest.mark.parametrize("ranks, threads", [(1, 1), (1, 3), (2, 2), (3, 1), (3, 4)])
+@pytest.mark.parametrize("hold", [0, 1, 10**9], ids=["regenerate", "hold-some", "hold-all"])
+def test_same_bytes_for_any_threads_and_memory(tmp_path, monkeypatch, ranks, threads, hold):
+    # the streamed, threaded, chunked writer gives the reference bytes, whether a
+    # rank holds its blocks until it knows its offset or generates them again
+    monkeypatch.setattr(gen, "BLOCK_ROWS", 9)
+    monkeypatch.setattr(gen, "CHUNK_VALUES", 8)  # 2 rows of 4 values per draw
+    monkeypatch.setattr(gen, "HOLD_BYTES", hold * 9 * 4 * 22)
+    spec = GenSpec(n=100, m=4, k=3, seed=21, decimals=5, spread=3.0)
+    path = tmp_path / "t.arff"
+    sizes = run_ranks(ranks, lambda comm: write_blobs(GenSpec(**vars(spec)), str(path), comm, threads=threads))
+    raw = path.read_bytes()
+    assert raw == reference_text(spec)
+    assert sizes == [len(raw)] * ranks
+
+
+@pytest.mark.parametrize("decimals", [0, 1, 7, 8, 9, 14])
+def test_reference_bytes_default_blocks(tmp_path, decimals):
+    # several default-size blocks with the rows split mid-block at 2 ranks
+    spec = GenSpec(n=gen.BLOCK_ROWS + 1234, m=2, k=4, seed=decimals, decimals=decimals,
+                   spread=4.0 if decimals < 14 else 0.5)
+    path = tmp_path / "d.arff"
+    run_ranks(2, lambda comm: write_blobs(GenSpec(**vars(spec)), str(path), comm, threads=2))
+    assert path.read_bytes() == reference_text(spec)
+
+
+def test_write_error_on_every_rank(tmp_path):
+    # a directory that cannot be written: every rank raises the same error, no file, no hang
+    from mpikmeans.errors import RunError
+
+    target = tmp_path / "missing-dir" / "x.arff"
+    out = run_ranks(3, lambda comm: write_blobs(GenSpec(n=50, m=2, k=2), str(target), comm, threads=2),
+                    return_exceptions=True)
+    assert all(isinstance(e, RunError) for e in out), out
+    assert len({str(e) for e in out}) == 1
+    assert not target.exists()

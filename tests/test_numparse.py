@@ -614,3 +614,47 @@ def test_throughput_report(capsys):
 if __name__ == "__main__":
     rate = measure_throughput()
     print(f"{rate / 1e6:.1f} million tokens/s (repr of N(0,1) doubles, one thread)")
+
+
+# ---------------------------------------------------------------------------
+# parse_prefix: the one-pass form the row parser uses
+# ---------------------------------------------------------------------------
+@numba.njit(cache=True)
+def _prefix_all(buf, starts, limit):
+    n = starts.size
+    values = np.empty(n, dtype=np.float64)
+    status = np.empty(n, dtype=np.int64)
+    last = np.empty(n, dtype=np.int64)
+    for k in range(n):
+        v, s, e = numparse.parse_prefix(buf, starts[k], limit)
+        values[k] = v
+        status[k] = s
+        last[k] = e
+    return values, status, last
+
+
+@pytest.mark.parametrize("delimiter", [b",", b"\n", b" ", b"%", b"}", b"x"])
+def test_parse_prefix_agrees_with_parse_number(delimiter):
+    # Whenever parse_number accepts a token (OK or RANGE), parse_prefix on the
+    # token followed by a delimiter gives the same value and status and stops
+    # right at the delimiter; whenever parse_number rejects it, parse_prefix
+    # does not both succeed and stop at the token's end.
+    r = random.Random(SEED + 11)
+    rng = np.random.default_rng(SEED + 11)
+    tokens = BOUNDARY_TOKENS + SYNTAX_TOKENS + [_random_decimal_token(r) for _ in range(20_000)]
+    tokens += [repr(v) for v in _random_finite_doubles(rng, 20_000).tolist()]
+    tokens += [format(v, ".10f") for v in rng.normal(scale=5.0, size=5_000).tolist()]
+    tokens += ["1.5x", "12e", "1e5.", "7.", "-", "+.5e-3", "00.000", "9" * 25 + "e-3"]
+    buf, starts, ends = _pack(tokens, sep=delimiter)
+    exp_values, exp_status = _parse_all(buf, starts, ends)
+    values, status, last = _prefix_all(buf, starts, len(buf))
+    for k, t in enumerate(tokens):
+        accepted = exp_status[k] in (PARSE_OK, PARSE_RANGE)
+        reached = status[k] in (PARSE_OK, PARSE_RANGE) and last[k] == ends[k]
+        assert accepted == reached, (t, exp_status[k], status[k], last[k] - starts[k])
+        if accepted:
+            assert status[k] == exp_status[k], t
+            assert _float_bits(values[k]) == _float_bits(exp_values[k]), t
+    # From Python, and the empty case
+    assert numparse.parse_prefix(np.frombuffer(b"-2.5,7", dtype=np.uint8), 0, 6) == (-2.5, PARSE_OK, 4)
+    assert numparse.parse_prefix(np.frombuffer(b"12", dtype=np.uint8), 2, 2)[1] == PARSE_EMPTY

@@ -104,3 +104,24 @@ def test_parses_back_to_the_intended_decimal(decimals):
                 assert "." not in s
     values = np.loadtxt(text.splitlines(), delimiter=",", ndmin=2)
     assert values.tobytes() == (ticks.astype(np.float64) / 10.0**decimals).tobytes()
+
+
+@pytest.mark.parametrize("decimals", [0, 1, 3, 8, 10, 14])
+def test_blob_rows_equal_numpy_ticks(decimals):
+    # the fused kernel gives the bytes of numpy's ticks through format_fixed,
+    # and rows_text_bytes counts them, for every slice of rows
+    from mpikmeans.textfmt import format_blob_rows, rows_text_bytes
+
+    rng = np.random.default_rng(decimals)
+    k, m, rows = 5, 7, 300
+    centres = rng.uniform(-30, 30, size=(k, m))
+    blob = rng.integers(0, k, size=rows)
+    z = rng.standard_normal((rows, m))
+    z[0, :3] = [0.0, -0.0, 1e-300]
+    spread = 2.5
+    ticks = np.rint((centres[blob] + spread * z) * 10.0**decimals).astype(np.int64)
+    out = np.empty(rows * m * 22, dtype=np.uint8)
+    for lo, hi in [(0, rows), (0, 1), (17, 123), (299, 300), (5, 5)]:
+        used = format_blob_rows(centres, blob, z, lo, hi, spread, decimals, out)
+        assert out[:used].tobytes() == format_fixed(ticks[lo:hi], decimals).tobytes()
+        assert rows_text_bytes(centres, blob, z, lo, hi, spread, decimals) == used
