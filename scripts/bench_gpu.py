@@ -110,30 +110,6 @@ def sgemm_rate(torch, size=8192, reps=10):
     return 2 * size**3 / statistics.median(times)
 
 
-def torch_iteration(torch, xt, cent, xn, chunk_bytes=2 << 30):
-    """One Lloyd iteration in PyTorch: GEMM distances, argmin, index_add_ (data dtype).
-
-    ``xn`` holds the rows' squared norms, computed once outside the timing (only the
-    SSE needs them).  Rows go in chunks so the (rows x k) distance block stays <= 2 GB.
-    """
-    m, n = xt.shape
-    k = cent.shape[0]
-    x = xt.t()  # (n, m) view, column-major: cuBLAS takes it transposed, no copy
-    cn = (cent * cent).sum(1)
-    sums = torch.zeros(k, m, device="cuda", dtype=xt.dtype)
-    counts = torch.zeros(k, device="cuda", dtype=torch.int64)
-    sse = torch.zeros((), device="cuda", dtype=torch.float64)
-    rows = max(1024, chunk_bytes // (k * xt.element_size()))
-    for a in range(0, n, rows):
-        xa = x[a : a + rows]
-        d = torch.addmm(cn, xa, cent.t(), beta=1, alpha=-2)
-        vals, lab = d.min(1)
-        sums.index_add_(0, lab, xa)
-        counts += torch.bincount(lab, minlength=k)
-        sse += (vals + xn[a : a + rows]).sum(dtype=torch.float64)
-    return sums, counts, sse
-
-
 def time_events(torch, fn, iters, repeats):
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     per = []
@@ -171,6 +147,7 @@ def main(argv=None):
     from numba import cuda
 
     from mpikmeans.backends.gpu import GPUBackend
+    from mpikmeans.references import torch_iteration
 
     props = torch.cuda.get_device_properties(args.device)
     devname = props.name
@@ -238,10 +215,10 @@ def main(argv=None):
                 tdt = xt.dtype
                 cen_t = torch.tensor(start, device="cuda", dtype=tdt)
                 xn = (xt * xt).sum(0)
-                torch_iteration(torch, xt, cen_t, xn)
-                tmed, tper, _ = time_events(torch, lambda: torch_iteration(torch, xt, cen_t, xn),
+                torch_iteration(torch, xt.t(), cen_t, xn)
+                tmed, tper, _ = time_events(torch, lambda: torch_iteration(torch, xt.t(), cen_t, xn),
                                             max(1, args.iters // 2), args.repeats)
-                ts, tc, tsse = torch_iteration(torch, xt, cen_t, xn)
+                ts, tc, tsse = torch_iteration(torch, xt.t(), cen_t, xn)
                 del xn
                 row["torch_ms"] = tmed
                 row["torch_ms_runs"] = tper

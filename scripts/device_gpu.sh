@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# One call on a GPU machine: GPU tests, CPU/GPU parity, benchmark, an ncu profile.
+# One call on a GPU machine: GPU tests, CPU/GPU parity, benchmark, an ncu profile,
+# and optionally the CPU read/gen throughput and the BENCHMARKS.md sweeps.
 #
-#   bash scripts/device_gpu.sh                  # everything, results under $OUT
+#   bash scripts/device_gpu.sh                  # env,tests,bench,ncu; results under $OUT
 #   STAGES=bench BENCH_ARGS="--cases A" BENCH_VARIANTS='[{}, {"blocks": 3}]' bash scripts/device_gpu.sh
+#   STAGES=cpu,sweeps SWEEPS=n,m,k bash scripts/device_gpu.sh
 #
 # On the project's lent GPU machines (numpy 2.5 there breaks numba-cuda) carry a numpy
 # 2.4 wheel in .whl/ (see bench/GPU_NOTES.md); it is installed into /tmp/site first.
 # Writes env.txt, tests.log, bench.json, bench.log, ncu_*.txt under $OUT
 # (default bench/results/device_<date>).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-bench/results/device_$(date +%Y%m%d_%H%M%S)}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -24,6 +26,9 @@ STAGES=${STAGES:-env,tests,bench,ncu}
 BENCH_ARGS=${BENCH_ARGS:-}
 BENCH_VARIANTS=${BENCH_VARIANTS:-'[{}]'}   # JSON, see scripts/bench_gpu.py --variants
 NCU_CASES=${NCU_CASES:-A:float32}
+SWEEPS=${SWEEPS:-procs,n,m,k}             # mpikmeans bench run --sweeps
+SWEEP_ARGS=${SWEEP_ARGS:-}
+CPU_ARGS=${CPU_ARGS:---rows 5000000 --attrs 16 -k 8 --ranks 1 2 4 8 16 --gen-ranks 1 2 4 --repeats 3 --iterations 2 --references}
 rc=0
 
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -60,5 +65,18 @@ if has ncu && command -v ncu >/dev/null; then
         grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Issued Ipc|No Eligible|Block Limit" \
             "$OUT/ncu_${c}_${d}.txt" | head -30
     done
+fi
+if has cpu; then
+    echo "== CPU read / gen-data throughput"
+    python3 scripts/bench_cpu.py $CPU_ARGS --json "$OUT/cpu.json" 2>&1 | tee "$OUT/cpu.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+fi
+
+if has sweeps; then
+    echo "== sweeps: $SWEEPS"
+    # plots are drawn where matplotlib is (mpikmeans bench plot DIR)
+    python3 -m mpikmeans bench run --full --sweeps "$SWEEPS" -o "$OUT/sweeps" --no-plots \
+        --data-dir /tmp/mpikmeans-bench-data $SWEEP_ARGS 2>&1 | tee "$OUT/sweeps.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 fi
 exit $rc
