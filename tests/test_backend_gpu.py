@@ -488,3 +488,24 @@ def test_gpu_zero_rows_and_info():
     assert info.devices[0].startswith("0: ") and "unknown" not in info.devices[0]
     desc = G.device_descriptions()
     assert desc and desc[0]["total_memory"] > 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_warmup_takes_the_compiler_out_of_the_loop():
+    # warmup builds (compiles) the step's and the final assignment's kernels, so the
+    # first step and assign after it take milliseconds, not the seconds of a JIT
+    import time
+
+    G = _real_gpu()
+    x, c = _blobs(50_000, 37, 11, seed=5)
+    gpu = G.GPUBackend(dtype="float64")
+    gpu.load(x)
+    t0 = time.perf_counter()
+    gpu.warmup(11, 37)
+    jit = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    gpu.step(c)
+    gpu.assign(c)
+    after = time.perf_counter() - t0
+    assert after < 0.5 and after < jit / 4, (jit, after)

@@ -140,7 +140,7 @@ def test_presets_follow_the_machine():
     assert quick["procs"].cpu_ranks == [1, 2] and quick["procs"].gpu_ranks == []
     full = {s.name: s for s in bench.presets("full", 64, 4)}
     assert full["procs"].cpu_ranks == [1, 2, 4, 8, 16] and full["procs"].gpu_ranks == [1, 2, 3, 4]
-    assert (full["procs"].n, full["procs"].m, full["procs"].k) == (2_000_000, 100, 50)
+    assert (full["procs"].n, full["procs"].m, full["procs"].k) == (500_000, 100, 50)
     assert {s.name for s in bench.presets("full", 16, 1)} == set(bench.SWEEPS)
 
 
