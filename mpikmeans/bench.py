@@ -22,7 +22,7 @@ Sweeps:
 
 All series of a point start from the same centres (K rows of the data, written to
 a file and given with ``--init``) and run the same number of iterations with
-``tol=0``.  Results go to one CSV per sweep plus ``meta.json``; :mod:`mpikmeans.plots`
+``tol=0``; the tool runs with ``--empty-cluster farthest``, scikit-learn's policy.  Results go to one CSV per sweep plus ``meta.json``; :mod:`mpikmeans.plots`
 draws them.
 """
 
@@ -225,8 +225,9 @@ def initial_centres(data: str, k: int, seed: int, prefix: str) -> tuple[str, str
 def run_tool(settings: BenchSettings, data: str, k: int, init_csv: str, backend: str, ranks: int,
              threads: int | None, out: str) -> dict:
     """``mpirun -np RANKS mpikmeans run DATA ...`` once; its ``summary.json``."""
+    # scikit-learn moves an empty cluster to a far point: the same policy keeps the SSEs comparable
     args = ["run", data, "-k", k, "--init", init_csv, "--max-iter", settings.iterations, "--tol", 0,
-            "--backend", backend, "-o", out, "--overwrite", "-q"]
+            "--empty-cluster", "farthest", "--backend", backend, "-o", out, "--overwrite", "-q"]
     if backend == "gpu":
         args += ["--dtype", settings.dtype]
     if threads:
