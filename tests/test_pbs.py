@@ -268,7 +268,9 @@ def test_walltime_checkpoint_then_resubmit_resumes(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     data = work / "slow.arff"
-    gen = subprocess.run([str(BIN / "mpikmeans"), "gen-data", str(data), "-n", "200000", "-m", "4", "-k", "30",
+    # big enough that the job is still iterating when 'walltime' comes at 6 s (the CPU
+    # backend got faster: 200,000 rows converged in 5 s)
+    gen = subprocess.run([str(BIN / "mpikmeans"), "gen-data", str(data), "-n", "800000", "-m", "4", "-k", "30",
                           "--seed", "4", "--spread", "6", "-q"], capture_output=True, text=True, env={**os.environ})
     assert gen.returncode == 0, gen.stderr
     settings = dict(DATA="slow.arff", K="30", ARGS="--init range --max-iter 100000")
