@@ -31,7 +31,7 @@ import numpy as np
 
 from .arff import header_text
 from .errors import RunError
-from .output import _remove_quietly, _tmp_name
+from .output import _tmp_name, publish, pwrite_all, remove_quietly
 from .textfmt import MAX_FIELD, format_blob_rows, rows_text_bytes
 
 #: Rows per random stream.  Part of the file format: changing it changes files.
@@ -189,13 +189,6 @@ def local_rows_text(spec: GenSpec, lo: int, hi: int) -> list:
     return [maker.text(block, bufs).copy() for block in _blocks(lo, hi)]
 
 
-def _pwrite_all(fd: int, data, offset: int) -> None:
-    view = memoryview(data).cast("B")
-    done = 0
-    while done < len(view):  # pwrite may write less than asked
-        done += os.pwrite(fd, view[done:], offset + done)
-
-
 def _in_order(pool, fn, items, ahead: int):
     """``fn(item)`` for each item on ``pool``, results in order, at most ``ahead`` running."""
     items = iter(items)
@@ -285,7 +278,7 @@ def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> i
         if comm.rank == 0:
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                _pwrite_all(fd, head, 0)
+                pwrite_all(fd, head, 0)
             except OSError as exc:
                 error = RunError(f"{path}: cannot write: {exc.strerror}")
         comm.agree(error)  # the file exists, or every rank stops here
@@ -297,7 +290,7 @@ def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> i
                 # rank 0's rows follow the header: write them as they come
                 at = len(head)
                 for bufs, text in ordered(text_of, blocks):
-                    _pwrite_all(fd, text, at)
+                    pwrite_all(fd, text, at)
                     at += len(text)
                     sizes.append(len(text))
                     free.append(bufs)
@@ -316,7 +309,7 @@ def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> i
                 fd = os.open(tmp, os.O_WRONLY)
                 starts = len(head) + sum(counts[: comm.rank]) + np.concatenate([[0], np.cumsum(sizes)])
                 for k, (bufs, text) in enumerate(held):
-                    _pwrite_all(fd, text, int(starts[k]))
+                    pwrite_all(fd, text, int(starts[k]))
                     free.append(bufs)
                 held = []
 
@@ -326,7 +319,7 @@ def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> i
                         if len(text) != sizes[k]:  # the two kernels must agree, or the file is garbled
                             raise RuntimeError(f"gen-data: block {blocks[k]} has {len(text)} bytes, "
                                                f"{sizes[k]} were counted")
-                        _pwrite_all(fd, text, int(starts[k]))
+                        pwrite_all(fd, text, int(starts[k]))
                     finally:
                         free.append(bufs)
 
@@ -341,18 +334,12 @@ def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> i
         comm.agree(error)
     except RunError:
         if comm.rank == 0:
-            _remove_quietly(tmp)
+            remove_quietly(tmp)
         raise
     finally:
         if fd is not None:
             os.close(fd)
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    if comm.rank == 0:
-        try:
-            os.replace(tmp, path)
-        except OSError as exc:
-            _remove_quietly(tmp)
-            error = RunError(f"{path}: cannot write: {exc.strerror}")
-    comm.agree(error)
+    publish(comm, tmp, path)
     return total

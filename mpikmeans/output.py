@@ -45,15 +45,41 @@ def write_atomic(path: str, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        _remove_quietly(tmp)
+        remove_quietly(tmp)
         raise RunError(f"{path}: cannot write: {exc.strerror}") from None
 
 
-def _remove_quietly(path: str) -> None:
+def remove_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:
         pass
+
+
+def pwrite_all(fd: int, data, offset: int) -> None:
+    """Write all of ``data`` (bytes-like) at ``offset``: ``pwrite`` may write less than asked."""
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+def publish(comm, tmp: str, path: str) -> None:
+    """Rank 0 renames the finished ``tmp`` to ``path``; every rank learns if that failed (collective).
+
+    Raises
+    ------
+    RunError
+        On every rank, if the rename failed (``tmp`` is removed then).
+    """
+    error = None
+    if comm.rank == 0:
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            remove_quietly(tmp)
+            error = RunError(f"{path}: cannot write: {exc.strerror}")
+    comm.agree(error)
 
 
 def write_parallel(comm, path: str, head: bytes, pieces: Iterable) -> int:
@@ -105,9 +131,7 @@ def write_parallel(comm, path: str, head: bytes, pieces: Iterable) -> int:
             try:
                 at = offset
                 for p in pieces:
-                    done = 0
-                    while done < len(p):  # pwrite may write less than asked
-                        done += os.pwrite(fd, p[done:], at + done)
+                    pwrite_all(fd, p, at)
                     at += len(p)
                 os.fsync(fd)
             finally:
@@ -118,15 +142,9 @@ def write_parallel(comm, path: str, head: bytes, pieces: Iterable) -> int:
         comm.agree(error)
     except RunError:
         if comm.rank == 0:
-            _remove_quietly(tmp)
+            remove_quietly(tmp)
         raise
-    if comm.rank == 0:
-        try:
-            os.replace(tmp, path)
-        except OSError as exc:
-            _remove_quietly(tmp)
-            error = RunError(f"{path}: cannot write: {exc.strerror}")
-    comm.agree(error)
+    publish(comm, tmp, path)
     return total
 
 
@@ -221,7 +239,7 @@ def write_arrays(comm, out_dir: str, centres: np.ndarray, names: list, labels: n
     if comm.rank == 0:
         try:
             os.makedirs(out_dir, exist_ok=True)
-            _remove_quietly(os.path.join(out_dir, SUMMARY))
+            remove_quietly(os.path.join(out_dir, SUMMARY))
             write_atomic(os.path.join(out_dir, CENTERS), centres_csv(centres, names))
         except OSError as exc:
             error = RunError(f"{out_dir}: cannot create the output directory: {exc.strerror}")
