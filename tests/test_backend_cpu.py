@@ -12,18 +12,28 @@ from mpikmeans.backends import Backend, StepResult, make_backend
 from mpikmeans.backends.cpu import CPUBackend, default_threads
 
 
+def nearest_exact(x, centres):
+    """Nearest centre and its squared distance, summed over attributes in order as
+    (x - c)**2: the float64 numbers the backend computes.  argmin takes the first
+    minimum, so ties go to the lowest centre index.
+
+    Returns labels (n,) int64 and dist2 (n,) float64."""
+    n, m = x.shape
+    d = np.zeros((n, centres.shape[0]))
+    for j in range(m):
+        t = x[:, j, None] - centres[None, :, j]
+        d = d + t * t
+    labels = np.argmin(d, axis=1) if n else np.zeros(0, dtype=np.int64)
+    return labels, d[np.arange(n), labels]
+
+
 def reference(x, centres, weights=None):
     """Brute force.  Distances summed over attributes in order, as (x - c)**2, so
     they are the same float64 numbers the backend computes; argmin takes the
     first minimum, i.e. ties go to the lowest centre index."""
     n, m = x.shape
     k = centres.shape[0]
-    d = np.zeros((n, k))
-    for j in range(m):
-        t = x[:, j, None] - centres[None, :, j]
-        d = d + t * t
-    labels = np.argmin(d, axis=1) if n else np.zeros(0, dtype=np.int64)
-    dist2 = d[np.arange(n), labels]
+    labels, dist2 = nearest_exact(x, centres)
     w = np.ones(n) if weights is None else weights
     sums = np.zeros((k, m))
     np.add.at(sums, labels, w[:, None] * x)
@@ -220,12 +230,7 @@ def exact_reference(x, centres, weights=None, blocks=None):
     nb = _BLOCKS if blocks is None else blocks
     n, m = x.shape
     k = centres.shape[0]
-    d = np.zeros((n, k))
-    for j in range(m):
-        t = x[:, j, None] - centres[None, :, j]
-        d = d + t * t
-    labels = np.argmin(d, axis=1) if n else np.zeros(0, dtype=np.int64)
-    dist2 = d[np.arange(n), labels]
+    labels, dist2 = nearest_exact(x, centres)
     w = np.ones(n) if weights is None else weights
     parts = []
     for b in range(nb):
