@@ -155,7 +155,8 @@ def default_launcher() -> list:
     return [mpirun, "--bind-to", "none"]
 
 
-def _env(extra: dict | None = None) -> dict:
+def mpi_env(extra: dict | None = None) -> dict:
+    """This environment plus what Open MPI 4 and 5 need to run as root and oversubscribed."""
     # root (containers, the lent GPU machines) and more ranks than cores must be allowed
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"}
@@ -165,7 +166,7 @@ def _env(extra: dict | None = None) -> dict:
 
 def _call(cmd: list, timeout: float, env: dict | None = None) -> str:
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(env))
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(env))
     except subprocess.TimeoutExpired:
         raise RunError(f"bench: no result within {timeout:.0f} s from: {' '.join(cmd)}") from None
     if done.returncode != 0:

@@ -23,16 +23,13 @@ import tempfile
 import time
 from datetime import date
 
-BIN = os.path.dirname(sys.executable)
-ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-       "OMPI_MCA_rmaps_base_oversubscribe": "1", "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
+from mpikmeans.bench import default_launcher, mpi_env
 
 
 def mpirun(np_: int, args: list) -> float:
-    cmd = [shutil.which("mpirun", path=ENV["PATH"]), "-np", str(np_), "--bind-to", "none",
-           sys.executable, "-m", "mpikmeans"] + [str(a) for a in args]
+    cmd = [*default_launcher(), "-np", str(np_), sys.executable, "-m", "mpikmeans"] + [str(a) for a in args]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, env=ENV, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, env=mpi_env(), stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
 
 
