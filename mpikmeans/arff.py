@@ -547,6 +547,44 @@ def _describe(code: int, path: str, line_no: int, col: int, attrs: list, token: 
     return f"{where}: attribute {attrs[col].name!r}: " + _MESSAGES[code].format(token=token)
 
 
+#: The reader's compiled kernels, as :func:`warm_up` loads them.
+READ_KERNELS = ("last_newline", "line_cuts", "parse_parallel", "column_min_max")
+
+
+def warm_up(threads: int = 1) -> None:
+    """Pay the reader's one-time start-up now, on a two-line buffer, so no read is timed with it.
+
+    The first call of any Numba function in a process initialises Numba itself
+    (its typing and lowering registries; through Numba's BLAS check that
+    imports SciPy), about 0.3-0.5 s, and the first call of each kernel loads it
+    from Numba's on-disk cache (about 10 ms each).  Both are paid once per
+    process whatever the file size, so with many ranks each reading a small
+    share they would dominate a timed read.  Each kernel of :data:`READ_KERNELS`
+    is called here with the argument types the reader gives it (the tests
+    check that reading afterwards adds no compiled version).
+
+    Parameters
+    ----------
+    threads : int
+        Threads the reader will use (Numba's thread pool is started for them).
+    """
+    import numba
+
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    text = np.frombuffer(b"1,2\n3,4\n", dtype=np.uint8).copy()
+    rowparse.last_newline(text, 0)
+    cuts, counts = rowparse.line_cuts(text, 1)
+    seg = np.zeros(2, dtype=np.int64)
+    seg[1:] = np.cumsum(counts)
+    kinds = np.full(2, rowparse.KEEP, dtype=np.int64)
+    outcol = np.arange(2, dtype=np.int64)
+    out = np.empty((int(seg[-1]), 2))
+    weights = np.empty(int(seg[-1]))
+    res = np.empty((1, 8), dtype=np.int64)
+    rowparse.parse_parallel(text, cuts, seg, kinds, outcol, rowparse.MISSING_ERROR, out, weights, res)
+    rowparse.column_min_max(out, 1)
+
+
 #: The fewest bytes worth a thread of their own when a piece is read by several.
 _READ_STRIDE = 2 << 20
 

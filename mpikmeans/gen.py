@@ -5,14 +5,18 @@ of ranks that write it: rows are generated in fixed blocks of ``BLOCK_ROWS``,
 each from its own random stream keyed by (seed, block index), and each rank
 formats and writes its slice at offsets from an exchange of byte counts.
 
-Writing streams: rank 0 knows where its rows go (right after the header) and
-writes each block as soon as it is formatted; the other ranks keep up to
-``HOLD_BYTES`` of text while they wait for the byte counts of the ranks before
-them, and generate the rest a second time once they know their offsets.
-Blocks are generated and formatted by a pool of threads (the random draws and
-the compiled formatter release the GIL), and the file is written while the
-next blocks are made.  The bytes never depend on the number of ranks or
-threads.
+Writing: a block's place in the file is the byte count of everything before
+it.  With one rank, blocks are made by a pool of threads and each thread
+writes its block itself as soon as the block before it is formatted (its
+offset is then known).  With several ranks, a rank's offset is the byte count
+of all the ranks before it, so every rank first counts the bytes of its blocks
+(the same draws, only the lengths of the numbers), the counts are exchanged,
+and then every rank makes and writes its blocks at once, each thread its own.
+No rank waits for another's writes, and no rank keeps text in memory: the
+count costs a second pass over the random draws, less than holding the text
+and writing it only after the exchange (measured).  The random draws and the
+compiled kernels release the GIL.  The bytes never depend on the number of
+ranks or threads.
 
 Values are written in fixed point with ``decimals`` digits after the point.
 The data set *is* that text: parsing a value gives the float64 nearest to the
@@ -23,7 +27,7 @@ so the file round-trips through float64 exactly.
 from __future__ import annotations
 
 import os
-from collections import deque
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -39,10 +43,6 @@ BLOCK_ROWS = 1 << 16
 
 #: Centres are drawn uniformly in [-CENTRE_BOX, CENTRE_BOX] per attribute.
 CENTRE_BOX = 10.0
-
-#: Bytes of formatted text a rank other than 0 keeps while it waits for its
-#: offset in the file; blocks past it are generated again afterwards.
-HOLD_BYTES = 512 << 20
 
 #: Random values drawn at a time within a block (bounds each thread's buffers).
 CHUNK_VALUES = 1 << 19
@@ -189,27 +189,52 @@ def local_rows_text(spec: GenSpec, lo: int, hi: int) -> list:
     return [maker.text(block, bufs).copy() for block in _blocks(lo, hi)]
 
 
-def _in_order(pool, fn, items, ahead: int):
-    """``fn(item)`` for each item on ``pool``, results in order, at most ``ahead`` running."""
-    items = iter(items)
-    running: deque = deque()
-    for item in items:
-        running.append(pool.submit(fn, item))
-        if len(running) >= ahead:
-            break
-    while running:
-        result = running.popleft().result()
-        for item in items:
-            running.append(pool.submit(fn, item))
-            break
-        yield result
-
-
 def default_threads(comm) -> int:
-    """Threads per rank: the node's cores shared by its ranks (as the CPU backend)."""
-    from .backends.cpu import default_threads as cores_per_rank
+    """Threads per rank: ``OMP_NUM_THREADS``, else this rank's share of its node's CPUs (as the reader)."""
+    from .comm import default_threads as threads_per_rank
 
-    return cores_per_rank(comm.node_size)
+    return threads_per_rank(comm)
+
+
+class _Offsets:
+    """Where each of a rank's blocks goes in the file, shared by the threads writing them.
+
+    Known from the start (several ranks: the byte counts were exchanged), or
+    learnt block after block (one rank: a block's offset is known once the
+    block before it is formatted).  A thread that fails wakes the waiting ones,
+    so none waits for a block that will never come.
+    """
+
+    def __init__(self, first: int, n: int, sizes: list | None = None):
+        self._at = [None] * (n + 1)
+        self._at[0] = first
+        if sizes is not None:
+            self._at[1:] = (first + np.cumsum(np.asarray(sizes, dtype=np.int64))).tolist()
+        self._cond = threading.Condition()
+        self._failed = False
+
+    def place(self, k: int, size: int) -> int:
+        """The offset of block ``k``, whose text has ``size`` bytes (waits for block ``k - 1``'s size)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._at[k] is not None or self._failed)
+            if self._at[k] is None:
+                raise RuntimeError("gen-data: an earlier block failed")
+            if self._at[k + 1] is None:
+                self._at[k + 1] = self._at[k] + size
+                self._cond.notify_all()
+            elif self._at[k + 1] - self._at[k] != size:  # the two kernels must agree, or the file is garbled
+                raise RuntimeError(f"gen-data: block {k} has {size} bytes, {self._at[k + 1] - self._at[k]} "
+                                   "were counted")
+            return self._at[k]
+
+    def fail(self) -> None:
+        with self._cond:
+            self._failed = True
+            self._cond.notify_all()
+
+    @property
+    def end(self) -> int:
+        return self._at[-1]
 
 
 def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> int:
@@ -222,8 +247,9 @@ def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> i
         Appears only once the whole file is written.
     comm : Comm or SerialComm
     threads : int, optional
-        Threads making this rank's blocks; default: the node's cores
-        divided by its ranks.  The bytes do not depend on it.
+        Threads making and writing this rank's blocks; default:
+        ``OMP_NUM_THREADS``, else the node's CPUs divided by its ranks
+        (:func:`mpikmeans.comm.default_threads`).  The bytes do not depend on it.
 
     Returns
     -------
@@ -244,10 +270,8 @@ def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> i
     blocks = _blocks(lo, hi)
     head = header_text(spec.relation, [f"X{j + 1}" for j in range(spec.m)])
     block_bytes = maker.block_rows * spec.m * MAX_FIELD  # one text buffer
-    ahead = max(2, min(threads + 1, BUFFER_BYTES // block_bytes))  # blocks in flight
-    workers = min(threads, ahead)
-
-    free: list = []  # buffers not in use; a block takes one while it is made
+    workers = max(1, min(threads, BUFFER_BYTES // block_bytes, len(blocks)))  # one buffer each
+    free: list = []  # buffers not in use (list.pop and list.append are atomic)
 
     def take() -> _Buffers:
         try:
@@ -266,10 +290,11 @@ def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> i
         finally:
             free.append(bufs)
 
-    pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 and len(blocks) > 1 else None
+    pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
 
-    def ordered(fn, items):
-        return map(fn, items) if pool is None else _in_order(pool, fn, items, ahead)
+    def each(fn, items) -> list:
+        """``fn`` of every item on the pool's threads, results in order (the first error raised)."""
+        return list(map(fn, items) if pool is None else pool.map(fn, items))
 
     error = None
     fd = None
@@ -282,49 +307,32 @@ def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> i
             except OSError as exc:
                 error = RunError(f"{path}: cannot write: {exc.strerror}")
         comm.agree(error)  # the file exists, or every rank stops here
-        sizes: list = []  # bytes of each of this rank's blocks
-        held: list = []  # (buffers, text) of the first blocks, until the offset is known
-        n_held = 0
-        try:
-            if comm.rank == 0:
-                # rank 0's rows follow the header: write them as they come
-                at = len(head)
-                for bufs, text in ordered(text_of, blocks):
-                    pwrite_all(fd, text, at)
-                    at += len(text)
-                    sizes.append(len(text))
+        sizes, total = None, None
+        if comm.size > 1:
+            # this rank's rows start after the bytes of the ranks before it: count, exchange
+            sizes = each(size_of, blocks)
+            counts = comm.allgather(sum(sizes))
+            total = len(head) + sum(counts)
+        offsets = _Offsets(len(head) + (sum(counts[: comm.rank]) if sizes is not None else 0), len(blocks), sizes)
+
+        def write(k: int) -> None:
+            try:
+                bufs, text = text_of(blocks[k])
+                try:
+                    pwrite_all(fd, text, offsets.place(k, len(text)))
+                finally:
                     free.append(bufs)
-            else:
-                # keep the text that fits in HOLD_BYTES; of the rest, only its length for now
-                n_held = min(len(blocks), HOLD_BYTES // block_bytes)
-                held = list(ordered(text_of, blocks[:n_held]))
-                sizes = [len(text) for _, text in held] + list(ordered(size_of, blocks[n_held:]))
-        except OSError as exc:
-            error = RunError(f"{path}: cannot write: {exc.strerror}")
-        comm.agree(error)
-        counts = comm.allgather(sum(sizes))
-        total = len(head) + sum(counts)
+            except BaseException:
+                offsets.fail()  # no thread may wait for this block's offset
+                raise
+
         try:
-            if comm.rank != 0 and sum(sizes):
+            if fd is None and blocks:
                 fd = os.open(tmp, os.O_WRONLY)
-                starts = len(head) + sum(counts[: comm.rank]) + np.concatenate([[0], np.cumsum(sizes)])
-                for k, (bufs, text) in enumerate(held):
-                    pwrite_all(fd, text, int(starts[k]))
-                    free.append(bufs)
-                held = []
-
-                def write(k: int) -> None:
-                    bufs, text = text_of(blocks[k])
-                    try:
-                        if len(text) != sizes[k]:  # the two kernels must agree, or the file is garbled
-                            raise RuntimeError(f"gen-data: block {blocks[k]} has {len(text)} bytes, "
-                                               f"{sizes[k]} were counted")
-                        pwrite_all(fd, text, int(starts[k]))
-                    finally:
-                        free.append(bufs)
-
-                for _ in ordered(write, range(n_held, len(blocks))):
-                    pass
+            # each thread writes the block it made: no thread waits for another's writes
+            each(write, range(len(blocks)))
+            if total is None:
+                total = offsets.end
             if comm.rank == 0:
                 os.ftruncate(fd, total)
             if fd is not None:

@@ -4,10 +4,15 @@
 For each rank count (and thread count for reading) it runs the real command
 under ``mpirun``:
 
-* ``mpikmeans gen-data``: the time the command reports for writing (start-up
-  excluded) and the whole command's wall time;
+* ``mpikmeans gen-data``: the time the command reports for writing (process
+  launch excluded; Numba's start-up in it), that time less its fixed cost (the
+  time it reports for a 10-row file: start-up, file creation, exchanges,
+  fsync, rename), and the whole command's wall time;
 * ``mpikmeans run --max-iter 1``: ``read_s`` from ``summary.json`` (header,
-  memory check, reading, parsing, exchanges, min/max);
+  memory check, reading, parsing, exchanges, min/max) and ``startup_s``, the
+  one-time start-up before it (Numba's initialisation, loading the reader's
+  cached kernels, its threads), shown apart and added in "incl. start-up"
+  (a version without ``startup_s`` had it inside ``read_s``);
 
 and, in one process per thread count, the read phase split into its parts by
 wrapping the reader's functions (file reads, line cutting, parsing, min/max,
@@ -167,19 +172,24 @@ def main() -> None:
     if len(set(results["packages"].values())) != len(variants):
         sys.exit(f"the versions import the same package: {results['packages']}")
 
+    def gen_data(ranks: int, path: str, rows: int, env: dict) -> tuple:
+        wall, out = mpirun(ranks, ["gen-data", path, "-n", rows, "-m", a.attrs, "-k", a.k], env, work)
+        return float(re.search(r" in ([0-9.]+) s", out).group(1)), wall
+
     files = {}
     for ranks in a.ranks:
         for rep in range(a.repeats):
             for name, env in variants.items():
                 path = os.path.join(work, f"{name}.arff")
-                wall, out = mpirun(ranks, ["gen-data", path, "-n", a.rows, "-m", a.attrs, "-k", a.k], env, work)
-                reported = float(re.search(r" in ([0-9.]+) s", out).group(1))
+                fixed, _ = gen_data(ranks, os.path.join(work, f"tiny-{name}.arff"), 10, env)
+                reported, wall = gen_data(ranks, path, a.rows, env)
                 size = os.path.getsize(path)
                 files[name] = path
                 results["gen"].append({"version": name, "ranks": ranks, "bytes": size, "write_s": reported,
-                                       "wall_s": wall})
-                print(f"gen-data  {name:9s} ranks={ranks} {size / 1e6 / reported / ranks:6.0f} MB/s/rank "
-                      f"(write {reported:.2f} s, whole command {wall:.2f} s)", flush=True)
+                                       "fixed_s": fixed, "wall_s": wall})
+                print(f"gen-data  {name:9s} ranks={ranks} {size / 1e6 / reported / ranks:6.0f} MB/s/rank, "
+                      f"{size / 1e6 / max(reported - fixed, 1e-9) / ranks:6.0f} excl. fixed cost "
+                      f"(write {reported:.2f} s, fixed {fixed:.2f} s, whole command {wall:.2f} s)", flush=True)
         if len(files) == 2:
             same = filecmp.cmp(*files.values(), shallow=False)
             results.setdefault("same_bytes", []).append(same)
@@ -194,10 +204,16 @@ def main() -> None:
                     mpirun(ranks, ["run", data, "-k", a.k, "--max-iter", 1, "--backend", "cpu", "--threads", threads,
                                    "-o", out, "--overwrite", "-q"], env, work)
                     with open(os.path.join(out, "summary.json")) as f:
-                        read_s = json.load(f)["timings"]["read_s"]
-                    results["read"].append({"version": name, "ranks": ranks, "threads": threads, "read_s": read_s})
-                    print(f"read      {name:9s} ranks={ranks} threads={threads} {size / 1e6 / read_s / ranks:6.0f} "
-                          f"MB/s/rank (read_s {read_s:.3f})", flush=True)
+                        timings = json.load(f)["timings"]
+                    read_s, startup_s = timings["read_s"], timings.get("startup_s")
+                    results["read"].append({"version": name, "ranks": ranks, "threads": threads, "read_s": read_s,
+                                            "startup_s": startup_s})
+                    both = read_s + (startup_s or 0.0)
+                    alone = (f"{size / 1e6 / read_s / ranks:6.0f} MB/s/rank reading alone, "
+                             if startup_s is not None else "")
+                    print(f"read      {name:9s} ranks={ranks} threads={threads} {alone}"
+                          f"{size / 1e6 / both / ranks:6.0f} incl. start-up (read_s {read_s:.3f}, startup_s "
+                          f"{'in read_s' if startup_s is None else f'{startup_s:.3f}'})", flush=True)
     for threads in a.threads:
         for name, env in variants.items():
             done = subprocess.run([sys.executable, os.path.abspath(__file__), "--phases", data, str(threads),
@@ -209,14 +225,30 @@ def main() -> None:
                   f"(cpu {p['cpu_s']:.2f} s): {parts}", flush=True)
 
     print(f"\n{a.rows} rows x {a.attrs} attributes, {size / 1e6:.0f} MB, {os.cpu_count()} CPUs; "
-          f"medians of {a.repeats} (MB/s per rank)")
+          f"medians of {a.repeats}, MB/s per rank")
+    print("gen:  as reported / excluding its fixed cost (a 10-row run's reported time) [fixed cost, s]")
+    print("read: reading alone (read_s) / including the one-time start-up (read_s + startup_s) [startup_s]")
+
+    def median(rs, key):
+        values = [r[key] for r in rs if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
     for kind, keys in (("gen", ("ranks",)), ("read", ("ranks", "threads"))):
         for point in sorted({tuple(r[k] for k in keys) for r in results[kind]}):
             row = []
             for name in variants:
                 rs = [r for r in results[kind] if r["version"] == name and tuple(r[k] for k in keys) == point]
-                secs = statistics.median(r["write_s" if kind == "gen" else "read_s"] for r in rs)
-                row.append(f"{name} {(rs[0]['bytes'] if kind == 'gen' else size) / 1e6 / secs / point[0]:6.0f}")
+                ranks = point[0]
+                if kind == "gen":
+                    mb = rs[0]["bytes"] / 1e6
+                    secs, once = median(rs, "write_s"), median(rs, "fixed_s")
+                    row.append(f"{name} {mb / secs / ranks:6.0f} / {mb / max(secs - once, 1e-9) / ranks:6.0f} "
+                               f"[{once:.2f}]")
+                else:
+                    secs, once = median(rs, "read_s"), median(rs, "startup_s")
+                    alone = "     -" if once is None else f"{size / 1e6 / secs / ranks:6.0f}"
+                    row.append(f"{name} {alone} / {size / 1e6 / (secs + (once or 0.0)) / ranks:6.0f} "
+                               f"[{'in read_s' if once is None else f'{once:.2f}'}]")
             print(f"{kind:5s} " + " ".join(f"{k}={v}" for k, v in zip(keys, point)) + ":  " + "   ".join(row))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

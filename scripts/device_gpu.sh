@@ -26,6 +26,8 @@ STAGES=${STAGES:-env,tests,bench,ncu}
 BENCH_ARGS=${BENCH_ARGS:-}
 BENCH_VARIANTS=${BENCH_VARIANTS:-'[{}]'}   # JSON, see scripts/bench_gpu.py --variants
 NCU_CASES=${NCU_CASES:-A:float32}
+NCU_VARIANTS=${NCU_VARIANTS:-'[{}]'}      # the tune profiled (bench_gpu.py --variants)
+NCU_SOURCE=${NCU_SOURCE:-0}               # 1: per-line SASS sampling (lineinfo), ncu_*_source.csv
 SWEEPS=${SWEEPS:-procs,n,m,k}             # mpikmeans bench run --sweeps
 SWEEP_ARGS=${SWEEP_ARGS:-}
 CPU_ARGS=${CPU_ARGS:---rows 5000000 --attrs 16 -k 8 --ranks 1 2 4 8 16 --gen-ranks 1 2 4 --repeats 3 --iterations 2 --references}
@@ -57,11 +59,23 @@ if has ncu && command -v ncu >/dev/null; then
     for cd in $NCU_CASES; do
         c=${cd%%:*}; d=${cd##*:}
         echo "== ncu $c $d"
+        extra=()
+        variants=$NCU_VARIANTS
+        if [[ $NCU_SOURCE == 1 ]]; then
+            extra=(--section SourceCounters --import-source no -f -o /tmp/ncu_${c}_${d})
+            variants=$(python3 -c 'import json,sys; print(json.dumps([dict(v, lineinfo=True) for v in json.loads(sys.argv[1])]))' "$variants")
+        fi
         ncu --clock-control none --kernel-name regex:km_fused --launch-skip 3 --launch-count 1 \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
             --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats \
+            "${extra[@]}" \
             python3 scripts/bench_gpu.py --cases "$c" --dtype "$d" --repeats 1 --iters 1 --no-torch \
-            --out /tmp/ncu_bench.json > "$OUT/ncu_${c}_${d}.txt" 2>&1 || rc=1
+            --variants "$variants" --out /tmp/ncu_bench.json > "$OUT/ncu_${c}_${d}.txt" 2>&1 || rc=1
+        if [[ $NCU_SOURCE == 1 ]]; then
+            ncu -i /tmp/ncu_${c}_${d}.ncu-rep --page details --print-details all > "$OUT/ncu_${c}_${d}.txt" 2>&1
+            ncu -i /tmp/ncu_${c}_${d}.ncu-rep --page source --csv --print-source sass \
+                > "$OUT/ncu_${c}_${d}_source.csv" 2>&1 || rc=1
+        fi
         grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Issued Ipc|No Eligible|Block Limit" \
             "$OUT/ncu_${c}_${d}.txt" | head -30
     done

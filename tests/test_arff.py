@@ -607,3 +607,65 @@ def test_bad_row_line_number_any_threads(tmp_path, monkeypatch, threads):
         assert all(isinstance(e, InputError) for e in out), out
         assert {e.message for e in out} == {out[0].message}
         assert f":{len(HEADER) + 25}:" in out[0].message and "'zz'" in out[0].message
+
+
+# --------------------------------------------------------------------------- one-time start-up
+
+_WARM_CHECK = r"""
+import json, sys, time
+import numpy as np
+from mpikmeans import arff, rowparse
+from mpikmeans.comm import SerialComm
+
+files = sys.argv[1:]
+t0 = time.perf_counter()
+arff.warm_up(2)
+warm = time.perf_counter() - t0
+loaded = {name: len(getattr(rowparse, name).overloads) for name in arff.READ_KERNELS}
+cases = []
+for path in files:
+    for threads in (1, 2):
+        for missing in ("error", "mean", "drop"):
+            try:
+                arff.read_arff(path, SerialComm(), threads=threads, missing=missing)
+            except arff.InputError:
+                pass
+            cases.append({name: len(getattr(rowparse, name).overloads) for name in arff.READ_KERNELS})
+print(json.dumps({"warm_s": warm, "after_warm_up": loaded, "after_reads": cases}))
+"""
+
+
+def test_warm_up_loads_every_kernel_the_reader_calls(tmp_path):
+    # after warm_up, no read (dense, sparse, weighted, missing values, errors,
+    # 1 or 2 threads, a file of several pieces) loads or compiles another version
+    # of a kernel: the one-time cost is all in warm_up, none in a timed read
+    import json
+    import subprocess
+
+    dense = write_file(tmp_path / "dense.arff", HEADER, [f"{i}.5,{-i}e-3,{i * 7}" for i in range(3000)])
+    other = write_file(tmp_path / "other.arff", ["@relation r", "@attribute x numeric", "@attribute s string",
+                                                 "@attribute y real", "@data"],
+                       ["{0 1.5, 2 3}", "2,'a, b',?", "{}", "4,x,5,{2.5}", "% c", "", "7,'q',8"])
+    bad = write_file(tmp_path / "bad.arff", HEADER, ["1,2,3", "4,x,6"])
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    p = subprocess.run([sys.executable, "-c", _WARM_CHECK, str(dense), str(other), str(bad)], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert all(v >= 1 for v in out["after_warm_up"].values()), out
+    assert all(case == out["after_warm_up"] for case in out["after_reads"]), out
+
+
+def test_warm_up_small_pieces_same_kernels(tmp_path, monkeypatch):
+    # a file read in several pieces by several threads uses the kernels warm_up loaded
+    monkeypatch.setattr(arff, "READ_PIECE", 256)
+    arff.warm_up(3)
+    from mpikmeans import rowparse
+    from mpikmeans.comm import SerialComm
+
+    before = {name: len(getattr(rowparse, name).overloads) for name in arff.READ_KERNELS}
+    rows = [f"{i}.25,{i},{-i}" for i in range(500)]
+    path = write_file(tmp_path / "p.arff", HEADER, rows)
+    x = read_arff(str(path), SerialComm(), threads=3).x
+    assert np.array_equal(x, loadtxt(rows))
+    assert {name: len(getattr(rowparse, name).overloads) for name in arff.READ_KERNELS} == before

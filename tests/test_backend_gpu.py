@@ -113,6 +113,40 @@ _SIM_PROGRAM = textwrap.dedent(
     # m=12: whole prefetch blocks, staged chunks of 5 (the last one short)
     x5, c5 = blobs(140, 12, 6, 5)
     compare("uneven_chunks", x5, c5, tune={"JC": 5}, iters=1)
+    # three warps per block: pass 2 splits each tile's sorted rows into three slices, so
+    # clusters straddle slices (atomic adds) or lie inside one (plain adds); k=2 and
+    # k=40 give long and short segments, weights take the weighted path
+    x6, c6 = blobs(400, 7, 40, 6)
+    walk = {"NT": 96, "sum_mode": "walk"}
+    compare("three_slices", x6, c6, tune=walk, iters=2)
+    compare("three_slices_long", x6, c6[:2], tune=walk, iters=1)
+    w6 = np.random.default_rng(6).uniform(0.5, 2.0, x6.shape[0])
+    compare("three_slices_weighted_f32", x6, c6, dtype="float32", weights=w6, tune=dict(walk, R=1), iters=1)
+    # incremental steps: after the first (full) step only rows whose label changed move
+    # (rows as the starting centres: labels keep changing for several steps)
+    always = {"delta": "always"}
+    compare("delta_f64", x6, x6[:40].copy(), tune=always, iters=4)
+    compare("delta_f32", x6, x6[:40].copy(), dtype="float32", tune=dict(always, NT=64), iters=4)
+    compare("delta_chunked", x6, x6[:40].copy(), chunk=90, tune=always, iters=3)
+    compare("delta_global_centres", x6, x6[:40].copy(), tune=dict(always, smem_budget=2048), iters=3)
+    compare("delta_weighted_is_full", x6, c6, weights=w6, tune=always, iters=2)
+
+    # incremental steps through the exact kernel: tied rows flagged with their label
+    # kept (same centres again), then moved (centres 0 and 1 swapped), then back
+    cpu = CPUBackend(threads=1)
+    cpu.load(xt)
+    gd = G.GPUBackend(tune=always)
+    gd.load(xt)
+    sw = ct[[1, 0, 2, 3, 4]]
+    recs = []
+    for cc in (ct, ct, sw, ct):
+        a = cpu.step(cc)
+        b = gd.step(cc)
+        recs.append({"delta": gd.last_delta, "flagged": gd.last_flagged, "changed": [a.changed, b.changed],
+                     "counts_equal": bool(np.array_equal(a.counts, b.counts)),
+                     "sums_abs": float(np.abs(a.sums - b.sums).max()),
+                     "sse_rel": float(abs(a.sse - b.sse) / a.sse)})
+    print(json.dumps({"name": "delta_ties", "steps": recs}), flush=True)
 
     # one backend, k changing between steps: each k has its own buffers and launches
     cpu = CPUBackend(threads=1)
@@ -251,6 +285,35 @@ def test_sim_streaming_ties_per_chunk_counters(sim):
     rec = sim["ties_chunked"]
     _assert_parity(rec)
     assert rec["steps"][0]["flagged"] > 0
+
+
+def test_sim_several_warps_split_the_sorted_rows(sim):
+    _assert_parity(sim["three_slices"])
+    _assert_parity(sim["three_slices_long"])
+    _assert_parity(sim["three_slices_weighted_f32"], sums_tol=1e-6, exact_counts=False)
+
+
+def test_sim_incremental_steps_match_full_ones(sim):
+    for name, tol in (("delta_f64", 1e-12), ("delta_f32", 1e-6), ("delta_chunked", 1e-12),
+                      ("delta_global_centres", 1e-12)):
+        rec = sim[name]
+        _assert_parity(rec, sums_tol=tol)
+        modes = [p[0] for p in rec["plans"]]
+        assert modes[0] in (0, 1) and set(modes[1:]) == {3}, (name, modes)  # full, then incremental
+        assert any(st["changed"][0] > 0 for st in rec["steps"][1:]), name  # some rows did move
+    rec = sim["delta_weighted_is_full"]
+    _assert_parity(rec, exact_counts=False)
+    assert [p[0] for p in rec["plans"]] == [0, 0]  # weights: never incremental
+
+
+def test_sim_incremental_steps_through_the_exact_kernel(sim):
+    steps = sim["delta_ties"]["steps"]
+    assert [st["delta"] for st in steps] == [False, True, True, True]
+    for st in steps:
+        assert st["flagged"] > 0 and st["counts_equal"], st
+        assert st["changed"][0] == st["changed"][1], st
+        assert st["sums_abs"] <= 1e-12 and st["sse_rel"] <= 1e-12, st
+    assert steps[1]["changed"][0] == 0 and steps[2]["changed"][0] > 0
 
 
 def test_sim_uneven_attribute_blocks(sim):

@@ -194,14 +194,13 @@ def reference_text(spec: GenSpec) -> bytes:
     return header_text(spec.relation, [f"X{j + 1}" for j in range(spec.m)]) + body
 
 
-@pytest.mark.parametrize("ranks, threads", [(1, 1), (1, 3), (2, 2), (3, 1), (3, 4)])
-@pytest.mark.parametrize("hold", [0, 1, 10**9], ids=["regenerate", "hold-some", "hold-all"])
-def test_same_bytes_for_any_threads_and_memory(tmp_path, monkeypatch, ranks, threads, hold):
-    # the streamed, threaded, chunked writer gives the reference bytes, whether a
-    # rank holds its blocks until it knows its offset or generates them again
+@pytest.mark.parametrize("ranks, threads", [(1, 1), (1, 3), (1, 8), (2, 2), (3, 1), (3, 4), (4, 3)])
+def test_same_bytes_for_any_threads(tmp_path, monkeypatch, ranks, threads):
+    # the threaded, chunked writer gives the reference bytes, whether each thread
+    # learns its block's offset from the block before (one rank) or from the
+    # counts exchanged first (several ranks); more threads than blocks too
     monkeypatch.setattr(gen, "BLOCK_ROWS", 9)
     monkeypatch.setattr(gen, "CHUNK_VALUES", 8)  # 2 rows of 4 values per draw
-    monkeypatch.setattr(gen, "HOLD_BYTES", hold * 9 * 4 * 22)
     spec = GenSpec(n=100, m=4, k=3, seed=21, decimals=5, spread=3.0)
     path = tmp_path / "t.arff"
     sizes = run_ranks(ranks, lambda comm: write_blobs(GenSpec(**vars(spec)), str(path), comm, threads=threads))
@@ -230,3 +229,36 @@ def test_write_error_on_every_rank(tmp_path):
     assert all(isinstance(e, RunError) for e in out), out
     assert len({str(e) for e in out}) == 1
     assert not target.exists()
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_failing_block_stops_the_writers(tmp_path, monkeypatch, ranks):
+    # a thread that fails while making its block must not leave the threads
+    # after it waiting for that block's offset: the error comes out, no hang
+    monkeypatch.setattr(gen, "BLOCK_ROWS", 5)
+    real = gen._Maker.text
+
+    def text(self, block, bufs):
+        if block == 3:
+            raise ValueError("block 3 broke")
+        return real(self, block, bufs)
+
+    monkeypatch.setattr(gen._Maker, "text", text)
+    path = tmp_path / "f.arff"
+    out = run_ranks(ranks, lambda comm: write_blobs(GenSpec(n=60, m=2, k=2), str(path), comm, threads=3),
+                    return_exceptions=True, timeout=30)
+    assert any(isinstance(e, ValueError) and "block 3" in str(e) for e in out), out
+    assert not path.exists()
+
+
+def test_default_threads_follow_the_node_share(monkeypatch):
+    # gen-data's threads are the reader's: the rank's CPU share, lowered by OMP_NUM_THREADS
+    from mpikmeans.comm import SerialComm
+
+    comm = SerialComm()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    comm.cpus_per_rank = 3
+    assert gen.default_threads(comm) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert gen.default_threads(comm) == 2

@@ -32,6 +32,10 @@ def test_results_do_not_depend_on_rank_count(blobs, tmp_path, init):
         runs[np_] = _results(out)
         assert runs[np_][2]["ranks"] == np_
         assert sum(runs[np_][2]["rows_per_rank"]) == 20000
+        # the one-time start-up is reported apart from the reading, both timed
+        timings = runs[np_][2]["timings"]
+        assert timings["startup_s"] > 0 and timings["read_s"] > 0
+        assert timings["total_s"] >= timings["startup_s"] + timings["read_s"]
     c1, l1, s1 = runs[1]
     for np_ in RANKS[1:]:
         c, lab, s = runs[np_]
@@ -65,13 +69,13 @@ def test_matches_scikit_learn_lloyd(blobs, tmp_path):
 
 def test_gen_data_is_byte_identical_for_any_rank_count(tmp_path):
     files = []
-    for np_ in (1, 3):
+    for np_ in (1, 2, 3):
         path = tmp_path / f"g{np_}.arff"
         # 150,001 rows: several random-stream blocks, and not divisible by 3
         r = run_cli(["gen-data", path, "-n", 150001, "-m", 3, "-k", 4, "--seed", 9], np=np_)
         assert r.code == 0, r.err
         files.append(path.read_bytes())
-    assert files[0] == files[1]
+    assert files[0] == files[1] == files[2]
     assert files[0].startswith(b"@relation")
 
 

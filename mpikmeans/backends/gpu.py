@@ -347,10 +347,14 @@ else:
 _MODE_STEP_SHARED = 0  # step, per-block partial sums in shared memory
 _MODE_STEP_GLOBAL = 1  # step, sums straight into global memory with atomics
 _MODE_ASSIGN = 2  # labels and exact squared distances only
+_MODE_STEP_DELTA = 3  # step, only the changes of the sums (rows whose label changed)
+#: steps in a row that may be incremental before a full one (bounds rounding drift)
+_DELTA_REFRESH = 32
 
 # indices into the shared-memory layout tuple (see _plan_shared)
-_O_CM, _O_CC, _O_SH, _O_SUMS, _O_CNT, _O_HIST, _O_START, _O_PERM, _O_SLAB, _O_LAB, _O_W, _O_XS, _O_RED, _O_JC, _O_BRP, _O_TMP = range(16)
-_N_OFFS = 16
+(_O_CM, _O_CC, _O_SH, _O_SUMS, _O_CNT, _O_HIST, _O_START, _O_PERM, _O_SLAB, _O_LAB, _O_W, _O_XS, _O_RED, _O_JC,
+ _O_BRP, _O_TMP, _O_C64, _O_MP) = range(18)
+_N_OFFS = 18
 
 # indices into the step-buffer layout tuple (see _pack_layout): element offsets into the
 # float32 view (P32_*), the float64 view (P64_*) and the int64 view (I64_*) of one buffer
@@ -359,7 +363,8 @@ _P32_CM, _P32_CC, _P32_SH, _P32_ZL, _P64_C64, _P64_SH, _P64_SUMS, _P64_CNT, _P64
 
 @functools.lru_cache(maxsize=None)
 def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: int, centres_shared: bool,
-                  maxreg: int, k_c: int, m_c: int, nct_c: int, offs_c: tuple, pack_c: tuple, idx32: bool = False):
+                  maxreg: int, k_c: int, m_c: int, nct_c: int, offs_c: tuple, pack_c: tuple, idx32: bool = False,
+                  diag_skip_pass2: bool = False, lineinfo: bool = False):
     """Build (once per configuration and shape) the fused assignment + accumulation kernel.
 
     Everything but the rows is a compile-time constant: rows per thread ``R``, centres
@@ -369,6 +374,9 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
     unroll, the per-thread arrays stay in registers, and no register holds an offset
     (a run compiles once per K x M).  ``idx32``: the rows array has fewer than
     ``2**31`` elements, so its indices are computed on 32 bits (:func:`_ldc32`).
+    ``diag_skip_pass2`` is for profiling only: pass 2 is left out, so the sums, counts
+    and SSE are wrong (``scripts/bench_gpu.py`` uses it to time pass 1 alone).
+    ``lineinfo`` adds source lines for ``ncu``'s per-line sampling.
 
     Kernel arguments (all arrays 1-D, C-contiguous, on the device)
     ---------------------------------------------------------------
@@ -399,8 +407,11 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
     XB = JB * R
     EB = 8  # epilogue (global sums / assign): attributes per batch
     WB = 4  # pass-2 walk: sorted rows per batch
+    WARP = 32
+    GROUPS = max(1, NT // WARP)  # pass-2 row slices: one per warp
     TC4 = TC // 4
     SHARED = mode == _MODE_STEP_SHARED
+    DELTA = mode == _MODE_STEP_DELTA
     GLOBAL = mode == _MODE_STEP_GLOBAL
     ASSIGN = mode == _MODE_ASSIGN
     WEIGHTED = weighted
@@ -416,7 +427,8 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
     # a computed gap need a little more: factor 2.1 and m + 5
     TOLF = np.float32(2.1 * (M_C + 5) * _U32)
     (O_CM, O_CC, O_SH, O_SUMS, O_CNT, O_HIST, O_START, O_PERM, O_SLAB, O_LAB, O_W, O_XS, O_RED,
-     O_JC, O_BRP, O_TMP) = (int(v) for v in offs_c)
+     O_JC, O_BRP, O_TMP, O_C64, MP) = (int(v) for v in offs_c)
+    C64SH = DELTA and O_C64 > 0  # the float64 centres are in shared memory
     (P_CM, P_CC, P_SH32, P_ZL, P_C64, P_SH64, P_SUMS, P_CNT, P_SSE, I_CHG) = (int(v) for v in pack_c)
     # pass-2 staging: about 16 loads in flight per thread, in batches that divide the
     # attribute chunk as evenly as possible (no all-idle tail batch)
@@ -473,6 +485,12 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                 _stx(smd, o_sums + q, 0.0)
             for q in range(tid, k, NT):
                 _stx(smd, o_cnt + q, 0.0)
+        if C64SH:
+            # the float64 centres, rows MP (odd) apart: lanes reading different
+            # clusters' coordinate j fall in different banks
+            for q in range(tid, k * m, NT):
+                cl = q // m
+                _stx(smd, O_C64 + cl * MP + (q - cl * m), _ldx(p64, P_C64 + q))
         if tid == 0:
             smd[o_red] = 0.0
             smi[o_tmp] = 0
@@ -487,9 +505,7 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
         sv = cuda.local.array(SV, dtype=DT)
         ev = cuda.local.array(EB, dtype=float64)
         ec = cuda.local.array(EB, dtype=float64)
-        wl = cuda.local.array(WB, dtype=int32)
         wx = cuda.local.array(WB, dtype=float64)
-        wc = cuda.local.array(WB, dtype=float64)
         ww = cuda.local.array(WB, dtype=float64)
         yy = cuda.local.array(R, dtype=float32)
         b1 = cuda.local.array(R, dtype=float32)
@@ -497,6 +513,9 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
         i1 = cuda.local.array(R, dtype=int32)
         labr = cuda.local.array(R, dtype=int32)
         pos = cuda.local.array(R, dtype=int32)
+        oldr = cuda.local.array(R, dtype=int32)
+        cofs = cuda.local.array(R, dtype=int32)
+        qv = cuda.local.array(R, dtype=float64)
         rowc = cuda.local.array(R, dtype=int64)
 
         ntiles = (n + BR - 1) // BR
@@ -511,6 +530,14 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                 i = row0 + tid + r * NT
                 # rows past the end load row n - 1 (always in bounds) and are ignored
                 rowc[r] = i if i < n else n - 1
+                if DELTA:
+                    # the previous label: most rows keep it, so their exact squared
+                    # distance to it is summed on the way (qv), from the values pass 1
+                    # holds anyway
+                    lo = _ldx(labels, rowc[r])
+                    oldr[r] = lo
+                    cofs[r] = (lo if lo > 0 else 0) * MP
+                    qv[r] = 0.0
             for ct in range(nct):
                 for r in range(R):
                     for c in range(TC):
@@ -542,6 +569,14 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                             if ct == 0:
                                 for r in range(R):
                                     yy[r] += yv[r] * yv[r]
+                                if DELTA:
+                                    for r in range(R):
+                                        if C64SH:
+                                            cv = _ldx(smd, O_C64 + cofs[r] + j)
+                                        else:
+                                            cv = _ldx(p64, P_C64 + cofs[r] + j)
+                                        t = float64(xb[q * R + r]) - cv
+                                        qv[r] += t * t
                             # the next 16-byte vector is requested before this one is used
                             if CSH:
                                 nxt = _ld4(smf, o_cm + cbase + j * TC)
@@ -588,10 +623,14 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                         if ASSIGN:
                             _stx(labels, i, lab)
                         else:
-                            old = _ldx(labels, i)
+                            old = oldr[r] if DELTA else _ldx(labels, i)
                             if old != lab:
                                 changed_t += 1
                                 _stx(labels, i, lab)
+                            elif DELTA:
+                                # unchanged: the sums keep this row; only its distance counts
+                                sse_t += (_ldx(w, i) * qv[r]) if WEIGHTED else qv[r]
+                                lab = -1
                     else:
                         p = cuda.atomic.add(ctr, fslot, 1)
                         _stx(flags, p, i)
@@ -600,15 +639,18 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                     if WEIGHTED:
                         _stx(smd, o_w + tid + r * NT, _ldx(w, i) if i < n else 0.0)
 
-            if ASSIGN or GLOBAL:
-                # exact float64 distance to the chosen centre (and, for a step, the
-                # global-atomic sums); the thread's rows are still in L1/L2
+            if ASSIGN or GLOBAL or DELTA:
+                # exact float64 distance to the chosen centre and, for a step, the sums
+                # (DELTA: only rows whose label changed get here; they move from the old
+                # cluster's sums to the new one's); the rows come from L1/L2
                 for r in range(R):
                     lab = labr[r]
                     if lab >= 0:
                         i = rowc[r]
                         wi = _ldx(w, i) if WEIGHTED else 1.0
                         cb = lab * m
+                        old = oldr[r] if DELTA else -1
+                        ob = old * m
                         s2 = 0.0
                         # EB attributes per batch: their loads are in flight together
                         for jb in range(0, m, EB):
@@ -622,15 +664,19 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                                 if j < m:
                                     t = ev[q] - ec[q]
                                     s2 += t * t
-                                    if GLOBAL:
+                                    if not ASSIGN:
                                         cuda.atomic.add(p64, P_SUMS + cb + j, wi * ev[q])
+                                        if old >= 0:
+                                            cuda.atomic.add(p64, P_SUMS + ob + j, -(wi * ev[q]))
                         if ASSIGN:
                             _stx(dist2, i, s2)
                         else:
                             sse_t += wi * s2
                             cuda.atomic.add(p64, P_CNT + lab, wi)
+                            if old >= 0:
+                                cuda.atomic.add(p64, P_CNT + old, -wi)
 
-            if SHARED:
+            if SHARED and not diag_skip_pass2:
                 # ================= pass 2: fused per-block sums =================
                 # counting sort of the tile's rows by label
                 for q in range(tid, k, NT):
@@ -667,11 +713,14 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                         _stx(smd, o_cnt + q, _ldx(smd, o_cnt + q) + float64(_ldx(smi, o_hist + q)))
                 cuda.syncthreads()
                 nval = smi[o_start + k]
-                groups = NT // jc
-                g = tid // jc
-                jj = tid - g * jc
-                p0 = (g * nval) // groups
-                p1 = ((g + 1) * nval) // groups
+                # each warp walks one slice of the sorted rows, its lanes one attribute
+                # each; a slice crosses about nval/k cluster segments, and a segment is
+                # summed in registers, then added once: plainly when the whole cluster
+                # lies in this slice (no other warp touches it), else atomically
+                g = tid // WARP
+                jj = tid - g * WARP
+                p0 = (g * nval) // GROUPS
+                p1 = ((g + 1) * nval) // GROUPS
                 for j0 in range(0, m, jc):
                     jn = jc if FULLC else min(jc, m - j0)
                     # stage attributes j0..j0+jn of the tile (coalesced, mostly from L2)
@@ -687,53 +736,66 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                                 for r in range(R):
                                     _stx(smx, o_xs + jr * brp + tid + r * NT, sv[q * R + r])
                     cuda.syncthreads()
-                    if g < groups and jj < jn:
+                    if g < GROUPS and jj < jn and p0 < p1:
                         j = j0 + jj
                         xsb = o_xs + jj * brp
                         csb = P_C64 + j
-                        cur = int32(-1)
-                        run_s = 0.0
-                        run_w = 0.0
-                        # WB sorted rows per batch: their loads (label, row, value, centre
-                        # coordinate) are independent, only the run logic is sequential
-                        for pb in range(p0, p1, WB):
-                            for u in range(WB):
-                                p = pb + u
-                                # past the slice end: re-read its last row (no predicated
-                                # loads, whose address set-up ptxas repeats per branch)
-                                pc = p if p < p1 else p1 - 1
-                                la = _ldx(smi, o_slab + pc)
-                                rl = _ldx(smi, o_perm + pc)
-                                wl[u] = la if p < p1 else -1
-                                wx[u] = float64(_ldx(smx, xsb + rl))
-                                wc[u] = _ldx(p64, csb + la * m)
-                                if WEIGHTED:
-                                    ww[u] = _ldx(smd, o_w + rl)
-                            for u in range(WB):
-                                lab = wl[u]
-                                if lab >= 0:
-                                    if lab != cur:
-                                        if cur >= 0:
-                                            cuda.atomic.add(smd, o_sums + cur * m + j, run_s)
-                                            if WEIGHTED and j == 0:
-                                                cuda.atomic.add(smd, o_cnt + cur, run_w)
-                                        cur = lab
-                                        run_s = 0.0
-                                        run_w = 0.0
-                                    v = wx[u]
-                                    t = v - wc[u]
+                        lab = _ldx(smi, o_slab + p0)
+                        last = _ldx(smi, o_slab + p1 - 1)
+                        sl = _ldx(smi, o_start + lab)
+                        while lab <= last:
+                            sr = _ldx(smi, o_start + lab + 1)
+                            a = sl if sl > p0 else p0
+                            b = sr if sr < p1 else p1
+                            if b > a:
+                                cj = _ldx(p64, csb + lab * m)
+                                s_run = 0.0
+                                q_run = 0.0
+                                w_run = 0.0
+                                p = a
+                                # WB rows per batch: their loads are independent
+                                while p + WB <= b:
+                                    for u in range(WB):
+                                        rl = _ldx(smi, o_perm + p + u)
+                                        wx[u] = float64(_ldx(smx, xsb + rl))
+                                        if WEIGHTED:
+                                            ww[u] = _ldx(smd, o_w + rl)
+                                    for u in range(WB):
+                                        v = wx[u]
+                                        t = v - cj
+                                        if WEIGHTED:
+                                            s_run += ww[u] * v
+                                            q_run += ww[u] * (t * t)
+                                            w_run += ww[u]
+                                        else:
+                                            s_run += v
+                                            q_run += t * t
+                                    p += WB
+                                while p < b:
+                                    rl = _ldx(smi, o_perm + p)
+                                    v = float64(_ldx(smx, xsb + rl))
+                                    t = v - cj
                                     if WEIGHTED:
-                                        wi = ww[u]
-                                        run_s += wi * v
-                                        run_w += wi
-                                        sse_t += wi * (t * t)
+                                        wi = _ldx(smd, o_w + rl)
+                                        s_run += wi * v
+                                        q_run += wi * (t * t)
+                                        w_run += wi
                                     else:
-                                        run_s += v
-                                        sse_t += t * t
-                        if cur >= 0:
-                            cuda.atomic.add(smd, o_sums + cur * m + j, run_s)
-                            if WEIGHTED and j == 0:
-                                cuda.atomic.add(smd, o_cnt + cur, run_w)
+                                        s_run += v
+                                        q_run += t * t
+                                    p += 1
+                                sse_t += q_run
+                                o = o_sums + lab * m + j
+                                if sl >= p0 and sr <= p1:
+                                    _stx(smd, o, _ldx(smd, o) + s_run)
+                                    if WEIGHTED and j == 0:
+                                        _stx(smd, o_cnt + lab, _ldx(smd, o_cnt + lab) + w_run)
+                                else:
+                                    cuda.atomic.add(smd, o, s_run)
+                                    if WEIGHTED and j == 0:
+                                        cuda.atomic.add(smd, o_cnt + lab, w_run)
+                            sl = sr
+                            lab += 1
                     cuda.syncthreads()
 
         # ---- block epilogue: one global atomic per (cluster, attribute)
@@ -743,7 +805,8 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
         cuda.syncthreads()
         if SHARED:
             for q in range(tid, k * m, NT):
-                v = _ldx(smd, o_sums + q)
+                cl = q // m
+                v = _ldx(smd, o_sums + cl * MP + (q - cl * m))
                 if v != 0.0:
                     cuda.atomic.add(p64, P_SUMS + q, v)
             for q in range(tid, k, NT):
@@ -757,7 +820,7 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
     if SIM:
         return cuda.jit(km_fused)
     # a register cap trades scheduling freedom for resident warps (see GPU_NOTES.md)
-    return cuda.jit(km_fused, fastmath=False, max_registers=maxreg or None)
+    return cuda.jit(km_fused, fastmath=False, max_registers=maxreg or None, lineinfo=lineinfo)
 
 
 #: warps per block of the exact (recheck) kernel
@@ -765,13 +828,15 @@ _RC_WARPS = 4
 
 
 @functools.lru_cache(maxsize=None)
-def _recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: int, pack_c: tuple):
+def _recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: int, pack_c: tuple,
+                    delta: bool = False):
     """Exact float64 assignment of the flagged rows, one warp per row.
 
     Lanes split the centres; each computes ``sum_j (x_j - c_kj)^2`` in float64 in
     attribute order, like the CPU backend, keeping the lowest index on ties; lane 0
     reduces over the lanes.  For a step the row is then added to the global sums,
-    counts, SSE and change count (atomics: flagged rows are rare).
+    counts, SSE and change count (atomics: flagged rows are rare); with ``delta`` only a
+    row whose label changed moves, from its old cluster's sums and count to the new one's.
 
     Arguments: x, ld, p64, ctr, labels, flags, w, dist2, fslot (as in
     :func:`_fused_kernel`).  It is launched after every fused launch, with no host
@@ -781,6 +846,7 @@ def _recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: i
     NT = 32 * _RC_WARPS
     WEIGHTED = weighted
     ASSIGN = assign
+    DELTA = delta
     F64_INF = np.inf
     K_C, M_C = int(k_c), int(m_c)
     (_a, _b, _c, _d, P_C64, _e, P_SUMS, P_CNT, P_SSE, I_CHG) = (int(v) for v in pack_c)
@@ -788,6 +854,7 @@ def _recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: i
     def km_recheck(x, ld, p64, ctr, labels, flags, w, dist2, fslot):
         bd_s = cuda.shared.array(NT, dtype=float64)
         bi_s = cuda.shared.array(NT, dtype=int32)
+        old_s = cuda.shared.array(NT, dtype=int32)
         tid = cuda.threadIdx.x
         lane = tid % 32
         wib = tid // 32
@@ -833,17 +900,32 @@ def _recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: i
                     dist2[i] = bd
                 else:
                     wi = w[i] if WEIGHTED else 1.0
-                    if labels[i] != bi:
+                    old = labels[i]
+                    if old != bi:
                         changed_w += 1
                         labels[i] = bi
                     sse_w += wi * bd
-                    cuda.atomic.add(p64, P_CNT + bi, wi)
+                    if DELTA:
+                        if old != bi:
+                            cuda.atomic.add(p64, P_CNT + bi, wi)
+                            if old >= 0:
+                                cuda.atomic.add(p64, P_CNT + old, -wi)
+                        else:
+                            bi_s[tid] = -1  # unchanged: its sums stay where they are
+                        old_s[tid] = old
+                    else:
+                        cuda.atomic.add(p64, P_CNT + bi, wi)
             cuda.syncthreads()
             if not ASSIGN and f < nflag:
                 lab = bi_s[wib * 32]
+                old = old_s[wib * 32] if DELTA else -1
                 wi = w[i] if WEIGHTED else 1.0
-                for j in range(lane, m, 32):
-                    cuda.atomic.add(p64, P_SUMS + lab * m + j, wi * float64(_ldx(x, j * ld + i)))
+                if lab >= 0:
+                    for j in range(lane, m, 32):
+                        v = wi * float64(_ldx(x, j * ld + i))
+                        cuda.atomic.add(p64, P_SUMS + lab * m + j, v)
+                        if old >= 0:
+                            cuda.atomic.add(p64, P_SUMS + old * m + j, -v)
             cuda.syncthreads()
         if not ASSIGN and lane == 0:
             if sse_w != 0.0:
@@ -909,7 +991,7 @@ def _round_up(a: int, b: int) -> int:
 
 def _plan_shared(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: int,
                  centres_shared: bool, weighted: bool, jc: int | None = None,
-                 target: int | None = None) -> tuple[tuple, int]:
+                 target: int | None = None, c64_shared: bool = False) -> tuple[tuple, int]:
     """Byte layout of the dynamic shared memory; offsets in units of each view's dtype.
 
     ``jc`` attributes are staged per pass-2 chunk; when not given, the widest chunk
@@ -920,10 +1002,13 @@ def _plan_shared(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: i
         nchunks = max(1, -(-m // 32))
         while True:
             jc = -(-m // nchunks)
-            offs, smem = _plan_shared(k, m, storage, mode, R, TC, NT, centres_shared, weighted, jc)
+            offs, smem = _plan_shared(k, m, storage, mode, R, TC, NT, centres_shared, weighted, jc,
+                                      c64_shared=c64_shared)
             if target is None or smem <= target or jc == 1 or mode != _MODE_STEP_SHARED:
                 return offs, smem
             nchunks += 1
+    # pass 2 maps a warp's lanes to the staged attributes: at most one per lane
+    jc = max(1, min(int(jc), 32, NT))
     dsize = 8 if storage == "float64" else 4
     kp = _round_up(k, TC)
     BR = NT * R
@@ -942,7 +1027,11 @@ def _plan_shared(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: i
     b_red = take(16)
     b_tmp = take(16)
     brp = BR + 1
-    b_sums = b_cnt = b_hist = b_start = b_perm = b_slab = b_lab = b_w = b_xs = 0
+    b_sums = b_cnt = b_hist = b_start = b_perm = b_slab = b_lab = b_w = b_xs = b_c64 = 0
+    mp = m
+    if mode == _MODE_STEP_DELTA and c64_shared:
+        mp = m | 1  # odd row stride: see the kernel's centre load
+        b_c64 = take(k * mp * 8)
     if mode == _MODE_STEP_SHARED:
         b_sums = take(k * m * 8)
         b_cnt = take(k * 8)
@@ -969,11 +1058,13 @@ def _plan_shared(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: i
     offs[_O_JC] = jc
     offs[_O_BRP] = brp
     offs[_O_TMP] = b_tmp // 4
+    offs[_O_C64] = b_c64 // 8
+    offs[_O_MP] = mp
     return tuple(offs), _round_up(off, 16)
 
 
 def _choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
-                 smem_limit: int, tune: dict, smem_sm: int = 228 * 1024) -> _Plan:
+                 smem_limit: int, tune: dict, smem_sm: int = 228 * 1024, delta: bool = False) -> _Plan:
     """Pick rows per thread, centre tile, block size and the summing mode.
 
     Registers: each thread keeps ``R * TC`` float32 running distances; about 128 keeps
@@ -998,13 +1089,20 @@ def _choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
     NT = int(tune.get("NT", 256 if TC >= 64 else 128))
     if SIM:
         NT = int(tune.get("NT", 32))
+    if NT % 32:
+        raise ValueError(f"GPU tune NT={NT}: threads per block must be a multiple of 32")
     budget = int(tune.get("smem_budget", smem_limit))
     maxreg = int(tune.get("maxreg", 0))
     want_cs = tune.get("centres_shared")
+    sum_mode = tune.get("sum_mode")
     if assign:
         modes = [_MODE_ASSIGN]
-    elif tune.get("sum_mode") == "global":
+    elif sum_mode == "global":
         modes = [_MODE_STEP_GLOBAL]
+    elif sum_mode == "walk":
+        modes = [_MODE_STEP_SHARED, _MODE_STEP_GLOBAL]
+    elif delta:
+        modes = [_MODE_STEP_DELTA]
     else:
         modes = [_MODE_STEP_SHARED, _MODE_STEP_GLOBAL]
     blocks = int(tune.get("blocks", 2))
@@ -1014,9 +1112,11 @@ def _choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
     jc = int(tune["JC"]) if "JC" in tune else None
     for mode in modes:
         for cs in ([want_cs] if want_cs is not None else [True, False]):
-            offs, smem = _plan_shared(k, m, storage, mode, R, TC, NT, cs, weighted, jc, target)
-            if smem <= budget:
-                return _Plan(mode, R, TC, NT, nct, cs, offs, smem, maxreg)
+            # DELTA: the float64 centres in shared memory too, unless that costs resident blocks
+            for c64 in ([True, False] if mode == _MODE_STEP_DELTA else [False]):
+                offs, smem = _plan_shared(k, m, storage, mode, R, TC, NT, cs, weighted, jc, target, c64)
+                if smem <= budget and (not c64 or target is None or smem <= target):
+                    return _Plan(mode, R, TC, NT, nct, cs, offs, smem, maxreg)
     # the last resort always fits: no centres, no sums in shared memory
     mode = _MODE_ASSIGN if assign else _MODE_STEP_GLOBAL
     offs, smem = _plan_shared(k, m, storage, mode, R, TC, NT, False, weighted)
@@ -1351,7 +1451,20 @@ class GPUBackend(Backend):
         ``sum_mode`` ("global"), ``centres_shared`` (bool), ``smem_budget`` (bytes),
         ``maxreg``, ``blocks``, ``JC``; ``launch="numba"`` launches through Numba's
         dispatcher instead of the prepared launches; ``profile`` records
-        :attr:`last_kernel_ms`.
+        :attr:`last_kernel_ms`; ``delta`` ("auto", "always", "never"), see below.
+
+    Notes
+    -----
+    Incremental sums.  After a step the backend keeps its rows' float64 sums and
+    counts per cluster.  When few labels changed in the last step (at most 1/16 of
+    the rows), the next step computes only the change: rows that keep their label
+    add nothing to the sums, and their exact squared distance to that centre is summed
+    in pass 1 from the values it reads anyway; rows whose label changes move from the
+    old cluster's sums to the new one's (global atomics).  The returned sums are the
+    kept sums plus that change, the same numbers up to float64 rounding.  A full step
+    runs at least every ``_DELTA_REFRESH`` steps, after a step that changed many
+    labels, with weights (float weights summed and taken away need not return to 0 for
+    an emptied cluster), and after :meth:`load`.
     """
 
     name = "gpu"
@@ -1406,6 +1519,10 @@ class GPUBackend(Backend):
         self.last_fast_launch = None
         self._occupancy = {}
         self.last_kernel_ms = float("nan")
+        self._kept = None  # (sums (k, m), counts (k,)) of the current labels, float64
+        self._delta_run = 0
+        self._last_changed = None
+        self.last_delta = False
 
     # ------------------------------------------------------------------ load
     def _free_memory(self) -> int:
@@ -1564,30 +1681,31 @@ class GPUBackend(Backend):
                 self._occupancy[key] = max(1, min(by_regs, by_smem, by_thr, 32))
         return self._occupancy[key]
 
-    def _plan(self, k: int, assign: bool) -> _Plan:
-        key = (k, assign)
+    def _plan(self, k: int, assign: bool, delta: bool = False) -> _Plan:
+        key = (k, assign, delta)
         plan = self._plans.get(key)
         if plan is None:
             weighted = self._weights_host is not None
             limit = min(self._smem_optin, 200 * 1024) if not SIM else 48 * 1024
-            plan = _choose_plan(k, self.m, self.dtype, assign, weighted, limit, self.tune, self._smem_sm)
+            plan = _choose_plan(k, self.m, self.dtype, assign, weighted, limit, self.tune, self._smem_sm, delta)
             self._plans[key] = plan
         return plan
 
     def _launches(self, plan: _Plan, pack: _Pack, k: int, assign: bool, x, rows: int, labels, flags, w,
-                  dist2, fslot: int, stream):
+                  dist2, fslot: int, stream, delta: bool = False):
         """The prepared (fused, recheck) pair for one block of rows."""
         weighted = self._weights_host is not None
         idx32 = self.m * self._ld < 2**31 and not self.tune.get("idx64")
         kern = _fused_kernel(self.dtype, plan.R, plan.TC, plan.NT, weighted, plan.mode, plan.centres_shared,
-                             plan.maxreg, k, self.m, plan.nct, plan.offs, pack.layout, idx32)
+                             plan.maxreg, k, self.m, plan.nct, plan.offs, pack.layout, idx32,
+                             bool(self.tune.get("diag_skip_pass2")), bool(self.tune.get("lineinfo")))
         args = (x, int(rows), int(self._ld), pack.p32, pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
         per_sm = self._blocks_per_sm(kern, plan, args)
         ntiles = -(-rows // (plan.NT * plan.R))
         grid = max(1, min(ntiles, 2 if SIM else per_sm * self._sm_count))
         self.last_grid = grid
         fused = _Launch(kern, args, grid, plan.NT, plan.smem, stream, self._fast)
-        rk = _recheck_kernel(self.dtype, weighted, assign, k, self.m, pack.layout)
+        rk = _recheck_kernel(self.dtype, weighted, assign, k, self.m, pack.layout, delta)
         rargs = (x, int(self._ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
         # one warp per flagged row; with none flagged each block reads the count and returns
         rgrid = 1 if SIM else max(1, min(2 * self._sm_count, -(-rows // _RC_WARPS)))
@@ -1595,13 +1713,13 @@ class GPUBackend(Backend):
         self.last_fast_launch = fused.fast and recheck.fast
         return fused, recheck
 
-    def _state(self, k: int, assign: bool) -> _State:
+    def _state(self, k: int, assign: bool, delta: bool = False) -> _State:
         """Plan, step buffer and prepared launches for k centres: built once, reused every step."""
-        key = (k, assign)
+        key = (k, assign, delta)
         st = self._states.get(key)
         if st is not None:
             return st
-        plan = self._plan(k, assign)
+        plan = self._plan(k, assign, delta)
         weighted = self._weights_host is not None
         if self._dummy is None:
             self._dummy = cuda.device_array(1, dtype=np.float64)
@@ -1617,7 +1735,7 @@ class GPUBackend(Backend):
             w = self._dw if weighted else self._dummy
             fslot = pack.layout[_I64_CHG] + 1
             launches = [self._launches(plan, pack, k, assign, self._dx, self.n, labels, self._flags, w, dist2,
-                                       fslot, 0)]
+                                       fslot, 0, delta)]
         else:
             pack = _Pack(k, self.m, plan.TC, plan.nct, self.dtype, self._nchunks)
             launches = []
@@ -1628,7 +1746,8 @@ class GPUBackend(Backend):
                 # one flagged-row counter per chunk: the outputs' upload zeroes them all
                 fslot = pack.layout[_I64_CHG] + 1 + c
                 launches.append(self._launches(plan, pack, k, assign, self._dbuf[s], rows, self._dlab[s],
-                                               self._dflags[s], w, self._ddist[s], fslot, self._streams[s]))
+                                               self._dflags[s], w, self._ddist[s], fslot, self._streams[s],
+                                               delta))
         st = _State(plan, pack, launches)
         if len(self._states) >= 8:
             # k-means|| assigns to a new number of candidates each round: keep the latest few
@@ -1636,7 +1755,7 @@ class GPUBackend(Backend):
         self._states[key] = st
         return st
 
-    def _run(self, centres: np.ndarray, assign: bool):
+    def _run(self, centres: np.ndarray, assign: bool, delta: bool = False):
         """One step (or assignment) on the device.
 
         Host work per call, once the state for this k exists: fill the pinned input
@@ -1651,7 +1770,7 @@ class GPUBackend(Backend):
         n = self.n
         if k == 0:
             raise ValueError("at least one centre is needed")
-        st = self._state(k, assign)
+        st = self._state(k, assign, delta)
         self.last_plan = st.plan
         pack = st.pack
         pack.fill(centres)
@@ -1732,6 +1851,8 @@ class GPUBackend(Backend):
             return
         self._state(k, False)
         self._state(k, True)
+        if self._delta_allowed():
+            self._state(k, False, True)
 
     def step(self, centres: np.ndarray) -> StepResult:
         """Assign every local row and accumulate float64 sums (see :meth:`Backend.step`).
@@ -1749,7 +1870,27 @@ class GPUBackend(Backend):
         if self.n == 0:
             return StepResult(sums=np.zeros((k, self.m if self.m else centres.shape[1])),
                               counts=np.zeros(k), sse=0.0, changed=0)
-        return self._run(centres, assign=False)
+        policy = self.tune.get("delta", "auto")
+        delta = (self._delta_allowed() and self._kept is not None and self._kept[1].shape[0] == k
+                 and (policy == "always"
+                      or (self._last_changed * 16 <= self.n and self._delta_run < _DELTA_REFRESH)))
+        res = self._run(centres, assign=False, delta=delta)
+        if delta:
+            sums, counts = self._kept
+            sums += res.sums
+            counts += res.counts
+            self._delta_run += 1
+        else:
+            self._kept = (res.sums.copy(), res.counts.copy())
+            self._delta_run = 0
+        self._last_changed = res.changed
+        self.last_delta = delta
+        sums, counts = self._kept
+        return StepResult(sums=sums.copy(), counts=counts.copy(), sse=res.sse, changed=res.changed)
+
+    def _delta_allowed(self) -> bool:
+        """Whether incremental steps may run at all (see the class notes)."""
+        return self.tune.get("delta", "auto") != "never" and self._weights_host is None
 
     def assign(self, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Nearest centre and exact float64 squared distance for every local row.
@@ -1773,6 +1914,9 @@ class GPUBackend(Backend):
         return BackendInfo(name="gpu", devices=[f"{self.device_index}: {name}"], threads=1, dtype=self.dtype)
 
     def close(self) -> None:
+        self._kept = None
+        self._delta_run = 0
+        self._last_changed = None
         self._dx = None
         self._labels = None
         self._flags = None
