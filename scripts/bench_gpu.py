@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
-import os
 import platform
 import re
 import statistics
@@ -127,6 +127,36 @@ def time_events(torch, fn, iters, repeats):
     return statistics.median(per), per, statistics.median(walls)
 
 
+def lloyd_run(torch, be, start, iters):
+    """Time ``iters`` Lloyd iterations from ``start`` (each step timed with CUDA events).
+
+    Unlike the repeated step above, the centres move, so labels change the way they
+    do in a run: every row on the first step, then fewer.
+    """
+    be.forget_labels()
+    c = np.array(start, dtype=np.float64, copy=True)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ms, changed, delta = [], [], []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        e0.record()
+        r = be.step(c)
+        e1.record()
+        e1.synchronize()
+        ms.append(e0.elapsed_time(e1))
+        changed.append(int(r.changed))
+        delta.append(bool(be.last_delta))
+        good = r.counts > 0
+        c[good] = r.sums[good] / r.counts[good, None]
+    full = [t for t, d in zip(ms, delta) if not d]
+    inc = [t for t, d in zip(ms, delta) if d]
+    nan = float("nan")
+    return {"ms": ms, "changed": changed, "incremental": delta, "median_ms": statistics.median(ms),
+            "mean_ms": statistics.fmean(ms), "full_steps": len(full), "delta_steps": len(inc),
+            "full_median_ms": statistics.median(full) if full else nan,
+            "delta_median_ms": statistics.median(inc) if inc else nan}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="A,B,C", help="comma list of A,B,C or NxMxK")
@@ -136,6 +166,9 @@ def main(argv=None):
     ap.add_argument("--variants", default="[{}]",
                     help='JSON list of kernel tune dicts to compare, or {"A": [...], "*": [...]} per case')
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    ap.add_argument("--lloyd", type=int, default=20,
+                    help="also time a real Lloyd run of this many iterations per variant (centres updated "
+                         "every step, so labels change as they do in use); 0 to skip")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/gpu_<device>_<date>.json)")
@@ -144,7 +177,6 @@ def main(argv=None):
     import torch
 
     torch.cuda.set_device(args.device)
-    from numba import cuda
 
     from mpikmeans.backends.gpu import GPUBackend
     from mpikmeans.references import torch_iteration
@@ -187,7 +219,7 @@ def main(argv=None):
                 first_ms = (time.perf_counter() - w0) * 1e3
                 for _ in range(2):
                     be.step(start)
-                med, per, wall = time_events(torch, lambda: be.step(start), args.iters, args.repeats)
+                med, per, wall = time_events(torch, functools.partial(be.step, start), args.iters, args.repeats)
                 kms = []
                 for _ in range(3):
                     be.step(start)
@@ -202,10 +234,18 @@ def main(argv=None):
                 if ref_counts is None:
                     ref_counts = r0.counts
                 v["counts_match_first_variant"] = bool(np.array_equal(ref_counts, r0.counts))
+                if args.lloyd:
+                    v["lloyd"] = lloyd_run(torch, be, start, args.lloyd)
                 row["variants"].append(v)
                 print(f"  {cname} {dtype} tune={v['tune']}: {med:.3f} ms/iter (kernels {v['kernel_ms']:.3f}, "
                       f"wall {wall:.3f}), jit {v['jit_ms'] / 1e3:.1f} s, regs {v['regs']}, grid {v['grid']}, "
-                      f"flagged {v['flagged']}", flush=True)
+                      f"flagged {v['flagged']}, incremental {be.last_delta}", flush=True)
+                if args.lloyd:
+                    lr = v["lloyd"]
+                    print(f"    Lloyd run, {len(lr['ms'])} iterations: median {lr['median_ms']:.3f} ms, mean "
+                          f"{lr['mean_ms']:.3f}, first {lr['ms'][0]:.3f}; full steps {lr['full_steps']} "
+                          f"(median {lr['full_median_ms']:.3f} ms), incremental {lr['delta_steps']} "
+                          f"(median {lr['delta_median_ms']:.3f} ms); changed {lr['changed']}", flush=True)
                 be.close()
                 del be
             best = min(row["variants"], key=lambda v: v["ms"])
@@ -216,7 +256,7 @@ def main(argv=None):
                 cen_t = torch.tensor(start, device="cuda", dtype=tdt)
                 xn = (xt * xt).sum(0)
                 torch_iteration(torch, xt.t(), cen_t, xn)
-                tmed, tper, _ = time_events(torch, lambda: torch_iteration(torch, xt.t(), cen_t, xn),
+                tmed, tper, _ = time_events(torch, functools.partial(torch_iteration, torch, xt.t(), cen_t, xn),
                                             max(1, args.iters // 2), args.repeats)
                 ts, tc, tsse = torch_iteration(torch, xt.t(), cen_t, xn)
                 del xn

@@ -397,11 +397,14 @@ def _lloyd(backend, cent, iters):
     return cent, res
 
 
-def _gpu_vs_cpu(n, m, k, dtype="float64", chunk=None, weights=False, tune=None, seed=0, iters=3, offset=0.0):
+def _gpu_vs_cpu(n, m, k, dtype="float64", chunk=None, weights=False, tune=None, seed=0, iters=3, offset=0.0,
+                start_rows=False):
     from mpikmeans.backends.cpu import CPUBackend
 
     G = _real_gpu()
     x, c = _blobs(n, m, k, seed, offset)
+    if start_rows:  # rows as centres: labels keep changing for several steps
+        c = x[:k].copy()
     w = np.random.default_rng(seed + 9).uniform(0.5, 2, n) if weights else None
     cpu = CPUBackend()
     cpu.load(x, w)
@@ -501,6 +504,45 @@ def test_gpu_kernel_variants(tune):
     one row per thread; capped registers with short chunks; Numba's own launch path."""
     _gpu_vs_cpu(80_000, 45, 20, dtype="float32", tune=tune, iters=2)
     _gpu_vs_cpu(80_000, 45, 20, dtype="float64", tune=tune, iters=2)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("k,m,chunk", [(50, 100, None), (1000, 32, None), (16, 8, 30_000)])
+def test_gpu_incremental_steps(dtype, k, m, chunk):
+    """Every step after the first incremental, labels changing: sums, counts, SSE and
+    changes as the CPU's, step after step (K=1000: float64 centres read from global memory)."""
+    # float32: rows as centres would put near-ties within float32 rounding (labels then
+    # differ from the CPU's float64 ones by right); start near the blobs instead
+    g = _gpu_vs_cpu(100_000, m, k, dtype=dtype, chunk=chunk, tune={"delta": "always"}, iters=5,
+                    start_rows=dtype == "float64")
+    assert g.last_delta and g.last_plan.mode == 3
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_lloyd_incremental_by_default():
+    """A Lloyd run with the default policy turns incremental once few labels change and
+    ends within 1e-9 of the CPU's centres."""
+    from mpikmeans.backends.cpu import CPUBackend
+
+    G = _real_gpu()
+    x, _c = _blobs(300_000, 24, 20, 12)
+    c0 = x[:20].copy()
+    cpu, gpu = CPUBackend(), G.GPUBackend()
+    cpu.load(x)
+    gpu.load(x)
+    ca, _ = _lloyd(cpu, c0, 15)
+    kinds = []
+    c = c0.copy()
+    for _ in range(15):
+        r = gpu.step(c)
+        kinds.append(gpu.last_delta)
+        good = r.counts > 0
+        c[good] = r.sums[good] / r.counts[good, None]
+    assert not kinds[0] and any(kinds)
+    assert np.abs(ca - c).max() <= 1e-9 * np.abs(ca).max()
 
 
 @pytest.mark.gpu

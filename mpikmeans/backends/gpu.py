@@ -1888,6 +1888,19 @@ class GPUBackend(Backend):
         sums, counts = self._kept
         return StepResult(sums=sums.copy(), counts=counts.copy(), sse=res.sse, changed=res.changed)
 
+    def forget_labels(self) -> None:
+        """Start over: every label unknown, no kept sums (the next step is like a first one).
+
+        For benchmarks that time several runs on one loaded backend.
+        """
+        self._kept = None
+        self._delta_run = 0
+        self._last_changed = None
+        if self._streaming:
+            self._host_labels[:] = -1
+        elif self._labels is not None:
+            self._labels.copy_to_device(np.full(self.n, -1, dtype=np.int32))
+
     def _delta_allowed(self) -> bool:
         """Whether incremental steps may run at all (see the class notes)."""
         return self.tune.get("delta", "auto") != "never" and self._weights_host is None
