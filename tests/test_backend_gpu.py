@@ -517,7 +517,7 @@ def test_gpu_incremental_steps(dtype, k, m, chunk):
     # differ from the CPU's float64 ones by right); start near the blobs instead
     g = _gpu_vs_cpu(100_000, m, k, dtype=dtype, chunk=chunk, tune={"delta": "always"}, iters=5,
                     start_rows=dtype == "float64")
-    assert g.last_delta and g.last_plan.mode == 3
+    assert g.last_delta  # the last step (before the closing assign) was incremental
 
 
 @pytest.mark.gpu

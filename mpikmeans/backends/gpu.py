@@ -1464,7 +1464,8 @@ class GPUBackend(Backend):
     kept sums plus that change, the same numbers up to float64 rounding.  A full step
     runs at least every ``_DELTA_REFRESH`` steps, after a step that changed many
     labels, with weights (float weights summed and taken away need not return to 0 for
-    an emptied cluster), and after :meth:`load`.
+    an emptied cluster), after :meth:`load`, and (unless ``delta="always"``) when the
+    float64 centres do not fit in shared memory.
     """
 
     name = "gpu"
@@ -1873,7 +1874,11 @@ class GPUBackend(Backend):
         policy = self.tune.get("delta", "auto")
         delta = (self._delta_allowed() and self._kept is not None and self._kept[1].shape[0] == k
                  and (policy == "always"
-                      or (self._last_changed * 16 <= self.n and self._delta_run < _DELTA_REFRESH)))
+                      or (self._last_changed * 16 <= self.n and self._delta_run < _DELTA_REFRESH
+                          # with the float64 centres in global memory (large K x M) the
+                          # per-attribute gather cost more than the sums it saves (K=1000,
+                          # M=32 on an H100: 25.1 against 22.8 ms, bench/GPU_NOTES.md)
+                          and self._plan(k, False, True).offs[_O_C64] > 0)))
         res = self._run(centres, assign=False, delta=delta)
         if delta:
             sums, counts = self._kept
