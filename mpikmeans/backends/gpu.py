@@ -805,8 +805,7 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
         cuda.syncthreads()
         if SHARED:
             for q in range(tid, k * m, NT):
-                cl = q // m
-                v = _ldx(smd, o_sums + cl * MP + (q - cl * m))
+                v = _ldx(smd, o_sums + q)
                 if v != 0.0:
                     cuda.atomic.add(p64, P_SUMS + q, v)
             for q in range(tid, k, NT):
@@ -1520,9 +1519,7 @@ class GPUBackend(Backend):
         self.last_fast_launch = None
         self._occupancy = {}
         self.last_kernel_ms = float("nan")
-        self._kept = None  # (sums (k, m), counts (k,)) of the current labels, float64
-        self._delta_run = 0
-        self._last_changed = None
+        self._forget_kept()
         self.last_delta = False
 
     # ------------------------------------------------------------------ load
@@ -1898,13 +1895,17 @@ class GPUBackend(Backend):
 
         For benchmarks that time several runs on one loaded backend.
         """
-        self._kept = None
-        self._delta_run = 0
-        self._last_changed = None
+        self._forget_kept()
         if self._streaming:
             self._host_labels[:] = -1
         elif self._labels is not None:
             self._labels.copy_to_device(np.full(self.n, -1, dtype=np.int32))
+
+    def _forget_kept(self) -> None:
+        """Drop the kept sums: the next step is a full one."""
+        self._kept = None  # (sums (k, m), counts (k,)) of the current labels, float64
+        self._delta_run = 0
+        self._last_changed = None
 
     def _delta_allowed(self) -> bool:
         """Whether incremental steps may run at all (see the class notes)."""
@@ -1932,9 +1933,7 @@ class GPUBackend(Backend):
         return BackendInfo(name="gpu", devices=[f"{self.device_index}: {name}"], threads=1, dtype=self.dtype)
 
     def close(self) -> None:
-        self._kept = None
-        self._delta_run = 0
-        self._last_changed = None
+        self._forget_kept()
         self._dx = None
         self._labels = None
         self._flags = None
