@@ -129,6 +129,9 @@ _SIM_PROGRAM = textwrap.dedent(
     compare("delta_f32", x6, x6[:40].copy(), dtype="float32", tune=dict(always, NT=64), iters=4)
     compare("delta_chunked", x6, x6[:40].copy(), chunk=90, tune=always, iters=3)
     compare("delta_global_centres", x6, x6[:40].copy(), tune=dict(always, smem_budget=2048), iters=3)
+    # far from the origin (1e4, unit spread): the carried-over SSE and sums keep their digits
+    x7, _c7 = blobs(300, 5, 12, 8, offset=1.0e4)
+    compare("delta_offset", x7, x7[:12].copy(), tune=always, iters=5)
     compare("delta_weighted_is_full", x6, c6, weights=w6, tune=always, iters=2)
 
     # incremental steps through the exact kernel: tied rows flagged with their label
@@ -295,7 +298,7 @@ def test_sim_several_warps_split_the_sorted_rows(sim):
 
 def test_sim_incremental_steps_match_full_ones(sim):
     for name, tol in (("delta_f64", 1e-12), ("delta_f32", 1e-6), ("delta_chunked", 1e-12),
-                      ("delta_global_centres", 1e-12)):
+                      ("delta_global_centres", 1e-12), ("delta_offset", 1e-12)):
         rec = sim[name]
         _assert_parity(rec, sums_tol=tol)
         modes = [p[0] for p in rec["plans"]]
@@ -518,6 +521,17 @@ def test_gpu_incremental_steps(dtype, k, m, chunk):
     g = _gpu_vs_cpu(100_000, m, k, dtype=dtype, chunk=chunk, tune={"delta": "always"}, iters=5,
                     start_rows=dtype == "float64")
     assert g.last_delta  # the last step (before the closing assign) was incremental
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_gpu_incremental_steps_far_from_origin(dtype):
+    """Data at 1e5 with unit spread: the SSE carried over to moved centres and the
+    deviation sums keep the CPU's digits (SSE within 1e-12 for float64)."""
+    g = _gpu_vs_cpu(100_000, 10, 12, dtype=dtype, offset=1.0e5, tune={"delta": "always"}, iters=6,
+                    start_rows=dtype == "float64")
+    assert g.last_delta
 
 
 @pytest.mark.gpu

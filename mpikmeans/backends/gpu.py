@@ -23,10 +23,14 @@ Data layout and kernels (see ``bench/GPU_NOTES.md`` for the measurements behind 
   tile's rows are counting-sorted by label in shared memory; each thread then owns
   one attribute and walks a slice of the sorted rows, accumulating runs of equal
   labels in float64 registers and flushing each run into per-block float64 partial
-  sums in shared memory (the specification's calcSums).  The block adds its partial
+  sums in shared memory (the specification's calcSums).  What is summed is the
+  deviation ``x - c`` from the row's centre (the raw sums are ``dev + n c``, formed on
+  the host), so data far from the origin lose no digits.  The block adds its partial
   sums into the global float64 sums with one atomic per (cluster, attribute) when it
   finishes.  SSE is accumulated per element as ``(x - c)^2`` in float64, so it is the
-  exact diff form, not the cancelling dot form.  When ``K x M`` float64 sums do not
+  exact diff form, not the cancelling dot form.  Once labels settle, steps are
+  incremental: only rows whose label changed touch the sums (see ``GPUBackend``'s
+  notes).  When ``K x M`` float64 sums do not
   fit in shared memory, pass 2 adds into the global sums with atomics instead
   (slower, never a launch failure).
 * **Per step on the host** (after the first step with a given number of centres):
@@ -353,8 +357,8 @@ _DELTA_REFRESH = 32
 
 # indices into the shared-memory layout tuple (see _plan_shared)
 (_O_CM, _O_CC, _O_SH, _O_SUMS, _O_CNT, _O_HIST, _O_START, _O_PERM, _O_SLAB, _O_LAB, _O_W, _O_XS, _O_RED, _O_JC,
- _O_BRP, _O_TMP, _O_C64, _O_MP) = range(18)
-_N_OFFS = 18
+ _O_BRP, _O_TMP) = range(16)
+_N_OFFS = 16
 
 # indices into the step-buffer layout tuple (see _pack_layout): element offsets into the
 # float32 view (P32_*), the float64 view (P64_*) and the int64 view (I64_*) of one buffer
@@ -388,7 +392,8 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
         p32/p64[..SH:] s, the mean of the centres, in the storage dtype
         p32[P32_ZL]   2 max |c - s|^2 (certification bound: tol = tolf (|y|^2 + zlim) + tiny)
         p64[P64_C64:] centres, row-major
-        p64[P64_SUMS:], p64[P64_CNT:], p64[P64_SSE]   accumulated float64 sums, counts, SSE
+        p64[P64_SUMS:], p64[P64_CNT:], p64[P64_SSE]   accumulated float64 deviation sums
+                      (of x - c), counts, SSE (DELTA: their changes; see GPUBackend)
         ctr[I64_CHG]  changed rows; ctr[fslot] flagged rows (one slot per chunk)
     labels : int32, (n,)              previous labels in, new labels out
     flags : int32, (n,)               indices of rows handed to the exact kernel
@@ -427,8 +432,7 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
     # a computed gap need a little more: factor 2.1 and m + 5
     TOLF = np.float32(2.1 * (M_C + 5) * _U32)
     (O_CM, O_CC, O_SH, O_SUMS, O_CNT, O_HIST, O_START, O_PERM, O_SLAB, O_LAB, O_W, O_XS, O_RED,
-     O_JC, O_BRP, O_TMP, O_C64, MP) = (int(v) for v in offs_c)
-    C64SH = DELTA and O_C64 > 0  # the float64 centres are in shared memory
+     O_JC, O_BRP, O_TMP) = (int(v) for v in offs_c)
     (P_CM, P_CC, P_SH32, P_ZL, P_C64, P_SH64, P_SUMS, P_CNT, P_SSE, I_CHG) = (int(v) for v in pack_c)
     # pass-2 staging: about 16 loads in flight per thread, in batches that divide the
     # attribute chunk as evenly as possible (no all-idle tail batch)
@@ -485,12 +489,6 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                 _stx(smd, o_sums + q, 0.0)
             for q in range(tid, k, NT):
                 _stx(smd, o_cnt + q, 0.0)
-        if C64SH:
-            # the float64 centres, rows MP (odd) apart: lanes reading different
-            # clusters' coordinate j fall in different banks
-            for q in range(tid, k * m, NT):
-                cl = q // m
-                _stx(smd, O_C64 + cl * MP + (q - cl * m), _ldx(p64, P_C64 + q))
         if tid == 0:
             smd[o_red] = 0.0
             smi[o_tmp] = 0
@@ -505,6 +503,7 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
         sv = cuda.local.array(SV, dtype=DT)
         ev = cuda.local.array(EB, dtype=float64)
         ec = cuda.local.array(EB, dtype=float64)
+        eo = cuda.local.array(EB, dtype=float64)
         wx = cuda.local.array(WB, dtype=float64)
         ww = cuda.local.array(WB, dtype=float64)
         yy = cuda.local.array(R, dtype=float32)
@@ -514,8 +513,6 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
         labr = cuda.local.array(R, dtype=int32)
         pos = cuda.local.array(R, dtype=int32)
         oldr = cuda.local.array(R, dtype=int32)
-        cofs = cuda.local.array(R, dtype=int32)
-        qv = cuda.local.array(R, dtype=float64)
         rowc = cuda.local.array(R, dtype=int64)
 
         ntiles = (n + BR - 1) // BR
@@ -531,13 +528,8 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                 # rows past the end load row n - 1 (always in bounds) and are ignored
                 rowc[r] = i if i < n else n - 1
                 if DELTA:
-                    # the previous label: most rows keep it, so their exact squared
-                    # distance to it is summed on the way (qv), from the values pass 1
-                    # holds anyway
-                    lo = _ldx(labels, rowc[r])
-                    oldr[r] = lo
-                    cofs[r] = (lo if lo > 0 else 0) * MP
-                    qv[r] = 0.0
+                    # the previous label: a row that keeps it costs nothing more
+                    oldr[r] = _ldx(labels, rowc[r])
             for ct in range(nct):
                 for r in range(R):
                     for c in range(TC):
@@ -569,14 +561,6 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                             if ct == 0:
                                 for r in range(R):
                                     yy[r] += yv[r] * yv[r]
-                                if DELTA:
-                                    for r in range(R):
-                                        if C64SH:
-                                            cv = _ldx(smd, O_C64 + cofs[r] + j)
-                                        else:
-                                            cv = _ldx(p64, P_C64 + cofs[r] + j)
-                                        t = float64(xb[q * R + r]) - cv
-                                        qv[r] += t * t
                             # the next 16-byte vector is requested before this one is used
                             if CSH:
                                 nxt = _ld4(smf, o_cm + cbase + j * TC)
@@ -628,8 +612,7 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                                 changed_t += 1
                                 _stx(labels, i, lab)
                             elif DELTA:
-                                # unchanged: the sums keep this row; only its distance counts
-                                sse_t += (_ldx(w, i) * qv[r]) if WEIGHTED else qv[r]
+                                # unchanged: the kept sums and SSE already hold this row
                                 lab = -1
                     else:
                         p = cuda.atomic.add(ctr, fslot, 1)
@@ -640,9 +623,10 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                         _stx(smd, o_w + tid + r * NT, _ldx(w, i) if i < n else 0.0)
 
             if ASSIGN or GLOBAL or DELTA:
-                # exact float64 distance to the chosen centre and, for a step, the sums
-                # (DELTA: only rows whose label changed get here; they move from the old
-                # cluster's sums to the new one's); the rows come from L1/L2
+                # exact float64 distance to the chosen centre and, for a step, the
+                # deviation sums (DELTA: only rows whose label changed get here; they
+                # leave the old cluster, x - c_old and its squared distance taken away,
+                # and join the new one); the rows come from L1/L2
                 for r in range(R):
                     lab = labr[r]
                     if lab >= 0:
@@ -650,8 +634,9 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                         wi = _ldx(w, i) if WEIGHTED else 1.0
                         cb = lab * m
                         old = oldr[r] if DELTA else -1
-                        ob = old * m
+                        ob = (old if old > 0 else 0) * m
                         s2 = 0.0
+                        s2o = 0.0
                         # EB attributes per batch: their loads are in flight together
                         for jb in range(0, m, EB):
                             for q in range(EB):
@@ -659,19 +644,23 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                                 if j < m:
                                     ev[q] = float64(LDC(x, j, ld, i))
                                     ec[q] = _ldx(p64, P_C64 + cb + j)
+                                    if DELTA:
+                                        eo[q] = _ldx(p64, P_C64 + ob + j)
                             for q in range(EB):
                                 j = jb + q
                                 if j < m:
                                     t = ev[q] - ec[q]
                                     s2 += t * t
                                     if not ASSIGN:
-                                        cuda.atomic.add(p64, P_SUMS + cb + j, wi * ev[q])
-                                        if old >= 0:
-                                            cuda.atomic.add(p64, P_SUMS + ob + j, -(wi * ev[q]))
+                                        cuda.atomic.add(p64, P_SUMS + cb + j, wi * t)
+                                        if DELTA and old >= 0:
+                                            to = ev[q] - eo[q]
+                                            s2o += to * to
+                                            cuda.atomic.add(p64, P_SUMS + ob + j, -(wi * to))
                         if ASSIGN:
                             _stx(dist2, i, s2)
                         else:
-                            sse_t += wi * s2
+                            sse_t += wi * (s2 - s2o)
                             cuda.atomic.add(p64, P_CNT + lab, wi)
                             if old >= 0:
                                 cuda.atomic.add(p64, P_CNT + old, -wi)
@@ -761,27 +750,25 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                                         if WEIGHTED:
                                             ww[u] = _ldx(smd, o_w + rl)
                                     for u in range(WB):
-                                        v = wx[u]
-                                        t = v - cj
+                                        t = wx[u] - cj
                                         if WEIGHTED:
-                                            s_run += ww[u] * v
+                                            s_run += ww[u] * t
                                             q_run += ww[u] * (t * t)
                                             w_run += ww[u]
                                         else:
-                                            s_run += v
+                                            s_run += t
                                             q_run += t * t
                                     p += WB
                                 while p < b:
                                     rl = _ldx(smi, o_perm + p)
-                                    v = float64(_ldx(smx, xsb + rl))
-                                    t = v - cj
+                                    t = float64(_ldx(smx, xsb + rl)) - cj
                                     if WEIGHTED:
                                         wi = _ldx(smd, o_w + rl)
-                                        s_run += wi * v
+                                        s_run += wi * t
                                         q_run += wi * (t * t)
                                         w_run += wi
                                     else:
-                                        s_run += v
+                                        s_run += t
                                         q_run += t * t
                                     p += 1
                                 sse_t += q_run
@@ -833,9 +820,10 @@ def _recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: i
 
     Lanes split the centres; each computes ``sum_j (x_j - c_kj)^2`` in float64 in
     attribute order, like the CPU backend, keeping the lowest index on ties; lane 0
-    reduces over the lanes.  For a step the row is then added to the global sums,
-    counts, SSE and change count (atomics: flagged rows are rare); with ``delta`` only a
-    row whose label changed moves, from its old cluster's sums and count to the new one's.
+    reduces over the lanes.  For a step the row is then added to the global deviation
+    sums (``x - c``), counts, SSE and change count (atomics: flagged rows are rare); with
+    ``delta`` only a row whose label changed moves: ``x - c_old``, its count and its
+    squared distance to the old centre leave, the same for the new one join.
 
     Arguments: x, ld, p64, ctr, labels, flags, w, dist2, fslot (as in
     :func:`_fused_kernel`).  It is launched after every fused launch, with no host
@@ -854,6 +842,7 @@ def _recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: i
         bd_s = cuda.shared.array(NT, dtype=float64)
         bi_s = cuda.shared.array(NT, dtype=int32)
         old_s = cuda.shared.array(NT, dtype=int32)
+        od_s = cuda.shared.array(_RC_WARPS, dtype=float64)
         tid = cuda.threadIdx.x
         lane = tid % 32
         wib = tid // 32
@@ -870,12 +859,15 @@ def _recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: i
             i = 0
             if f < nflag:
                 i = flags[f]
+                old = labels[i] if DELTA else -1
                 for kk in range(lane, k, 32):
                     d = 0.0
                     cb = P_C64 + kk * m
                     for j in range(m):
                         t = float64(_ldx(x, j * ld + i)) - _ldx(p64, cb + j)
                         d += t * t
+                    if kk == old:
+                        od_s[wib] = d  # the squared distance to the old centre
                     if d < bd:
                         bd = d
                         bi = kk
@@ -903,16 +895,17 @@ def _recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: i
                     if old != bi:
                         changed_w += 1
                         labels[i] = bi
-                    sse_w += wi * bd
                     if DELTA:
                         if old != bi:
+                            sse_w += wi * (bd - (od_s[wib] if old >= 0 else 0.0))
                             cuda.atomic.add(p64, P_CNT + bi, wi)
                             if old >= 0:
                                 cuda.atomic.add(p64, P_CNT + old, -wi)
                         else:
-                            bi_s[tid] = -1  # unchanged: its sums stay where they are
+                            bi_s[tid] = -1  # unchanged: the kept sums and SSE hold it already
                         old_s[tid] = old
                     else:
+                        sse_w += wi * bd
                         cuda.atomic.add(p64, P_CNT + bi, wi)
             cuda.syncthreads()
             if not ASSIGN and f < nflag:
@@ -921,10 +914,10 @@ def _recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: i
                 wi = w[i] if WEIGHTED else 1.0
                 if lab >= 0:
                     for j in range(lane, m, 32):
-                        v = wi * float64(_ldx(x, j * ld + i))
-                        cuda.atomic.add(p64, P_SUMS + lab * m + j, v)
+                        v = float64(_ldx(x, j * ld + i))
+                        cuda.atomic.add(p64, P_SUMS + lab * m + j, wi * (v - _ldx(p64, P_C64 + lab * m + j)))
                         if old >= 0:
-                            cuda.atomic.add(p64, P_SUMS + old * m + j, -v)
+                            cuda.atomic.add(p64, P_SUMS + old * m + j, -(wi * (v - _ldx(p64, P_C64 + old * m + j))))
             cuda.syncthreads()
         if not ASSIGN and lane == 0:
             if sse_w != 0.0:
@@ -990,7 +983,7 @@ def _round_up(a: int, b: int) -> int:
 
 def _plan_shared(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: int,
                  centres_shared: bool, weighted: bool, jc: int | None = None,
-                 target: int | None = None, c64_shared: bool = False) -> tuple[tuple, int]:
+                 target: int | None = None) -> tuple[tuple, int]:
     """Byte layout of the dynamic shared memory; offsets in units of each view's dtype.
 
     ``jc`` attributes are staged per pass-2 chunk; when not given, the widest chunk
@@ -1001,8 +994,7 @@ def _plan_shared(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: i
         nchunks = max(1, -(-m // 32))
         while True:
             jc = -(-m // nchunks)
-            offs, smem = _plan_shared(k, m, storage, mode, R, TC, NT, centres_shared, weighted, jc,
-                                      c64_shared=c64_shared)
+            offs, smem = _plan_shared(k, m, storage, mode, R, TC, NT, centres_shared, weighted, jc)
             if target is None or smem <= target or jc == 1 or mode != _MODE_STEP_SHARED:
                 return offs, smem
             nchunks += 1
@@ -1026,11 +1018,7 @@ def _plan_shared(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: i
     b_red = take(16)
     b_tmp = take(16)
     brp = BR + 1
-    b_sums = b_cnt = b_hist = b_start = b_perm = b_slab = b_lab = b_w = b_xs = b_c64 = 0
-    mp = m
-    if mode == _MODE_STEP_DELTA and c64_shared:
-        mp = m | 1  # odd row stride: see the kernel's centre load
-        b_c64 = take(k * mp * 8)
+    b_sums = b_cnt = b_hist = b_start = b_perm = b_slab = b_lab = b_w = b_xs = 0
     if mode == _MODE_STEP_SHARED:
         b_sums = take(k * m * 8)
         b_cnt = take(k * 8)
@@ -1057,8 +1045,6 @@ def _plan_shared(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: i
     offs[_O_JC] = jc
     offs[_O_BRP] = brp
     offs[_O_TMP] = b_tmp // 4
-    offs[_O_C64] = b_c64 // 8
-    offs[_O_MP] = mp
     return tuple(offs), _round_up(off, 16)
 
 
@@ -1111,11 +1097,9 @@ def _choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
     jc = int(tune["JC"]) if "JC" in tune else None
     for mode in modes:
         for cs in ([want_cs] if want_cs is not None else [True, False]):
-            # DELTA: the float64 centres in shared memory too, unless that costs resident blocks
-            for c64 in ([True, False] if mode == _MODE_STEP_DELTA else [False]):
-                offs, smem = _plan_shared(k, m, storage, mode, R, TC, NT, cs, weighted, jc, target, c64)
-                if smem <= budget and (not c64 or target is None or smem <= target):
-                    return _Plan(mode, R, TC, NT, nct, cs, offs, smem, maxreg)
+            offs, smem = _plan_shared(k, m, storage, mode, R, TC, NT, cs, weighted, jc, target)
+            if smem <= budget:
+                return _Plan(mode, R, TC, NT, nct, cs, offs, smem, maxreg)
     # the last resort always fits: no centres, no sums in shared memory
     mode = _MODE_ASSIGN if assign else _MODE_STEP_GLOBAL
     offs, smem = _plan_shared(k, m, storage, mode, R, TC, NT, False, weighted)
@@ -1422,6 +1406,21 @@ class _Pack:
 
 
 @dataclass
+class _Kept:
+    """What an incremental step builds on: the last step's labels, summed (float64).
+
+    ``dev`` (k, m): per cluster, the sum of ``w (x - c)`` over its rows; ``counts`` (k,):
+    their weight; ``sse``: the sum of ``w |x - c|^2`` over all rows; ``centres`` (k, m):
+    the ``c`` of that step.
+    """
+
+    dev: np.ndarray
+    counts: np.ndarray
+    sse: float
+    centres: np.ndarray
+
+
+@dataclass
 class _State:
     """Everything a step with k centres reuses: plan, step buffer, prepared launches."""
 
@@ -1454,17 +1453,23 @@ class GPUBackend(Backend):
 
     Notes
     -----
-    Incremental sums.  After a step the backend keeps its rows' float64 sums and
-    counts per cluster.  When few labels changed in the last step (at most 1/16 of
-    the rows), the next step computes only the change: rows that keep their label
-    add nothing to the sums, and their exact squared distance to that centre is summed
-    in pass 1 from the values it reads anyway; rows whose label changes move from the
-    old cluster's sums to the new one's (global atomics).  The returned sums are the
-    kept sums plus that change, the same numbers up to float64 rounding.  A full step
+    Deviation sums.  The kernels sum ``x - c`` (``c`` the centre a row is assigned
+    to), not ``x``; :meth:`step` returns ``sums = dev + counts c``.  Deviations are
+    small where the data are far from the origin, so nothing cancels, and they are
+    what an incremental step needs.
+
+    Incremental steps.  After a step the backend keeps, in float64, each cluster's
+    deviation sum and count, the total SSE and the centres used (:class:`_Kept`).
+    When few labels changed in the last step (at most 1/16 of the rows), the next step
+    does no per-row work beyond the certified assignment (pass 1) for rows that keep
+    their label: their deviation sums and SSE are carried over to the new centres
+    exactly on the host, ``sum |x - c'|^2 = sum |x - c|^2 + 2 (c - c').sum(x - c) +
+    n |c - c'|^2``, O(K M) work.  Rows whose label changes leave the old cluster
+    (``x - c_old`` and ``|x - c_old|^2`` taken away) and join the new one (global
+    atomics).  The results equal a full step's up to float64 rounding.  A full step
     runs at least every ``_DELTA_REFRESH`` steps, after a step that changed many
     labels, with weights (float weights summed and taken away need not return to 0 for
-    an emptied cluster), after :meth:`load`, and (unless ``delta="always"``) when the
-    float64 centres do not fit in shared memory.
+    an emptied cluster) and after :meth:`load`.
     """
 
     name = "gpu"
@@ -1869,26 +1874,33 @@ class GPUBackend(Backend):
             return StepResult(sums=np.zeros((k, self.m if self.m else centres.shape[1])),
                               counts=np.zeros(k), sse=0.0, changed=0)
         policy = self.tune.get("delta", "auto")
-        delta = (self._delta_allowed() and self._kept is not None and self._kept[1].shape[0] == k
+        delta = (self._delta_allowed() and self._kept is not None and self._kept.counts.shape[0] == k
                  and (policy == "always"
-                      or (self._last_changed * 16 <= self.n and self._delta_run < _DELTA_REFRESH
-                          # with the float64 centres in global memory (large K x M) the
-                          # per-attribute gather cost more than the sums it saves (K=1000,
-                          # M=32 on an H100: 25.1 against 22.8 ms, bench/GPU_NOTES.md)
-                          and self._plan(k, False, True).offs[_O_C64] > 0)))
+                      or (self._last_changed * 16 <= self.n and self._delta_run < _DELTA_REFRESH)))
         res = self._run(centres, assign=False, delta=delta)
         if delta:
-            sums, counts = self._kept
-            sums += res.sums
+            kept = self._kept
+            dev, counts = kept.dev, kept.counts
+            # carry the kept rows over to this step's centres (exact algebra; every term
+            # is small when the centres move little): sum |x - c'|^2 = sum |x - c|^2
+            # + 2 (c - c').sum(x - c) + n |c - c'|^2 and sum(x - c') = sum(x - c) + n (c - c')
+            move = kept.centres - centres
+            sse = (kept.sse + 2.0 * float(np.sum(move * dev))
+                   + float(counts @ np.einsum("km,km->k", move, move)) + res.sse)
+            dev += counts[:, None] * move
+            # then the rows that changed label: they left one cluster and joined another
+            dev += res.sums
             counts += res.counts
             self._delta_run += 1
         else:
-            self._kept = (res.sums.copy(), res.counts.copy())
+            dev, counts, sse = res.sums, res.counts, res.sse
             self._delta_run = 0
+        self._kept = _Kept(dev, counts, sse, centres.copy())
         self._last_changed = res.changed
         self.last_delta = delta
-        sums, counts = self._kept
-        return StepResult(sums=sums.copy(), counts=counts.copy(), sse=res.sse, changed=res.changed)
+        # the device sums deviations from the centres (no cancellation far from the
+        # origin, and what the carry-over above needs); the raw sums are dev + n c
+        return StepResult(sums=dev + counts[:, None] * centres, counts=counts.copy(), sse=sse, changed=res.changed)
 
     def forget_labels(self) -> None:
         """Start over: every label unknown, no kept sums (the next step is like a first one).
@@ -1903,7 +1915,7 @@ class GPUBackend(Backend):
 
     def _forget_kept(self) -> None:
         """Drop the kept sums: the next step is a full one."""
-        self._kept = None  # (sums (k, m), counts (k,)) of the current labels, float64
+        self._kept = None  # _Kept of the current labels
         self._delta_run = 0
         self._last_changed = None
 
