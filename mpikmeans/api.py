@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .backends import BACKEND_NAMES, make_backend
-from .comm import SerialComm
+from .comm import SerialComm, default_threads
 from .errors import UsageError
 from .kmeans import INIT_METHODS, run_restarts
 from .scaling import METHODS as NORMALIZE_METHODS
@@ -54,7 +54,8 @@ class KMeans:
     comm : Comm, SerialComm or None
         None: this process alone.
     threads : int, optional
-        CPU threads per rank; default: the node's cores divided by its ranks.
+        CPU threads per rank; default: as ``mpikmeans run``, this rank's share
+        of its node's CPUs (:func:`mpikmeans.comm.default_threads`).
     init_options : dict, optional
         ``rounds``, ``oversampling`` (k-means||), ``n_local_trials`` (k-means++).
 
@@ -133,12 +134,14 @@ class KMeans:
         if isinstance(self.backend, str) and self.backend not in BACKEND_NAMES:
             raise UsageError(f"backend={self.backend!r}: expected one of {', '.join(BACKEND_NAMES)} or a Backend")
 
+    def _threads(self, comm) -> int:
+        # the same default as ``mpikmeans run``: this rank's share of its node's CPUs
+        return self.threads or default_threads(comm)
+
     def _make_backend(self, comm):
         if not isinstance(self.backend, str):
             return self.backend
-        from .backends.cpu import default_threads
-
-        options = {"threads": self.threads or default_threads(comm.node_size)}
+        options = {"threads": self._threads(comm)}
         if self.backend in ("gpu", "auto"):
             try:
                 from .backends.gpu import gpu_available, select_device_for
@@ -282,7 +285,7 @@ class KMeans:
             return _SerialRows(z).assign(self.scaled_centers_)
         # the CPU backend's arithmetic is the GPU's exact path's: the same labels,
         # without starting a device for a prediction
-        backend = make_backend("cpu", threads=self.threads)
+        backend = make_backend("cpu", threads=self._threads(self.comm if self.comm is not None else SerialComm()))
         try:
             backend.load(z)
             return backend.assign(self.scaled_centers_)

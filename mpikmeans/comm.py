@@ -19,107 +19,27 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .cpus import cgroup_cpu_limit, cpus_per_rank, own_share, threads_for_share, usable_cpus
 from .errors import MpikmeansError
 
 _OPS = ("sum", "min", "max")
 
 
-def usable_cpus() -> frozenset:
-    """The CPUs this process may run on (its affinity mask: what a launcher's binding or a cpuset left it)."""
-    try:
-        return frozenset(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return frozenset(range(os.cpu_count() or 1))
-
-
-def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
-    """CPUs' worth of time this process's cgroup may use (a CPU quota), or None when unlimited.
-
-    A container or a batch job can be given a quota (cgroup v2 ``cpu.max``,
-    v1 ``cpu.cfs_quota_us``) on a machine whose every core stays in the
-    affinity mask; threads beyond the quota only take turns.  The process's
-    own cgroup (from ``proc_cgroup``) and the root of ``root`` are looked at;
-    the smallest quota wins.
-    """
-    own = {}
-    try:
-        with open(proc_cgroup) as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                for c in controllers.split(",") if controllers else [""]:
-                    own[c] = path.lstrip("/")
-    except OSError:
-        pass
-    limits = []
-
-    def read(path: str) -> str | None:
-        try:
-            with open(path) as f:
-                return f.read().strip()
-        except OSError:
-            return None
-
-    for base in {os.path.join(root, own.get("", "")), root}:
-        text = read(os.path.join(base, "cpu.max"))
-        if text:
-            quota, _, period = text.partition(" ")
-            if quota.isdigit() and period.isdigit() and int(period) > 0:
-                limits.append(int(quota) / int(period))
-    for base in {os.path.join(root, "cpu", own.get("cpu", "")), os.path.join(root, "cpu")}:
-        quota, period = read(os.path.join(base, "cpu.cfs_quota_us")), read(os.path.join(base, "cpu.cfs_period_us"))
-        if quota and period and quota.isdigit() and period.isdigit() and int(period) > 0:
-            limits.append(int(quota) / int(period))
-    return min(limits) if limits else None
-
-
-def cpus_per_rank(mine: frozenset, node_sets: list, node_size: int, quota: float | None) -> int:
-    """This rank's share of its node's CPUs.
-
-    Parameters
-    ----------
-    mine : frozenset of int
-        This rank's affinity mask.
-    node_sets : list of frozenset
-        The masks of all ranks on the node (this one's included).
-    node_size : int
-        Ranks on the node.
-    quota : float or None
-        The cgroup's CPU quota (shared by the node's ranks), if any.
-
-    Returns
-    -------
-    int
-        ``len(mine)`` divided by the number of ranks whose mask overlaps it (a
-        rank bound to its own cores keeps them; unbound ranks share them all),
-        and at most the quota divided by the node's ranks; at least 1.
-    """
-    sharing = max(1, sum(1 for s in node_sets if s & mine))
-    share = len(mine) // sharing
-    if quota is not None:
-        share = min(share, int(quota // max(1, node_size)))
-    return max(1, share)
-
-
 def default_threads(comm) -> int:
     """Threads per rank when the user gives no ``--threads``: ranks x threads stay within the node's CPUs.
 
-    This rank's share of its node's CPUs (:func:`cpus_per_rank`: the affinity
-    mask shared by the ranks whose masks overlap it, within the cgroup's CPU
-    quota), lowered to ``OMP_NUM_THREADS`` or ``NUMBA_NUM_THREADS`` when one is
-    set (a batch system or the user says how many threads each process may
-    run).  They only lower it: a batch system may set ``OMP_NUM_THREADS`` to a
-    chunk's CPUs for each of the several ranks sharing them.  ``--threads``
-    is the way to ask for more.
+    This rank's share of its node's CPUs (:func:`~mpikmeans.cpus.cpus_per_rank`:
+    the affinity mask shared by the ranks whose masks overlap it, within the
+    cgroup's CPU quota), lowered to ``OMP_NUM_THREADS`` or ``NUMBA_NUM_THREADS``
+    when one is set (:func:`~mpikmeans.cpus.threads_for_share`).  ``--threads``
+    is the way to ask for more.  The one decision for reading, the CPU
+    backend's compute and ``gen-data``.
     """
     share = getattr(comm, "cpus_per_rank", None)
     if share is None:  # a stand-in communicator without the node's masks: all its ranks share this one
         mine = usable_cpus()
         share = cpus_per_rank(mine, [mine] * comm.node_size, comm.node_size, cgroup_cpu_limit())
-    for var in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        value = os.environ.get(var, "").split(",")[0].strip()  # OMP: the outer level of a nested list
-        if value.isdigit() and int(value) > 0:
-            share = min(share, int(value))
-    return share
+    return threads_for_share(share)
 
 
 class SerialComm:
@@ -133,9 +53,8 @@ class SerialComm:
 
     def __init__(self):
         self.host = socket.gethostname()
-        mine = usable_cpus()
-        #: This rank's share of the node's CPUs (see :func:`cpus_per_rank`).
-        self.cpus_per_rank = cpus_per_rank(mine, [mine], 1, cgroup_cpu_limit())
+        #: This rank's share of the node's CPUs (see :func:`~mpikmeans.cpus.cpus_per_rank`).
+        self.cpus_per_rank = own_share()
 
     def allreduce(self, buf: np.ndarray, op: str = "sum") -> np.ndarray:
         """Element-wise reduction of a numeric array over all ranks (a copy)."""

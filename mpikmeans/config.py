@@ -53,7 +53,8 @@ class RunConfig:
     output_dir : str or None
         Default: the data file's stem + ``.mpikmeans/``.
     threads : int or None
-        CPU threads per rank; default: the node's cores / ranks on the node.
+        CPU threads per rank (parsing and the CPU backend); default: the rank's
+        share of its node's CPUs (:func:`mpikmeans.comm.default_threads`).
     share_gpus : bool
         Allow more ranks on a node than GPUs (they then share devices).
     chunk_rows : int or None

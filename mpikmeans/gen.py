@@ -189,8 +189,32 @@ def local_rows_text(spec: GenSpec, lo: int, hi: int) -> list:
     return [maker.text(block, bufs).copy() for block in _blocks(lo, hi)]
 
 
+def warm_up() -> None:
+    """Pay the writer's one-time start-up now, on a one-value file, so no writing is timed with it.
+
+    The first call of any Numba function in a process initialises Numba
+    itself, and the first call of each kernel loads it from Numba's on-disk
+    cache (see :func:`mpikmeans.arff.warm_up`): paid once per process whatever
+    the file size.  Both formatting kernels (the text and the byte count) are
+    called here with the argument types :func:`write_blobs` gives them.
+    """
+    maker = _Maker(GenSpec(n=1, m=1, k=1), 0, 1)
+    bufs = maker.buffers()
+    maker.text(0, bufs)
+    maker.size(0, bufs)
+
+
+def prepare(comm) -> None:
+    """:func:`warm_up` on every rank, then a barrier, so the writing that follows starts on every rank at once.
+
+    Collective.  ``gen-data`` times this apart from :func:`write_blobs`.
+    """
+    warm_up()
+    comm.barrier()
+
+
 def default_threads(comm) -> int:
-    """Threads per rank: ``OMP_NUM_THREADS``, else this rank's share of its node's CPUs (as the reader)."""
+    """Threads per rank: this rank's share of its node's CPUs, lowered by ``OMP_NUM_THREADS`` (as ``run`` uses)."""
     from .comm import default_threads as threads_per_rank
 
     return threads_per_rank(comm)

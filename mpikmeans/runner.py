@@ -19,9 +19,8 @@ import numpy as np
 from . import __version__
 from .arff import check_memory, read_arff, shared_header, warm_up
 from .backends import BackendUnavailable, make_backend
-from .backends.cpu import default_threads
 from .checkpoint import Checkpointer, check_compatible, load
-from .comm import default_threads as default_read_threads
+from .comm import default_threads
 from .errors import MpikmeansError, RunError, UsageError
 from .faults import fault_point
 from .interrupt import StopRequest
@@ -98,8 +97,7 @@ def gpu_possible() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.path.exists("/dev/nvidiactl")
 
 
-def _make_backend(comm, cfg):
-    threads = cfg.threads or default_threads(comm.node_size)
+def _make_backend(comm, cfg, threads: int):
     options = {"threads": threads, "dtype": cfg.dtype, "chunk_rows": cfg.chunk_rows}
     if cfg.backend == "auto" and not gpu_possible():
         return make_backend("cpu", **options)
@@ -168,31 +166,44 @@ def dry_run(comm, data: str, cfg) -> list:
     return comm.allgather(plan)
 
 
-def read_threads(comm, cfg) -> int:
-    """Threads parsing this rank's part of the file: ``--threads``, else :func:`mpikmeans.comm.default_threads`."""
-    return max(1, min(cfg.threads or default_read_threads(comm), numba.config.NUMBA_NUM_THREADS))
+def rank_threads(comm, requested: int | None = None) -> int:
+    """Threads of this rank, for parsing the file and for the CPU backend's compute.
 
+    Decided once per run (and by ``mpikmeans info``, which shows what a run
+    would use).
 
-def prepare_read(comm, data: str, cfg) -> int:
-    """The reader's one-time start-up (Numba, its cached kernels, its threads), before the read is timed.
-
-    Collective: ends with a barrier, so the read that follows starts on every
-    rank at once and its time is the reading alone (see :func:`run_job`).
+    Parameters
+    ----------
+    comm : Comm or SerialComm
+    requested : int, optional
+        ``--threads``: overrides the default.
 
     Returns
     -------
     int
-        Threads this rank will parse with.
+        ``requested``, else :func:`mpikmeans.comm.default_threads` (this rank's
+        share of its node's CPUs, lowered by ``OMP_NUM_THREADS``); at most
+        Numba's pool (``NUMBA_NUM_THREADS``), at least 1.
     """
-    threads = read_threads(comm, cfg)
+    return max(1, min(requested or default_threads(comm), numba.config.NUMBA_NUM_THREADS))
+
+
+def prepare_read(comm, data: str, threads: int) -> None:
+    """The reader's one-time start-up (Numba, its cached kernels, its ``threads``), before the read is timed.
+
+    Collective: ends with a barrier, so the read that follows starts on every
+    rank at once and its time is the reading alone (see :func:`run_job`).
+    """
     if not data.endswith(".npy"):
         warm_up(threads)
     comm.barrier()
-    return threads
 
 
-def read_input(comm, data: str, cfg):
-    """This rank's rows of DATA: an ARFF file, or a ``.npy`` cache made by ``convert`` (collective)."""
+def read_input(comm, data: str, cfg, threads: int):
+    """This rank's rows of DATA: an ARFF file, or a ``.npy`` cache made by ``convert`` (collective).
+
+    ``threads`` parse the ARFF file (:func:`rank_threads`).
+    """
     if data.endswith(".npy"):
         from .binary import read_npy
 
@@ -202,7 +213,6 @@ def read_input(comm, data: str, cfg):
         return read_npy(data, comm)
     header = shared_header(data, comm)
     check_memory(data, header, comm)
-    threads = read_threads(comm, cfg)
     numba.set_num_threads(threads)
     return read_arff(data, comm, header=header, ignore=cfg.ignore, missing=cfg.missing, threads=threads)
 
@@ -227,11 +237,13 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     prepare_output_dir(comm, out_dir, cfg.overwrite)
 
     fault_point(comm.rank, "read")
+    # one thread count for the whole run: the reader's and the CPU backend's
+    threads = rank_threads(comm, cfg.threads)
     # the one-time start-up is timed apart: startup_s (with the output directory
     # check above), so read_s is the reading alone whatever the share of each rank
-    threads_read = prepare_read(comm, data, cfg)
+    prepare_read(comm, data, threads)
     t_ready = time.perf_counter()
-    local = read_input(comm, data, cfg)
+    local = read_input(comm, data, cfg, threads)
     t_read = time.perf_counter()
     sel = local.selection
     if sel.skipped:
@@ -247,7 +259,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
 
     backend, error = None, None
     try:
-        backend = _make_backend(comm, cfg)
+        backend = _make_backend(comm, cfg, threads)
         backend.load(x, local.weights)
         backend.warmup(cfg.k, local.m)
     except (BackendUnavailable, MpikmeansError) as exc:
@@ -311,7 +323,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         "backend": info.name,
         "devices": [d for per_rank in comm.allgather(info.devices) for d in per_rank],
         "threads_per_rank": info.threads,
-        "read_threads_per_rank": threads_read,
+        "read_threads_per_rank": threads,
         "dtype": info.dtype,
         "init": cfg.init,
         "seed": cfg.seed,

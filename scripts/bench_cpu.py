@@ -14,9 +14,10 @@ is given both ways, labelled:
 * read: ``read_s`` of ``summary.json`` is the reading alone (header, memory
   check, file reads, parsing, exchanges, min/max); the start-up is its own
   field, ``startup_s``; "incl. start-up" is the per-rank rate over both;
-* gen-data: the time the command reports (the writing, with the start-up in
-  it) and, "excl. fixed", that time less the time it reports for a 10-row
-  file (its start-up, file creation, exchanges, fsync and rename).
+* gen-data: the writing time the command reports (its start-up is reported
+  apart, after it; a version before that had the start-up inside) and, "excl.
+  fixed", that time less the time it reports for a 10-row file (file
+  creation, exchanges, fsync and rename).
 
 The process launch itself (``mpirun``, Python, MPI_Init, imports) is in
 neither; its wall time is recorded in the JSON.
@@ -79,7 +80,7 @@ def main() -> None:
     results = {"machine": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
                "rows": a.rows, "attrs": a.attrs, "k": a.k, "iterations": a.iterations, "points": [],
                "notes": "read_s: the reading alone; startup_s: the one-time start-up before it (Numba, cached "
-                        "kernels, threads); gen write_s: as gen-data reports it (start-up included); gen fixed_s: "
+                        "kernels, threads); gen write_s: as gen-data reports it (start-up apart); gen fixed_s: "
                         "what it reports for a 10-row file; wall_s: the whole mpirun command"}
     gen = []
     for np_ in a.gen_ranks or a.ranks:

@@ -5,9 +5,10 @@ For each rank count (and thread count for reading) it runs the real command
 under ``mpirun``:
 
 * ``mpikmeans gen-data``: the time the command reports for writing (process
-  launch excluded; Numba's start-up in it), that time less its fixed cost (the
-  time it reports for a 10-row file: start-up, file creation, exchanges,
-  fsync, rename), and the whole command's wall time;
+  launch and Numba's start-up excluded: it reports the start-up apart; a
+  version before that had it inside), that time less its fixed cost (the
+  time it reports for a 10-row file: file creation, exchanges, fsync,
+  rename), and the whole command's wall time;
 * ``mpikmeans run --max-iter 1``: ``read_s`` from ``summary.json`` (header,
   memory check, reading, parsing, exchanges, min/max) and ``startup_s``, the
   one-time start-up before it (Numba's initialisation, loading the reader's

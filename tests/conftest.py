@@ -41,10 +41,13 @@ class Result:
     seconds: float
 
 
-def run_cli(args: list, np: int | None = None, timeout: float = 120, cwd=None) -> Result:
+def run_cli(args: list, np: int | None = None, timeout: float = 120, cwd=None, env: dict | None = None,
+            prefix: list | None = None) -> Result:
     """Run ``mpikmeans ARGS`` (under ``mpirun -np NP`` when ``np`` is given).
 
     ``timeout`` kills the whole launch: a hang fails the test instead of the suite.
+    ``env`` adds to (or, with None values, removes from) the environment;
+    ``prefix`` goes before the command (e.g. ``["taskset", "-c", "0"]``).
     """
     exe = [sys.executable, "-m", "mpikmeans"]
     if np is not None:
@@ -54,9 +57,16 @@ def run_cli(args: list, np: int | None = None, timeout: float = 120, cwd=None) -
         cmd = [mpirun, "-np", str(np), "--oversubscribe", "--bind-to", "none"] + exe + [str(a) for a in args]
     else:
         cmd = exe + [str(a) for a in args]
+    cmd = list(prefix or []) + cmd
+    full_env = _env()
+    for key, value in (env or {}).items():
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = str(value)
     t0 = time.monotonic()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=cwd,
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd,
                            start_new_session=True)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{exc.stdout}\n{exc.stderr}") from None

@@ -199,3 +199,33 @@ def test_parameters_and_errors(x):
         KMeans(n_clusters=2).fit(np.arange(5.0))
     seeded = KMeans(n_clusters=2, random_state=None).fit(x[:100])
     assert isinstance(seeded.seed_, int) and seeded.seed_ >= 0
+
+
+def test_default_threads_are_the_runs(x, monkeypatch):
+    # fit and predict take mpikmeans run's default (comm.default_threads: the rank's
+    # share of its node's CPUs, lowered by OMP_NUM_THREADS); threads= overrides it
+    import mpikmeans.api as api
+    from mpikmeans import KMeans
+
+    asked = []
+    real = api.make_backend
+
+    def recording(name, **options):
+        asked.append(options.get("threads"))
+        return real(name, **options)
+
+    monkeypatch.setattr(api, "make_backend", recording)
+    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    km = KMeans(n_clusters=3, random_state=0, max_iter=3).fit(x)
+    km.predict(x[:5])
+    assert asked == [1, 1]
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    comm = SerialComm()
+    comm.cpus_per_rank = 1  # e.g. two ranks sharing a 2-CPU node
+    km = KMeans(n_clusters=3, random_state=0, max_iter=3, comm=comm).fit(x)
+    km.predict(x[:5])
+    assert asked[2:] == [1, 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    KMeans(n_clusters=3, random_state=0, max_iter=3, threads=2).fit(x).predict(x[:5])
+    assert asked[4:] == [2, 2]

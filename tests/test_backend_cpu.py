@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import numba
 import numpy as np
 import pytest
 
 from mpikmeans.backends import Backend, StepResult, make_backend
-from mpikmeans.backends.cpu import CPUBackend, default_threads
+from mpikmeans import cpus
+from mpikmeans.backends.cpu import CPUBackend
 
 
 def nearest_exact(x, centres):
@@ -177,19 +176,26 @@ def test_input_layouts():
     np.testing.assert_array_equal(loaded(x).assign(c32)[0], labels)
 
 
-def test_default_threads(monkeypatch):
-    def machine(total, usable):
-        monkeypatch.setattr(os, "cpu_count", lambda: total)
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(usable)), raising=False)
-
-    machine(16, 16)
-    assert [default_threads(r) for r in (1, 2, 3, 4, 16, 32)] == [16, 8, 5, 4, 1, 1]
-    assert default_threads() == 16
-    assert default_threads(0) == 16  # nonsense input still gives a usable count
-    machine(16, 1)  # the launcher bound this rank to one core
-    assert default_threads(1) == 1 and default_threads(4) == 1
-    machine(16, 6)
-    assert default_threads(1) == 6 and default_threads(4) == 4
+def test_default_threads_without_a_communicator(monkeypatch):
+    # CPUBackend() alone takes what a one-rank run would: this process's CPUs within
+    # its quota, lowered by OMP_NUM_THREADS (the runner passes the rank's figure in)
+    pool = numba.config.NUMBA_NUM_THREADS
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    assert CPUBackend().threads == min(cpus.process_threads(), pool)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    b = CPUBackend()
+    assert b.threads == 1 and b.info().threads == 1 and numba.get_num_threads() == 1
+    # an explicit count (--threads) overrides OMP_NUM_THREADS, up to Numba's pool
+    assert CPUBackend(threads=2).threads == min(2, pool)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: frozenset({0}))  # bound to one core
+    assert CPUBackend().threads == 1
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: frozenset(range(64)))
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 1.0)  # a one-CPU quota
+    assert CPUBackend().threads == 1
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: None)
+    assert CPUBackend().threads == pool
 
 
 def test_threads_option_and_info():

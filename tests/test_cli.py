@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 
 import numpy as np
 import pytest
 
 from conftest import run_cli
+
+from mpikmeans.cpus import process_threads
+
+CORES = len(os.sched_getaffinity(0))
 
 SUMMARY_KEYS = {"k", "n", "m", "attributes", "iterations", "converged", "stop_reason", "inertia", "sizes",
                 "ranks", "backend", "devices", "dtype", "init", "seed", "timings", "bytes_read", "version"}
@@ -54,6 +61,10 @@ def test_output_contract(small, tmp_path):
     # the human summary on stdout
     assert "converged after" in r.out and "SSE" in r.out and "cluster sizes" in r.out
     assert "read" in r.out and "ms/iteration" in r.out
+    # the start-up is shown next to the read time, as summary.json has it
+    t = summary["timings"]
+    assert f"read {t['read_s']:.3f} s (" in r.out
+    assert f"start-up {t['startup_s']:.3f} s), backend set-up" in r.out
     assert not list(out.glob(".*tmp*"))
 
 
@@ -167,6 +178,57 @@ def test_gen_data_usage(tmp_path):
     assert r.code == 2 and "spread" in r.err
     r = run_cli(["gen-data", tmp_path / "nodir" / "g.arff", "-n", 10, "-m", 2, "-k", 2])
     assert r.code == 1 and "cannot write" in r.err
+
+
+def _threads_of_run_and_info(path, out, args=(), env=None, prefix=None):
+    """(threads, read threads) of a CPU run, and the threads ``info`` shows, with the same environment."""
+    r = run_cli(["run", path, "-k", 3, "--max-iter", 2, "--backend", "cpu", "-o", out, "--overwrite",
+                 *args], env=env, prefix=prefix)
+    assert r.code == 0, r.err
+    s = json.loads((out / "summary.json").read_text())
+    assert f"backend cpu ({s['threads_per_rank']} thread" in r.out
+    r = run_cli(["info", "--json"], env=env, prefix=prefix)
+    assert r.code == 0, r.err
+    ranks = json.loads(r.out)["ranks"]
+    assert len(ranks) == 1
+    return s["threads_per_rank"], s["read_threads_per_rank"], ranks[0]["threads"]
+
+
+NO_THREAD_VARS = {"OMP_NUM_THREADS": None, "NUMBA_NUM_THREADS": None}
+
+
+@pytest.mark.parametrize("env, prefix, expected", [
+    (NO_THREAD_VARS, None, "process"),
+    ({**NO_THREAD_VARS, "OMP_NUM_THREADS": "1"}, None, 1),
+    pytest.param(NO_THREAD_VARS, ["taskset", "-c", "0"], 1,
+                 marks=pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset not found")),
+])
+def test_run_and_info_agree_on_threads(small, tmp_path, monkeypatch, env, prefix, expected):
+    # one decision for reading, the CPU backend's compute and what info shows
+    path, _ = small
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    if expected == "process":
+        expected = process_threads()
+    assert _threads_of_run_and_info(path, tmp_path / "o", env=env, prefix=prefix) == (expected,) * 3
+
+
+def test_threads_option_overrides_omp_num_threads(small, tmp_path):
+    path, _ = small
+    compute, read, _ = _threads_of_run_and_info(path, tmp_path / "o", ["--threads", 2],
+                                                env={**NO_THREAD_VARS, "OMP_NUM_THREADS": "1"})
+    assert compute == read == min(2, CORES)
+
+
+def test_gen_data_reports_start_up_apart(tmp_path):
+    r = run_cli(["gen-data", tmp_path / "g.arff", "-n", 1000, "-m", 3, "-k", 2])
+    assert r.code == 0, r.err
+    found = re.search(r" in ([0-9.]+) s \(([0-9]+) MB/s, 1 rank, start-up ([0-9.]+) s\)$", r.out.strip())
+    assert found, r.out
+    write, startup = float(found.group(1)), float(found.group(3))
+    assert startup > 0 and write >= 0
+    r = run_cli(["gen-data", tmp_path / "q.arff", "-n", 10, "-m", 2, "-k", 2, "-q"])
+    assert r.code == 0 and r.out == ""
 
 
 def test_help_works_without_starting_mpi():

@@ -1,6 +1,7 @@
 """Tests for :mod:`mpikmeans.comm`'s thread counts: ranks x threads per rank stay
 within a node's CPUs by default (affinity masks, cgroup quotas, OMP_NUM_THREADS),
-in-process and under ``mpirun`` with and without binding."""
+in-process and under ``mpirun`` with and without binding; a run reads and
+computes with the same count (the pure parts: tests/test_cpus.py)."""
 
 from __future__ import annotations
 
@@ -13,57 +14,10 @@ import pytest
 from conftest import _env, mpirun_path
 
 from mpikmeans import comm as C
+from mpikmeans.cpus import process_threads
 
 SAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "data", "sample.arff")
 CORES = len(os.sched_getaffinity(0))
-
-
-def cpus(*ids):
-    return frozenset(ids)
-
-
-@pytest.mark.parametrize("mine, others, node_size, quota, expected", [
-    # unbound ranks share the whole mask
-    (cpus(*range(16)), [cpus(*range(16))] * 4, 4, None, 4),
-    (cpus(*range(16)), [cpus(*range(16))] * 16, 16, None, 1),
-    (cpus(*range(16)), [cpus(*range(16))] * 32, 32, None, 1),  # more ranks than cores: still one thread
-    # a cpuset smaller than the machine (a batch job's share): divided among its ranks
-    (cpus(*range(8)), [cpus(*range(8))] * 8, 8, None, 1),
-    (cpus(*range(8)), [cpus(*range(8))] * 2, 2, None, 4),
-    # ranks bound to their own cores keep them
-    (cpus(0), [cpus(0), cpus(1)], 2, None, 1),
-    (cpus(0, 1, 2, 3), [cpus(0, 1, 2, 3), cpus(4, 5, 6, 7)], 2, None, 4),
-    # bound to sockets: the ranks on one socket share it
-    (cpus(*range(8)), [cpus(*range(8))] * 2 + [cpus(*range(8, 16))] * 2, 4, None, 4),
-    # a CPU quota of 4 CPUs on a 16-core mask, 2 ranks: 2 each
-    (cpus(*range(16)), [cpus(*range(16))] * 2, 2, 4.0, 2),
-    (cpus(*range(16)), [cpus(*range(16))] * 4, 4, 1.5, 1),
-])
-def test_cpus_per_rank(mine, others, node_size, quota, expected):
-    assert C.cpus_per_rank(mine, others, node_size, quota) == expected
-
-
-def test_cgroup_quota_v2_and_v1(tmp_path):
-    # v2: cpu.max "quota period" in the process's own cgroup
-    (tmp_path / "job").mkdir()
-    (tmp_path / "job" / "cpu.max").write_text("250000 100000\n")
-    proc = tmp_path / "cgroup"
-    proc.write_text("0::/job\n")
-    assert C.cgroup_cpu_limit(str(proc), str(tmp_path)) == 2.5
-    # "max": no quota
-    (tmp_path / "job" / "cpu.max").write_text("max 100000\n")
-    assert C.cgroup_cpu_limit(str(proc), str(tmp_path)) is None
-    # v1: cpu.cfs_quota_us / cpu.cfs_period_us (-1: none)
-    v1 = tmp_path / "v1"
-    (v1 / "cpu" / "slurm").mkdir(parents=True)
-    (v1 / "cpu" / "slurm" / "cpu.cfs_quota_us").write_text("300000\n")
-    (v1 / "cpu" / "slurm" / "cpu.cfs_period_us").write_text("100000\n")
-    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
-    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
-    proc.write_text("4:memory:/x\n1:cpu,cpuacct:/slurm\n")
-    assert C.cgroup_cpu_limit(str(proc), str(v1)) == 3.0
-    # nothing readable: no limit
-    assert C.cgroup_cpu_limit(str(tmp_path / "absent"), str(tmp_path / "absent")) is None
 
 
 def test_default_threads(monkeypatch):
@@ -75,6 +29,8 @@ def test_default_threads(monkeypatch):
     comm = C.SerialComm()
     quota = C.cgroup_cpu_limit()
     assert comm.cpus_per_rank == max(1, CORES if quota is None else min(CORES, int(quota)))
+    # one process alone: the figure a CPUBackend made without a communicator uses
+    assert C.default_threads(comm) == process_threads()
     comm.cpus_per_rank = 7
     assert C.default_threads(comm) == 7
     # a communicator that does not know the node's masks (the tests' thread ranks):
@@ -93,17 +49,25 @@ def test_default_threads(monkeypatch):
         assert C.default_threads(comm) == 7
     monkeypatch.setenv("NUMBA_NUM_THREADS", "5")
     assert C.default_threads(comm) == 5
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert C.default_threads(C.SerialComm()) == process_threads() == 1
 
 
 def _read_threads(tmp_path, np_, binding=("--bind-to", "none"), env=None):
-    """``read_threads_per_rank`` of a run under ``mpirun -np np_`` with ``binding``."""
+    """``read_threads_per_rank`` of a run under ``mpirun -np np_`` with ``binding``.
+
+    Checks that the CPU backend computed with as many threads as the reader read with.
+    """
     out = tmp_path / f"o{np_}"
     cmd = [mpirun_path(), "-np", str(np_), "--oversubscribe", *binding, sys.executable, "-m", "mpikmeans", "run",
-           SAMPLE, "-k", "2", "--max-iter", "1", "-o", str(out), "--overwrite", "-q"]
+           SAMPLE, "-k", "2", "--max-iter", "1", "-o", str(out), "--overwrite", "-q", "--backend", "cpu"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env={**_env(), **(env or {})},
                        start_new_session=True)
     assert p.returncode == 0, p.stderr
-    return json.loads((out / "summary.json").read_text())["read_threads_per_rank"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["backend"] == "cpu"
+    assert summary["threads_per_rank"] == summary["read_threads_per_rank"], summary
+    return summary["read_threads_per_rank"]
 
 
 @pytest.mark.skipif(mpirun_path() is None, reason="mpirun not found")

@@ -262,3 +262,55 @@ def test_default_threads_follow_the_node_share(monkeypatch):
     assert gen.default_threads(comm) == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert gen.default_threads(comm) == 2
+
+
+_WARM_CHECK = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+from threadcomm import run_ranks
+from mpikmeans import gen, textfmt
+from mpikmeans.comm import SerialComm
+
+KERNELS = ("_write_blob_rows", "_blob_rows_bytes")
+count = lambda: {name: len(getattr(textfmt, name).overloads) for name in KERNELS}
+gen.prepare(SerialComm())
+loaded = count()
+cases = []
+for spec in (gen.GenSpec(n=70_000, m=3, k=4, decimals=10), gen.GenSpec(n=5, m=1, k=1, decimals=0, spread=0.0)):
+    for threads in (1, 2):
+        gen.write_blobs(spec, os.path.join(sys.argv[1], "f.arff"), SerialComm(), threads=threads)
+        cases.append(count())
+        # several ranks first count their bytes (the other kernel), then write
+        run_ranks(2, lambda comm: gen.write_blobs(spec, os.path.join(sys.argv[1], "g.arff"), comm, threads=threads))
+        cases.append(count())
+print(json.dumps({"after_warm_up": loaded, "after_writes": cases}))
+"""
+
+
+def test_warm_up_loads_every_kernel_the_writer_calls(tmp_path):
+    # gen-data times the writing apart from the start-up: after prepare, writing
+    # (one block or several, 1 or 2 threads, 1 or 2 ranks) loads or compiles no other kernel version
+    import json
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    tests = str(Path(__file__).resolve().parent)
+    p = subprocess.run([sys.executable, "-c", _WARM_CHECK, str(tmp_path), tests], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert all(v >= 1 for v in out["after_warm_up"].values()), out
+    assert all(case == out["after_warm_up"] for case in out["after_writes"]), out
+
+
+def test_prepare_is_collective():
+    # every rank warms up, then all meet at a barrier
+    calls = []
+
+    class Comm:
+        def barrier(self):
+            calls.append("barrier")
+
+    gen.prepare(Comm())
+    assert calls == ["barrier"]

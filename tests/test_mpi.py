@@ -131,3 +131,25 @@ def test_info_lists_every_rank():
     assert [row["rank"] for row in data["ranks"]] == [0, 1]
     assert sorted(row["node_rank"] for row in data["ranks"]) == [0, 1]
     assert data["ranks"][0]["auto_backend"] in ("cpu", "gpu")
+
+
+@pytest.mark.parametrize("np_, env", [(2, {}), (3, {}), (1, {"OMP_NUM_THREADS": "1"})])
+def test_info_and_run_agree_on_threads(blobs, tmp_path, np_, env):
+    # reading, the CPU backend's compute and info: one figure per rank, the rank's
+    # share of the node's CPUs (ranks unbound on one node), lowered by OMP_NUM_THREADS
+    from mpikmeans.cpus import cgroup_cpu_limit, cpus_per_rank, usable_cpus
+
+    env = {"OMP_NUM_THREADS": None, "NUMBA_NUM_THREADS": None, **env}
+    mine = usable_cpus()
+    expected = cpus_per_rank(mine, [mine] * np_, np_, cgroup_cpu_limit())
+    if env["OMP_NUM_THREADS"]:
+        expected = min(expected, int(env["OMP_NUM_THREADS"]))
+    out = tmp_path / "out"
+    r = run_cli(["run", blobs, "-k", 8, "--max-iter", 2, "--backend", "cpu", "-o", out], np=np_, env=env)
+    assert r.code == 0, r.err
+    s = _results(out)[2]
+    r = run_cli(["info", "--json"], np=np_, env=env)
+    assert r.code == 0, r.err
+    shown = [row["threads"] for row in json.loads(r.out)["ranks"]]
+    assert shown == [expected] * np_
+    assert s["threads_per_rank"] == s["read_threads_per_rank"] == expected

@@ -16,12 +16,11 @@ row-at-a-time loop; the row loop that adds the sums runs in row order as before.
 
 from __future__ import annotations
 
-import os
-
 import numba
 import numpy as np
 from numba import njit, prange
 
+from ..cpus import process_threads
 from . import Backend, BackendInfo, StepResult
 
 #: Row blocks with private partial sums.  Bounds the useful thread count and the
@@ -254,42 +253,24 @@ def _reduce_blocks(part_sums, part_counts, part_sse, part_changed):
     return sums, counts, sse, changed
 
 
-def default_threads(ranks_on_node: int = 1) -> int:
-    """Threads for one rank so that ranks x threads stays within the node's cores.
-
-    Parameters
-    ----------
-    ranks_on_node : int
-        MPI ranks sharing this node.
-
-    Returns
-    -------
-    int
-        ``min(cores usable by this process, cores on the node // ranks_on_node)``,
-        at least 1.  A launcher that binds each rank to one core gets one thread.
-    """
-    total = os.cpu_count() or 1
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        usable = total
-    return max(1, min(usable, total // max(1, ranks_on_node)))
-
-
 class CPUBackend(Backend):
     """Lloyd iteration on the host with Numba, float64 throughout.
 
     Parameters
     ----------
     threads : int, optional
-        Numba threads for this rank; default :func:`default_threads` for one
-        rank per node (the caller passes the MPI-aware figure).
+        Numba threads for this rank, at most Numba's pool
+        (``numba.config.NUMBA_NUM_THREADS``).  A run passes the figure it reads
+        with (:func:`mpikmeans.comm.default_threads`, or ``--threads``); without
+        one, :func:`mpikmeans.cpus.process_threads`: what a one-rank run would
+        use (this process's CPUs within its cgroup quota, lowered by
+        ``OMP_NUM_THREADS`` / ``NUMBA_NUM_THREADS``).
     """
 
     name = "cpu"
 
     def __init__(self, threads: int | None = None):
-        self.threads = max(1, min(threads or default_threads(), numba.config.NUMBA_NUM_THREADS))
+        self.threads = max(1, min(threads or process_threads(), numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self.threads)
         self._x = None
         self._labels = None
