@@ -157,6 +157,55 @@ def lloyd_run(torch, be, start, iters):
             "delta_median_ms": statistics.median(inc) if inc else nan}
 
 
+def host_breakdown(be, start, steps=100):
+    """Microseconds per step of each host-side part of ``GPUBackend.step``.
+
+    Wraps this backend's step buffers, prepared launches and the synchronisation in
+    timers (the wrappers add well under a microsecond each): ``fill`` (centre data
+    into the pinned buffer), ``upload``, ``launch`` (both kernels), ``download`` (the
+    asynchronous copies issued), ``sync`` (waiting for the GPU), ``rest`` (everything
+    else: the incremental policy, carrying the kept sums over, the result), and
+    ``total``.  ``total - sync`` is host time; where the GPU waits for it is what
+    ``wall - kernels`` in the table shows.
+    """
+    import types
+
+    import mpikmeans.backends.gpu as G
+
+    acc = dict.fromkeys(("fill", "upload", "launch", "download", "sync"), 0.0)
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            acc[name] += time.perf_counter() - t0
+            return out
+        return wrapper
+
+    be.step(start)  # the state for this k exists from here on
+    for st in be._states.values():
+        for name in ("fill", "upload", "download"):
+            setattr(st.pack, name, timed(name, getattr(st.pack, name)))
+        st.launches = [(timed("launch", f), timed("launch", r)) for f, r in st.launches]
+    real_cu = G._cu()
+    proxy = types.SimpleNamespace(cuStreamSynchronize=timed("sync", real_cu.cuStreamSynchronize))
+    saved = G._cu
+    G._cu = lambda: proxy
+    try:
+        for v in acc:
+            acc[v] = 0.0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            be.step(start)
+        total = time.perf_counter() - t0
+    finally:
+        G._cu = saved
+    out = {k: 1e6 * v / steps for k, v in acc.items()}
+    out["total"] = 1e6 * total / steps
+    out["rest"] = out["total"] - sum(v for k, v in out.items() if k != "total")
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="A,B,C", help="comma list of A,B,C or NxMxK")
@@ -169,6 +218,8 @@ def main(argv=None):
     ap.add_argument("--lloyd", type=int, default=20,
                     help="also time a real Lloyd run of this many iterations per variant (centres updated "
                          "every step, so labels change as they do in use); 0 to skip")
+    ap.add_argument("--host-breakdown", action="store_true",
+                    help="also time the host-side parts of a step (see host_breakdown)")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/gpu_<device>_<date>.json)")
@@ -211,7 +262,6 @@ def main(argv=None):
                 variants = variants_arg
             for tune in variants:
                 tune = dict(tune)
-                tune.setdefault("profile", True)
                 be = GPUBackend(device=args.device, dtype=dtype, tune=tune)
                 be.load_device(xt)
                 w0 = time.perf_counter()
@@ -220,10 +270,13 @@ def main(argv=None):
                 for _ in range(2):
                     be.step(start)
                 med, per, wall = time_events(torch, functools.partial(be.step, start), args.iters, args.repeats)
+                # the kernels alone, in separate steps (their events are not in the timing above)
+                be.profile = True
                 kms = []
                 for _ in range(3):
                     be.step(start)
                     kms.append(be.last_kernel_ms)
+                be.profile = False
                 plan = be.last_plan
                 v = {"tune": {kk: vv for kk, vv in tune.items() if kk != "profile"},
                      "ms": med, "ms_runs": per, "wall_ms": wall, "kernel_ms": statistics.median(kms),
@@ -234,12 +287,17 @@ def main(argv=None):
                 if ref_counts is None:
                     ref_counts = r0.counts
                 v["counts_match_first_variant"] = bool(np.array_equal(ref_counts, r0.counts))
+                if args.host_breakdown:
+                    v["host_us"] = host_breakdown(be, start)
                 if args.lloyd:
                     v["lloyd"] = lloyd_run(torch, be, start, args.lloyd)
                 row["variants"].append(v)
                 print(f"  {cname} {dtype} tune={v['tune']}: {med:.3f} ms/iter (kernels {v['kernel_ms']:.3f}, "
                       f"wall {wall:.3f}), jit {v['jit_ms'] / 1e3:.1f} s, regs {v['regs']}, grid {v['grid']}, "
                       f"flagged {v['flagged']}, incremental {be.last_delta}", flush=True)
+                if args.host_breakdown:
+                    print("    host per step (us): " + ", ".join(f"{kk} {vv:.1f}" for kk, vv in v["host_us"].items()),
+                          flush=True)
                 if args.lloyd:
                     lr = v["lloyd"]
                     print(f"    Lloyd run, {len(lr['ms'])} iterations: median {lr['median_ms']:.3f} ms, mean "

@@ -503,7 +503,6 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
         sv = cuda.local.array(SV, dtype=DT)
         ev = cuda.local.array(EB, dtype=float64)
         ec = cuda.local.array(EB, dtype=float64)
-        eo = cuda.local.array(EB, dtype=float64)
         wx = cuda.local.array(WB, dtype=float64)
         ww = cuda.local.array(WB, dtype=float64)
         yy = cuda.local.array(R, dtype=float32)
@@ -512,7 +511,6 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
         i1 = cuda.local.array(R, dtype=int32)
         labr = cuda.local.array(R, dtype=int32)
         pos = cuda.local.array(R, dtype=int32)
-        oldr = cuda.local.array(R, dtype=int32)
         rowc = cuda.local.array(R, dtype=int64)
 
         ntiles = (n + BR - 1) // BR
@@ -527,9 +525,6 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                 i = row0 + tid + r * NT
                 # rows past the end load row n - 1 (always in bounds) and are ignored
                 rowc[r] = i if i < n else n - 1
-                if DELTA:
-                    # the previous label: a row that keeps it costs nothing more
-                    oldr[r] = _ldx(labels, rowc[r])
             for ct in range(nct):
                 for r in range(R):
                     for c in range(TC):
@@ -606,14 +601,19 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                         lab = i1[r]
                         if ASSIGN:
                             _stx(labels, i, lab)
+                        elif DELTA:
+                            # a row that keeps its label: the kept sums and SSE hold it
+                            # already.  One that changes is rare here: the exact kernel
+                            # moves it (no per-attribute code in this kernel, whose
+                            # registers pass 1 needs)
+                            if _ldx(labels, i) != lab:
+                                p = cuda.atomic.add(ctr, fslot, 1)
+                                _stx(flags, p, i)
+                            lab = -1
                         else:
-                            old = oldr[r] if DELTA else _ldx(labels, i)
-                            if old != lab:
+                            if _ldx(labels, i) != lab:
                                 changed_t += 1
                                 _stx(labels, i, lab)
-                            elif DELTA:
-                                # unchanged: the kept sums and SSE already hold this row
-                                lab = -1
                     else:
                         p = cuda.atomic.add(ctr, fslot, 1)
                         _stx(flags, p, i)
@@ -622,21 +622,16 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                     if WEIGHTED:
                         _stx(smd, o_w + tid + r * NT, _ldx(w, i) if i < n else 0.0)
 
-            if ASSIGN or GLOBAL or DELTA:
+            if ASSIGN or GLOBAL:
                 # exact float64 distance to the chosen centre and, for a step, the
-                # deviation sums (DELTA: only rows whose label changed get here; they
-                # leave the old cluster, x - c_old and its squared distance taken away,
-                # and join the new one); the rows come from L1/L2
+                # deviation sums; the rows come from L1/L2
                 for r in range(R):
                     lab = labr[r]
                     if lab >= 0:
                         i = rowc[r]
                         wi = _ldx(w, i) if WEIGHTED else 1.0
                         cb = lab * m
-                        old = oldr[r] if DELTA else -1
-                        ob = (old if old > 0 else 0) * m
                         s2 = 0.0
-                        s2o = 0.0
                         # EB attributes per batch: their loads are in flight together
                         for jb in range(0, m, EB):
                             for q in range(EB):
@@ -644,8 +639,6 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                                 if j < m:
                                     ev[q] = float64(LDC(x, j, ld, i))
                                     ec[q] = _ldx(p64, P_C64 + cb + j)
-                                    if DELTA:
-                                        eo[q] = _ldx(p64, P_C64 + ob + j)
                             for q in range(EB):
                                 j = jb + q
                                 if j < m:
@@ -653,17 +646,11 @@ def _fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: 
                                     s2 += t * t
                                     if not ASSIGN:
                                         cuda.atomic.add(p64, P_SUMS + cb + j, wi * t)
-                                        if DELTA and old >= 0:
-                                            to = ev[q] - eo[q]
-                                            s2o += to * to
-                                            cuda.atomic.add(p64, P_SUMS + ob + j, -(wi * to))
                         if ASSIGN:
                             _stx(dist2, i, s2)
                         else:
-                            sse_t += wi * (s2 - s2o)
+                            sse_t += wi * s2
                             cuda.atomic.add(p64, P_CNT + lab, wi)
-                            if old >= 0:
-                                cuda.atomic.add(p64, P_CNT + old, -wi)
 
             if SHARED and not diag_skip_pass2:
                 # ================= pass 2: fused per-block sums =================
@@ -1448,8 +1435,14 @@ class GPUBackend(Backend):
         Kernel overrides for benchmarks and tests: ``R``, ``TC``, ``NT``,
         ``sum_mode`` ("global"), ``centres_shared`` (bool), ``smem_budget`` (bytes),
         ``maxreg``, ``blocks``, ``JC``; ``launch="numba"`` launches through Numba's
-        dispatcher instead of the prepared launches; ``profile`` records
-        :attr:`last_kernel_ms`; ``delta`` ("auto", "always", "never"), see below.
+        dispatcher instead of the prepared launches; ``profile`` sets :attr:`profile`;
+        ``delta`` ("auto", "always", "never"), see below.
+
+    Attributes
+    ----------
+    profile : bool
+        Record :attr:`last_kernel_ms`, the kernels' time in the last step or assignment
+        (CUDA events around them; two event records per step; not when streaming).
 
     Notes
     -----
@@ -1515,7 +1508,7 @@ class GPUBackend(Backend):
         self._states = {}
         self._plans = {}
         self._fast = _fast_launch_wanted(self.tune)
-        self._profile = bool(self.tune.get("profile")) and not SIM
+        self.profile = bool(self.tune.get("profile"))
         self._events = None
         self.last_flagged = 0
         self.last_plan = None
@@ -1758,13 +1751,14 @@ class GPUBackend(Backend):
         self._states[key] = st
         return st
 
-    def _run(self, centres: np.ndarray, assign: bool, delta: bool = False):
+    def _run(self, centres: np.ndarray, assign: bool, delta: bool = False, while_busy=None):
         """One step (or assignment) on the device.
 
         Host work per call, once the state for this k exists: fill the pinned input
         buffer; one asynchronous copy in (centre data and zeroed outputs); the fused
         and recheck launches (per chunk when streaming); one asynchronous copy out of
-        sums, counts, SSE and counters; one synchronisation.
+        sums, counts, SSE and counters; ``while_busy()`` if given (host work that then
+        overlaps the kernels); one synchronisation.
         """
         centres = np.ascontiguousarray(centres, dtype=np.float64)
         if centres.ndim != 2 or centres.shape[1] != self.m:
@@ -1782,7 +1776,7 @@ class GPUBackend(Backend):
         if assign:
             labels_out = np.empty(n, dtype=np.int32)
             dist_out = np.empty(n, dtype=np.float64)
-        profile = self._profile and not self._streaming
+        profile = self.profile and not self._streaming and not SIM
         if profile and self._events is None:
             self._events = (cuda.event(), cuda.event())
         if not self._streaming:
@@ -1799,9 +1793,9 @@ class GPUBackend(Backend):
         else:
             self._run_streaming(st, assign, labels_out, dist_out)
         pack.download()
-        if SIM:
-            pass
-        else:
+        if while_busy is not None:
+            while_busy()
+        if not SIM:
             _cucheck(_cu().cuStreamSynchronize(0), "cuStreamSynchronize")
         if profile:
             self.last_kernel_ms = cuda.event_elapsed_time(*self._events)
@@ -1877,18 +1871,25 @@ class GPUBackend(Backend):
         delta = (self._delta_allowed() and self._kept is not None and self._kept.counts.shape[0] == k
                  and (policy == "always"
                       or (self._last_changed * 16 <= self.n and self._delta_run < _DELTA_REFRESH)))
-        res = self._run(centres, assign=False, delta=delta)
-        if delta:
+        carried = []
+
+        def carry_over():
+            # the kept rows, carried over to this step's centres (exact algebra; every
+            # term is small when the centres move little): sum |x - c'|^2 = sum |x - c|^2
+            # + 2 (c - c').sum(x - c) + n |c - c'|^2, sum(x - c') = sum(x - c) + n (c - c').
+            # Host work, done while the kernels run.
             kept = self._kept
-            dev, counts = kept.dev, kept.counts
-            # carry the kept rows over to this step's centres (exact algebra; every term
-            # is small when the centres move little): sum |x - c'|^2 = sum |x - c|^2
-            # + 2 (c - c').sum(x - c) + n |c - c'|^2 and sum(x - c') = sum(x - c) + n (c - c')
             move = kept.centres - centres
-            sse = (kept.sse + 2.0 * float(np.sum(move * dev))
-                   + float(counts @ np.einsum("km,km->k", move, move)) + res.sse)
-            dev += counts[:, None] * move
+            carried.append(kept.sse + 2.0 * float(np.vdot(move, kept.dev))
+                           + float(kept.counts @ np.einsum("km,km->k", move, move)))
+            carried.append(kept.dev + kept.counts[:, None] * move)
+            carried.append(kept.counts.copy())
+
+        res = self._run(centres, assign=False, delta=delta, while_busy=carry_over if delta else None)
+        if delta:
+            sse, dev, counts = carried
             # then the rows that changed label: they left one cluster and joined another
+            sse += res.sse
             dev += res.sums
             counts += res.counts
             self._delta_run += 1
