@@ -54,6 +54,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from . import Backend, BackendInfo, BackendUnavailable, StepResult
 
@@ -1334,7 +1335,6 @@ class _Pack:
         self.sh = h32[L[_P32_SH]: L[_P32_SH] + m] if self.f32 else self.hin[L[_P64_SH]: L[_P64_SH] + m]
         self.zl = h32[L[_P32_ZL]: L[_P32_ZL] + 1]
         self.c64 = self.hin[L[_P64_C64]: L[_P64_C64] + k * m].reshape(k, m)
-        self.zt = np.zeros((kp, m), dtype=np.float32)  # -2 z, padded to whole tiles
         # results: views of hout
         self.r_sums = self.hout[L[_P64_SUMS] - o: L[_P64_SUMS] - o + k * m].reshape(k, m)
         self.r_cnt = self.hout[L[_P64_CNT] - o: L[_P64_CNT] - o + k]
@@ -1352,29 +1352,8 @@ class _Pack:
 
     def fill(self, centres: np.ndarray) -> None:
         """Write this step's centre data into the pinned input buffer (host only)."""
-        k, m = centres.shape
-        nct, TC = self.nct, self.TC
-        shift = centres.mean(axis=0)
-        if self.f32:
-            # the kernel subtracts in float32: shift by exactly the float32 value it uses
-            shift_st = shift.astype(np.float32)
-            shift = shift_st.astype(np.float64)
-            self.sh[:] = shift_st
-        else:
-            self.sh[:] = shift
-        z = (centres - shift).astype(np.float32)
-        z64 = z.astype(np.float64)
-        norms = np.einsum("ij,ij->i", z64, z64)
-        self.cc[:k] = norms
-        np.multiply(z, np.float32(-2.0), out=self.zt[:k])
-        self.cm[:] = self.zt.reshape(nct, TC, m).transpose(0, 2, 1)
-        if np.all(np.isfinite(centres)):
-            zmax = float(norms.max()) if k else 0.0
-            self.zl[0] = np.float32(min(2.0 * zmax * (1.0 + 1e-6), 3.0e38))
-        else:
-            # non-finite centres: every row takes the exact path
-            self.zl[0] = np.float32(np.inf)
-        self.c64[:] = centres
+        _fill_centres(np.ascontiguousarray(centres, dtype=np.float64), self.f32, self.sh, self.cc, self.cm,
+                      self.c64, self.zl)
 
     def upload(self) -> None:
         """Inputs and zeroed outputs to the device: one asynchronous copy."""
@@ -1390,6 +1369,63 @@ class _Pack:
         else:
             _cucheck(self._d2h(self._hout_ptr, self._dptr + self.out0, self.total - self.out0, 0),
                      "cuMemcpyDtoHAsync")
+
+
+@njit(cache=True, nogil=True)
+def _fill_centres(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
+    """The step buffer's centre data, in one compiled pass (numpy took ~0.1 ms a step).
+
+    ``sh`` (m,): ``s``, the mean of the centres (rounded to float32 first when the rows
+    are float32: the kernel subtracts exactly the value it is given); ``cm``
+    (tiles, m, TC): ``-2 z`` with ``z = float32(c - s)``; ``cc`` (k,): ``|z|^2``;
+    ``zl``: twice the largest ``|z|^2`` (the certification bound), infinite when a
+    centre is not finite (every row then takes the exact path); ``c64``: the centres.
+    Padding centres keep what the buffer was set up with (``cc`` infinite, ``cm`` 0).
+    """
+    k, m = centres.shape
+    TC = cm.shape[2]
+    shift = np.empty(m)
+    for j in range(m):
+        t = 0.0
+        for i in range(k):
+            t += centres[i, j]
+        t /= k
+        if f32:
+            t = np.float64(np.float32(t))
+        shift[j] = t
+        sh[j] = t
+    finite = True
+    zmax = 0.0
+    for i in range(k):
+        tile = i // TC
+        c = i - tile * TC
+        norm = 0.0
+        for j in range(m):
+            v = centres[i, j]
+            c64[i, j] = v
+            finite = finite and np.isfinite(v)
+            z = np.float32(v - shift[j])
+            norm += np.float64(z) * np.float64(z)
+            cm[tile, j, c] = z * np.float32(-2.0)
+        cc[i] = norm
+        if norm > zmax:
+            zmax = norm
+    zl[0] = min(2.0 * zmax * (1.0 + 1e-6), 3.0e38) if finite else np.inf
+
+
+@njit(cache=True, nogil=True)
+def _add_step(dev, counts, d_dev, d_counts, centres):  # pragma: no cover - compiled
+    """``dev += d_dev``, ``counts += d_counts``; return the raw sums ``dev + counts c`` (k, m)."""
+    k, m = dev.shape
+    sums = np.empty((k, m))
+    for i in range(k):
+        n = counts[i] + d_counts[i]
+        counts[i] = n
+        for j in range(m):
+            d = dev[i, j] + d_dev[i, j]
+            dev[i, j] = d
+            sums[i, j] = d + n * centres[i, j]
+    return sums
 
 
 @dataclass
@@ -1803,7 +1839,8 @@ class GPUBackend(Backend):
         self.last_flagged = int(ctr[1:].sum())
         if assign:
             return labels_out, dist_out
-        return StepResult(sums=pack.r_sums.copy(), counts=pack.r_cnt.copy(), sse=float(pack.hout[pack.r_sse]),
+        # views of the pinned output buffer: step() consumes them before the next step
+        return StepResult(sums=pack.r_sums, counts=pack.r_cnt, sse=float(pack.hout[pack.r_sse]),
                           changed=int(ctr[0]))
 
     def _run_streaming(self, st: _State, assign: bool, labels_out, dist_out):
@@ -1846,10 +1883,14 @@ class GPUBackend(Backend):
         """
         if self.n == 0 or k < 1:
             return
-        self._state(k, False)
+        st = self._state(k, False)
         self._state(k, True)
         if self._delta_allowed():
             self._state(k, False, True)
+        # the host-side helpers too (compiled, cached on disk after the first run)
+        zeros = np.zeros((k, self.m))
+        st.pack.fill(zeros)  # overwritten by every step's fill
+        _add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros)
 
     def step(self, centres: np.ndarray) -> StepResult:
         """Assign every local row and accumulate float64 sums (see :meth:`Backend.step`).
@@ -1862,7 +1903,8 @@ class GPUBackend(Backend):
         -------
         StepResult
         """
-        centres = np.asarray(centres, dtype=np.float64)
+        # a private copy: it is kept for the next step's carry-over
+        centres = np.array(centres, dtype=np.float64, order="C")
         k = centres.shape[0]
         if self.n == 0:
             return StepResult(sums=np.zeros((k, self.m if self.m else centres.shape[1])),
@@ -1887,21 +1929,20 @@ class GPUBackend(Backend):
 
         res = self._run(centres, assign=False, delta=delta, while_busy=carry_over if delta else None)
         if delta:
-            sse, dev, counts = carried
             # then the rows that changed label: they left one cluster and joined another
+            sse, dev, counts = carried
             sse += res.sse
-            dev += res.sums
-            counts += res.counts
             self._delta_run += 1
         else:
-            dev, counts, sse = res.sums, res.counts, res.sse
+            sse, dev, counts = res.sse, np.zeros_like(res.sums), np.zeros_like(res.counts)
             self._delta_run = 0
-        self._kept = _Kept(dev, counts, sse, centres.copy())
-        self._last_changed = res.changed
-        self.last_delta = delta
         # the device sums deviations from the centres (no cancellation far from the
         # origin, and what the carry-over above needs); the raw sums are dev + n c
-        return StepResult(sums=dev + counts[:, None] * centres, counts=counts.copy(), sse=sse, changed=res.changed)
+        sums = _add_step(dev, counts, res.sums, res.counts, centres)
+        self._kept = _Kept(dev, counts, sse, centres)
+        self._last_changed = res.changed
+        self.last_delta = delta
+        return StepResult(sums=sums, counts=counts.copy(), sse=sse, changed=res.changed)
 
     def forget_labels(self) -> None:
         """Start over: every label unknown, no kept sums (the next step is like a first one).
