@@ -415,10 +415,11 @@ def _gpu_vs_cpu(n, m, k, dtype="float64", chunk=None, weights=False, tune=None, 
         c = x[:k].copy()
     w = np.random.default_rng(seed + 9).uniform(0.5, 2, n) if weights else None
     cpu = CPUBackend()
-    cpu.load(x.astype(np.float32).astype(np.float64) if cpu_sees_stored else x, w)
+    stored_f32 = cpu_sees_stored and dtype == "float32"
+    cpu.load(x.astype(np.float32).astype(np.float64) if stored_f32 else x, w)
     gpu = G.GPUBackend(dtype=dtype, chunk_rows=chunk, tune=tune or {})
     gpu.load(x, w)
-    tol = 1e-12 if dtype == "float64" or cpu_sees_stored else 1e-6
+    tol = 1e-12 if dtype == "float64" or stored_f32 else 1e-6
     for _ in range(iters):
         a = cpu.step(c)
         b = gpu.step(c)
