@@ -459,25 +459,8 @@ def bench_reference(tool, data, init_path, iterations, repeats, dtype, device):
     click.echo(json.dumps(out))
 
 
-def _no_hugepage_advice() -> None:
-    """Ask numpy not to madvise(MADV_HUGEPAGE) its large arrays, unless the user chose.
-
-    Where transparent huge pages are "madvise" with defrag "madvise" (a common
-    default), each advised 2 MiB fault may stall on memory compaction; a run
-    first-touches its rows and text buffers once, so it pays that and gains
-    little from the larger pages.  Measured on a 2-core VM, 432 MB file:
-    ``read_s`` 0.57-0.60 s without the advice against 0.66-1.00 s with it (2
-    threads; 0.90-1.03 against 1.21-1.43 s with 1), the iterations no slower.
-    ``NUMPY_MADVISE_HUGEPAGE=1`` restores numpy's default.  numpy reads the
-    variable when it is first imported, which has not happened yet here.
-    """
-    if "numpy" not in sys.modules:
-        os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
-
-
 def entry() -> None:
     """Console-script entry point: click's usage errors printed by one rank only."""
-    _no_hugepage_advice()
     try:
         main.main(standalone_mode=False)
     except click.exceptions.Exit as exc:

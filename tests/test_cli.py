@@ -234,22 +234,3 @@ def test_gen_data_reports_start_up_apart(tmp_path):
 def test_help_works_without_starting_mpi():
     r = run_cli(["--help"])
     assert r.code == 0 and "gen-data" in r.out and "run" in r.out
-
-
-@pytest.mark.parametrize("env_value, advised", [(None, "False"), ("1", "True"), ("0", "False")])
-def test_cli_asks_numpy_not_to_advise_huge_pages_unless_told(env_value, advised):
-    """The entry point turns numpy's MADV_HUGEPAGE advice off (compaction stalls on
-    first touch cost reading up to 40 % on the VMs measured); a user's setting wins."""
-    import subprocess
-    import sys
-
-    if not hasattr(np._core.multiarray, "_get_madvise_hugepage"):
-        pytest.skip("this numpy cannot report its huge-page advice")
-    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
-    if env_value is not None:
-        env["NUMPY_MADVISE_HUGEPAGE"] = env_value
-    code = ("from mpikmeans import cli; cli._no_hugepage_advice(); import numpy; "
-            "print(numpy._core.multiarray._get_madvise_hugepage())")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == advised
