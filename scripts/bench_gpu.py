@@ -53,8 +53,13 @@ def parse_case(s: str):
     return s, (n, m, k)
 
 
-def make_data(torch, n, m, k, dtype, seed):
-    """Clusters on the GPU: x^T of shape (m, n), centres (k, m) float64 on the host."""
+def make_data(torch, n, m, k, dtype, seed, noise=1.0):
+    """Clusters on the GPU: x^T of shape (m, n), centres (k, m) float64 on the host.
+
+    Centres uniform in [-10, 10]^m, rows at a centre plus normal noise of standard
+    deviation ``noise`` per attribute (1: well separated; a few units: overlapping
+    clusters whose labels keep changing for many Lloyd iterations).
+    """
     g = torch.Generator(device="cuda").manual_seed(seed)
     tdt = torch.float32 if dtype == "float32" else torch.float64
     ctrue = torch.rand(k, m, generator=g, device="cuda", dtype=torch.float64) * 20 - 10
@@ -63,7 +68,7 @@ def make_data(torch, n, m, k, dtype, seed):
     for a in range(0, n, step):
         b = min(n, a + step)
         lab = torch.randint(0, k, (b - a,), generator=g, device="cuda")
-        blk = ctrue.t()[:, lab] + torch.randn(m, b - a, generator=g, device="cuda", dtype=torch.float64)
+        blk = ctrue.t()[:, lab] + noise * torch.randn(m, b - a, generator=g, device="cuda", dtype=torch.float64)
         xt[:, a:b] = blk.to(tdt)
         del blk, lab
     start = ctrue.cpu().numpy() + np.random.default_rng(seed).normal(scale=0.5, size=(k, m))
@@ -220,6 +225,9 @@ def main(argv=None):
                          "every step, so labels change as they do in use); 0 to skip")
     ap.add_argument("--host-breakdown", action="store_true",
                     help="also time the host-side parts of a step (see host_breakdown)")
+    ap.add_argument("--noise", type=float, default=1.0,
+                    help="standard deviation of the rows around their centre, per attribute (default 1: "
+                         "well separated; 6 for A keeps labels changing through a Lloyd run)")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/gpu_<device>_<date>.json)")
@@ -248,7 +256,7 @@ def main(argv=None):
             dtype = dtype.strip()
             dsize = 4 if dtype == "float32" else 8
             t0 = time.perf_counter()
-            xt, start = make_data(torch, n, m, k, dtype, args.seed)
+            xt, start = make_data(torch, n, m, k, dtype, args.seed, args.noise)
             torch.cuda.synchronize()
             gen_s = time.perf_counter() - t0
             mem_ms = n * m * dsize / bw * 1e3
@@ -341,7 +349,7 @@ def main(argv=None):
         "date": _dt.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
         "torch": torch.__version__, "numpy": np.__version__,
         "copy_bandwidth_Bps": bw, "fp32_gemm_flops": rate,
-        "repeats": args.repeats, "iters": args.iters, "results": results,
+        "repeats": args.repeats, "iters": args.iters, "noise": args.noise, "results": results,
     }
     out = args.out
     if out is None:
