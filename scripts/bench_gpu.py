@@ -228,6 +228,9 @@ def main(argv=None):
     ap.add_argument("--noise", type=float, default=1.0,
                     help="standard deviation of the rows around their centre, per attribute (default 1: "
                          "well separated; 6 for A keeps labels changing through a Lloyd run)")
+    ap.add_argument("--start-rows", action="store_true",
+                    help="start from the first K rows instead of near the true centres: with --noise, "
+                         "labels keep changing for many iterations")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/gpu_<device>_<date>.json)")
@@ -257,6 +260,8 @@ def main(argv=None):
             dsize = 4 if dtype == "float32" else 8
             t0 = time.perf_counter()
             xt, start = make_data(torch, n, m, k, dtype, args.seed, args.noise)
+            if args.start_rows:
+                start = xt[:, :k].t().double().cpu().numpy().copy()
             torch.cuda.synchronize()
             gen_s = time.perf_counter() - t0
             mem_ms = n * m * dsize / bw * 1e3
@@ -349,7 +354,8 @@ def main(argv=None):
         "date": _dt.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
         "torch": torch.__version__, "numpy": np.__version__,
         "copy_bandwidth_Bps": bw, "fp32_gemm_flops": rate,
-        "repeats": args.repeats, "iters": args.iters, "noise": args.noise, "results": results,
+        "repeats": args.repeats, "iters": args.iters, "noise": args.noise, "start_rows": args.start_rows,
+        "results": results,
     }
     out = args.out
     if out is None:
