@@ -355,6 +355,14 @@ _MODE_ASSIGN = 2  # labels and exact squared distances only
 _MODE_STEP_DELTA = 3  # step, only the changes of the sums (rows whose label changed)
 #: steps in a row that may be incremental before a full one (bounds rounding drift)
 _DELTA_REFRESH = 32
+#: When an incremental step pays (H100, bench/GPU_NOTES.md, v5): each row that changed
+#: label costs the exact kernel about _MOVE_NS + _MOVE_NS_PER_ELEM * K * M nanoseconds
+#: (26 ns at K x M = 5000, 110 ns at 32000); a full step's pass 2, which an incremental
+#: step saves, about _PASS2_NS_PER_ELEM per element of the rows (0.005 measured, less a
+#: margin).  The last step's change count predicts the next one's.
+_MOVE_NS = 10.5
+_MOVE_NS_PER_ELEM = 0.0031
+_PASS2_NS_PER_ELEM = 0.004
 
 # indices into the shared-memory layout tuple (see _plan_shared)
 (_O_CM, _O_CC, _O_SH, _O_SUMS, _O_CNT, _O_HIST, _O_START, _O_PERM, _O_SLAB, _O_LAB, _O_W, _O_XS, _O_RED, _O_JC,
@@ -1489,7 +1497,8 @@ class GPUBackend(Backend):
 
     Incremental steps.  After a step the backend keeps, in float64, each cluster's
     deviation sum and count, the total SSE and the centres used (:class:`_Kept`).
-    When few labels changed in the last step (at most 1/16 of the rows), the next step
+    When few labels changed in the last step (at most 1/16 of the rows, and few enough
+    that moving them costs less than a full step's summing pass: ``_MOVE_NS``), the next step
     does no per-row work beyond the certified assignment (pass 1) for rows that keep
     their label: their deviation sums and SSE are carried over to the new centres
     exactly on the host, ``sum |x - c'|^2 = sum |x - c|^2 + 2 (c - c').sum(x - c) +
@@ -1912,7 +1921,9 @@ class GPUBackend(Backend):
         policy = self.tune.get("delta", "auto")
         delta = (self._delta_allowed() and self._kept is not None and self._kept.counts.shape[0] == k
                  and (policy == "always"
-                      or (self._last_changed * 16 <= self.n and self._delta_run < _DELTA_REFRESH)))
+                      or (self._delta_run < _DELTA_REFRESH and self._last_changed * 16 <= self.n
+                          and (self._last_changed * (_MOVE_NS + _MOVE_NS_PER_ELEM * k * self.m)
+                               <= _PASS2_NS_PER_ELEM * self.n * self.m))))
         carried = []
 
         def carry_over():
