@@ -364,6 +364,67 @@ def test_no_gpu_is_refused_cleanly():
         G.GPUBackend()
 
 
+def _fill_numpy(centres, f32, TC):
+    """The step buffer's centre data as the numpy form computed it before v5 (the oracle)."""
+    k, m = centres.shape
+    nct = -(-k // TC)
+    shift = centres.mean(axis=0)
+    if f32:
+        sh = shift.astype(np.float32)
+        shift = sh.astype(np.float64)
+    else:
+        sh = shift.copy()
+    z = (centres - shift).astype(np.float32)
+    z64 = z.astype(np.float64)
+    norms = np.einsum("ij,ij->i", z64, z64)
+    cc = np.full(nct * TC, np.inf, np.float32)
+    cc[:k] = norms
+    zt = np.zeros((nct * TC, m), np.float32)
+    np.multiply(z, np.float32(-2.0), out=zt[:k])
+    cm = zt.reshape(nct, TC, m).transpose(0, 2, 1).copy()
+    finite = np.all(np.isfinite(centres))
+    zl = np.float32(min(2.0 * float(norms.max()) * (1.0 + 1e-6), 3.0e38)) if finite else np.float32(np.inf)
+    return sh, cc, cm, zl
+
+
+@pytest.mark.parametrize("f32", [True, False])
+@pytest.mark.parametrize("k,m,TC", [(50, 100, 52), (1000, 32, 64), (10, 5, 4), (7, 3, 8)])
+def test_fill_centres_is_bit_identical_to_the_numpy_form(f32, k, m, TC):
+    """The compiled fill of the step buffer (host side, every step) against the numpy oracle."""
+    pytest.importorskip("numba")
+    from mpikmeans.backends.gpu import _fill_centres
+
+    r = np.random.default_rng(k + m)
+    c = r.normal(size=(k, m)) * 10 + 3
+    nct = -(-k // TC)
+    sh = np.zeros(m, np.float32 if f32 else np.float64)
+    cc = np.full(nct * TC, np.inf, np.float32)
+    cm = np.zeros((nct, m, TC), np.float32)
+    c64 = np.zeros((k, m))
+    zl = np.zeros(1, np.float32)
+    _fill_centres(c, f32, sh, cc, cm, c64, zl)
+    want = _fill_numpy(c, f32, TC)
+    assert np.array_equal(sh, want[0]) and np.array_equal(cc, want[1]) and np.array_equal(cm, want[2])
+    assert zl[0] == want[3] and np.array_equal(c64, c)
+    c[1, 2] = np.nan  # a non-finite centre sends every row to the exact kernel
+    _fill_centres(c, f32, sh, cc, cm, c64, zl)
+    assert zl[0] == np.inf
+
+
+def test_add_step_forms_raw_sums_from_deviations():
+    """dev += d_dev, counts += d_counts, and the raw sums dev + counts c."""
+    pytest.importorskip("numba")
+    from mpikmeans.backends.gpu import _add_step
+
+    r = np.random.default_rng(4)
+    dev, d_dev, c = r.normal(size=(3, 6, 4))
+    counts, d_counts = r.integers(0, 50, size=(2, 6)).astype(np.float64)
+    want_dev, want_counts = dev + d_dev, counts + d_counts
+    sums = _add_step(dev, counts, d_dev, d_counts, c)
+    assert np.array_equal(dev, want_dev) and np.array_equal(counts, want_counts)
+    assert np.array_equal(sums, want_dev + want_counts[:, None] * c)
+
+
 # --------------------------------------------------------------------------------------
 # Real GPU
 # --------------------------------------------------------------------------------------
