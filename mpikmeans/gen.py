@@ -225,8 +225,10 @@ class _Offsets:
 
     Known from the start (several ranks: the byte counts were exchanged), or
     learnt block after block (one rank: a block's offset is known once the
-    block before it is formatted).  A thread that fails wakes the waiting ones,
-    so none waits for a block that will never come.
+    block before it is formatted).  A thread that fails at block ``j`` wakes the
+    waiting ones: those after ``j`` stop (their offset will never come), those
+    before it go on, so the first error in block order is the cause, not a
+    consequence.
     """
 
     def __init__(self, first: int, n: int, sizes: list | None = None):
@@ -235,14 +237,14 @@ class _Offsets:
         if sizes is not None:
             self._at[1:] = (first + np.cumsum(np.asarray(sizes, dtype=np.int64))).tolist()
         self._cond = threading.Condition()
-        self._failed = False
+        self._failed_at = n + 1  # the first block that failed (none yet)
 
     def place(self, k: int, size: int) -> int:
         """The offset of block ``k``, whose text has ``size`` bytes (waits for block ``k - 1``'s size)."""
         with self._cond:
-            self._cond.wait_for(lambda: self._at[k] is not None or self._failed)
+            self._cond.wait_for(lambda: self._at[k] is not None or self._failed_at < k)
             if self._at[k] is None:
-                raise RuntimeError("gen-data: an earlier block failed")
+                raise RuntimeError(f"gen-data: block {self._failed_at} failed before block {k}")
             if self._at[k + 1] is None:
                 self._at[k + 1] = self._at[k] + size
                 self._cond.notify_all()
@@ -251,9 +253,10 @@ class _Offsets:
                                    "were counted")
             return self._at[k]
 
-    def fail(self) -> None:
+    def fail(self, k: int) -> None:
+        """Block ``k`` will not be placed: blocks after it cannot be."""
         with self._cond:
-            self._failed = True
+            self._failed_at = min(self._failed_at, k)
             self._cond.notify_all()
 
     @property
@@ -347,7 +350,7 @@ def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> i
                 finally:
                     free.append(bufs)
             except BaseException:
-                offsets.fail()  # no thread may wait for this block's offset
+                offsets.fail(k)  # no thread may wait for an offset after this block
                 raise
 
         try:

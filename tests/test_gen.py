@@ -251,6 +251,30 @@ def test_a_failing_block_stops_the_writers(tmp_path, monkeypatch, ranks):
     assert not path.exists()
 
 
+def test_the_failing_block_is_reported_not_its_consequences(tmp_path, monkeypatch):
+    # block 1 is slow and block 3 fails meanwhile: block 2, waiting for block 1's
+    # offset, must not give up (its error would come first in block order and hide
+    # the cause); only blocks after 3 stop
+    import time
+
+    monkeypatch.setattr(gen, "BLOCK_ROWS", 5)
+    real = gen._Maker.text
+
+    def text(self, block, bufs):
+        if block == 1:
+            time.sleep(0.5)
+        if block == 3:
+            raise ValueError("block 3 broke")
+        return real(self, block, bufs)
+
+    monkeypatch.setattr(gen._Maker, "text", text)
+    path = tmp_path / "f.arff"
+    out = run_ranks(1, lambda comm: write_blobs(GenSpec(n=60, m=2, k=2), str(path), comm, threads=3),
+                    return_exceptions=True, timeout=30)
+    assert isinstance(out[0], ValueError) and "block 3" in str(out[0]), out
+    assert not path.exists()
+
+
 def test_default_threads_follow_the_node_share(monkeypatch):
     # gen-data's threads are the reader's: the rank's CPU share, lowered by OMP_NUM_THREADS
     from mpikmeans.comm import SerialComm
