@@ -4,7 +4,7 @@ In one process it clusters a NumPy array; given a communicator
 (``mpikmeans.comm.world()`` under ``mpirun``) every rank passes its own rows,
 the fit is collective, and ``labels_`` holds this rank's rows.  It is a thin
 shell over the same pieces as ``mpikmeans run``: :func:`fit_scaler`,
-:func:`mpikmeans.kmeans.run_restarts` (initialisation + :func:`lloyd`) and a
+:func:`mpikmeans.restarts.run_restarts` (initialisation + :func:`mpikmeans.lloyd.lloyd`) and a
 backend, so both give the same result for the same data and settings.
 
 Example::
@@ -21,7 +21,8 @@ import numpy as np
 from .backends import BACKEND_NAMES, make_backend
 from .comm import SerialComm, default_threads
 from .errors import UsageError
-from .kmeans import INIT_METHODS, run_restarts
+from .init import INIT_METHODS
+from .restarts import run_restarts
 from .scaling import METHODS as NORMALIZE_METHODS
 from .scaling import fit_scaler
 
@@ -39,7 +40,7 @@ class KMeans:
         the data when ``normalize`` is set); then ``n_init`` must be 1.
     n_init : int
         Initialisations; the one with the lowest SSE is kept (restart 0 uses
-        ``random_state`` itself, see :func:`mpikmeans.kmeans.restart_seeds`).
+        ``random_state`` itself, see :func:`mpikmeans.restarts.restart_seeds`).
     max_iter : int
     tol : float
         Stop when no centre moves more than ``tol`` (Euclidean, in the scaled
@@ -280,9 +281,9 @@ class KMeans:
         z = self._scaled(X)
         if not isinstance(self.backend, str):
             # the caller's backend holds the training rows: leave it alone
-            from .kmeans import _SerialRows
+            from .backends.serial import SerialRows
 
-            return _SerialRows(z).assign(self.scaled_centers_)
+            return SerialRows(z).assign(self.scaled_centers_)
         # the CPU backend's arithmetic is the GPU's exact path's: the same labels,
         # without starting a device for a prediction
         backend = make_backend("cpu", threads=self._threads(self.comm if self.comm is not None else SerialComm()))

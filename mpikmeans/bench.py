@@ -46,8 +46,8 @@ import numpy as np
 
 from . import __version__
 from .errors import RunError, UsageError
-from .gen import BLOCK_ROWS, GenSpec, blob_centres, generate_block
-from .output import centres_csv, write_atomic
+from .io.gen import BLOCK_ROWS, GenSpec, blob_centres, generate_block
+from .io.output import centres_csv, write_atomic
 
 SWEEPS = ("procs", "n", "m", "k")
 

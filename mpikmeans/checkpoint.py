@@ -1,6 +1,6 @@
 """Checkpoints of the Lloyd loop: save atomically, load, check they fit the run.
 
-A checkpoint holds the loop state (:class:`mpikmeans.kmeans.LoopState`: the
+A checkpoint holds the loop state (:class:`mpikmeans.lloyd.LoopState`: the
 centres after the last completed iteration, the centres before it, the
 iteration number, the history) and the settings that determine the result.
 The centres are stored in binary (``.npz``), so a resumed run continues from
@@ -18,8 +18,8 @@ import numpy as np
 
 from . import __version__
 from .errors import UsageError
-from .kmeans import LoopState
-from .output import write_atomic
+from .lloyd import LoopState
+from .io.output import write_atomic
 
 log = logging.getLogger("mpikmeans")
 

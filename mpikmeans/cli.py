@@ -255,7 +255,7 @@ def _print_summary(s: dict, out_dir: str) -> None:
 @click.option("-q", "--quiet", is_flag=True)
 def gen_data(out, n, m, k, seed, spread, decimals, verbose, quiet):
     """Write a synthetic ARFF file of Gaussian blobs (in parallel under mpirun)."""
-    from .gen import GenSpec, prepare, write_blobs
+    from .io.gen import GenSpec, prepare, write_blobs
 
     def body(comm):
         spec = GenSpec(n=n, m=m, k=k, seed=seed, spread=spread, decimals=decimals)
@@ -288,7 +288,7 @@ def gen_data(out, n, m, k, seed, spread, decimals, verbose, quiet):
 @click.option("-q", "--quiet", is_flag=True)
 def convert(source, target, ignore, missing, quiet):
     """Parse SOURCE (ARFF) once and write TARGET (.npy) for fast repeated runs."""
-    from .binary import convert as convert_file
+    from .io.binary import convert as convert_file
 
     def body(comm):
         if not target.endswith(".npy"):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 
 from .errors import UsageError
 
-# the same names as kmeans.INIT_METHODS, repeated so that config imports no numba
+# the same names as init.INIT_METHODS, repeated so that config imports no numba
 INIT_METHODS = ("k-means++", "k-means||", "range", "sample")
 NORMALIZE_METHODS = ("none", "minmax", "zscore")
 BACKENDS = ("auto", "cpu", "gpu")

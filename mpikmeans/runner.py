@@ -17,17 +17,18 @@ import numba
 import numpy as np
 
 from . import __version__
-from .arff import check_memory, read_arff, shared_header, warm_up
+from .io.arff import check_memory, read_arff, shared_header, warm_up
 from .backends import BackendUnavailable, make_backend
 from .checkpoint import Checkpointer, check_compatible, load
 from .comm import default_threads
 from .errors import MpikmeansError, RunError, UsageError
 from .faults import fault_point
 from .interrupt import StopRequest
-from .kmeans import INIT_METHODS, check_centres, run_restarts
+from .init import INIT_METHODS, check_centres
+from .restarts import run_restarts
 from .scaling import fit_scaler, global_means
-from .output import CENTERS, CLUSTERED, LABELS, SUMMARY, read_centres_csv, write_arrays, write_summary
-from .wekaout import write_clustered_arff
+from .io.output import CENTERS, CLUSTERED, LABELS, SUMMARY, read_centres_csv, write_arrays, write_summary
+from .io.wekaout import write_clustered_arff
 
 log = logging.getLogger("mpikmeans")
 
@@ -154,7 +155,7 @@ def dry_run(comm, data: str, cfg) -> list:
         One per rank: rank, host, byte range, bytes, estimated rows, host
         memory and device memory estimates, available memory.
     """
-    from .arff import available_memory, plan_local
+    from .io.arff import available_memory, plan_local
 
     header = shared_header(data, comm)
     plan = plan_local(data, header, comm.rank, comm.size)
@@ -205,7 +206,7 @@ def read_input(comm, data: str, cfg, threads: int):
     ``threads`` parse the ARFF file (:func:`rank_threads`).
     """
     if data.endswith(".npy"):
-        from .binary import read_npy
+        from .io.binary import read_npy
 
         if cfg.ignore or cfg.missing != "error" or cfg.write_arff:
             raise UsageError("--ignore, --missing and --write-arff need the ARFF file, not a .npy cache",

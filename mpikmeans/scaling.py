@@ -10,7 +10,7 @@ checked against this tool bit for bit.
 ``zscore`` is ``(x - mean) / std`` with the population standard deviation
 (ddof = 0, as scikit-learn's ``StandardScaler``); a constant attribute becomes
 0.  Mean and variance are computed in two passes with exact fixed-point sums
-(:func:`mpikmeans.kmeans.limb_sums`) rounded once, so they are the same bits
+(:func:`mpikmeans.exact.limb_sums`) rounded once, so they are the same bits
 for any number of ranks and within an ulp or two of NumPy's on the whole
 array.
 
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError, UsageError
-from .kmeans import fixed_scale, global_extent, limb_sums, limbs_to_int, to_fixed
+from .exact import fixed_scale, limb_sums, limbs_to_int, to_fixed
+from .init import global_extent
 
 METHODS = ("none", "minmax", "zscore")
 

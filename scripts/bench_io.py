@@ -77,8 +77,8 @@ def phases(path: str, threads: int, repeats: int) -> dict:
     import numba
     import numpy as np
 
-    import mpikmeans.arff as A
-    import mpikmeans.rowparse as R
+    import mpikmeans.io.arff as A
+    import mpikmeans.io.rowparse as R
     from mpikmeans.comm import SerialComm
 
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))

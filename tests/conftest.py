@@ -96,3 +96,27 @@ def blobs(tmp_path_factory):
     r = run_cli(["gen-data", path, "-n", 20000, "-m", 10, "-k", 8, "--seed", 3, "--spread", 0.5])
     assert r.code == 0, r.err
     return path
+
+
+@pytest.fixture(scope="session")
+def small_file(tmp_path_factory):
+    """A 600 x 3 ARFF file of 5 blobs, written in-process (the initialisation and Lloyd tests)."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from threadcomm import run_ranks
+
+    from mpikmeans.io.gen import GenSpec, write_blobs
+
+    path = tmp_path_factory.mktemp("km") / "small.arff"
+    run_ranks(1, lambda comm: write_blobs(GenSpec(n=600, m=3, k=5, seed=1, spread=1.0, decimals=6), str(path), comm))
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_x(small_file):
+    """The rows of ``small_file``, as the reader gives them."""
+    from threadcomm import run_ranks
+
+    from mpikmeans.io.arff import read_arff
+
+    return run_ranks(1, lambda comm: read_arff(str(small_file), comm))[0].x
+

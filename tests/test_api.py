@@ -18,8 +18,10 @@ from threadcomm import Serialised, run_ranks  # noqa: E402
 from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
 from mpikmeans.comm import SerialComm  # noqa: E402
 from mpikmeans.errors import UsageError  # noqa: E402
-from mpikmeans.gen import GenSpec, blob_centres, generate_block  # noqa: E402
-from mpikmeans.kmeans import init_kmeans_parallel, init_kmeanspp, lloyd, restart_seeds  # noqa: E402
+from mpikmeans.io.gen import GenSpec, blob_centres, generate_block  # noqa: E402
+from mpikmeans.init import init_kmeans_parallel, init_kmeanspp  # noqa: E402
+from mpikmeans.lloyd import lloyd  # noqa: E402
+from mpikmeans.restarts import restart_seeds  # noqa: E402
 from mpikmeans.scaling import fit_scaler  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Tests for :mod:`mpikmeans.arff`: header parsing, the byte-range split, and the
+"""Tests for :mod:`mpikmeans.io.arff`: header parsing, the byte-range split, and the
 parallel reader, which must return exactly ``numpy.loadtxt``'s values for every
 split of the file over 1..7 ranks (ranks simulated with threads, see
 tests/threadcomm.py)."""
@@ -17,8 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from threadcomm import run_ranks  # noqa: E402
 
-from mpikmeans import arff  # noqa: E402
-from mpikmeans.arff import (  # noqa: E402
+from mpikmeans.io import arff  # noqa: E402
+from mpikmeans.io.arff import (  # noqa: E402
     byte_ranges,
     first_line_start,
     header_text,
@@ -614,7 +614,7 @@ def test_bad_row_line_number_any_threads(tmp_path, monkeypatch, threads):
 _WARM_CHECK = r"""
 import json, sys, time
 import numpy as np
-from mpikmeans import arff, rowparse
+from mpikmeans.io import arff, rowparse
 from mpikmeans.comm import SerialComm
 
 files = sys.argv[1:]
@@ -660,7 +660,7 @@ def test_warm_up_small_pieces_same_kernels(tmp_path, monkeypatch):
     # a file read in several pieces by several threads uses the kernels warm_up loaded
     monkeypatch.setattr(arff, "READ_PIECE", 256)
     arff.warm_up(3)
-    from mpikmeans import rowparse
+    from mpikmeans.io import rowparse
     from mpikmeans.comm import SerialComm
 
     before = {name: len(getattr(rowparse, name).overloads) for name in arff.READ_KERNELS}

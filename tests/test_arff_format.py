@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from mpikmeans.arff import read_arff
+from mpikmeans.io.arff import read_arff
 from mpikmeans.errors import InputError, UsageError
 from threadcomm import run_ranks
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from mpikmeans import bench
-from mpikmeans.arff import read_arff
+from mpikmeans.io.arff import read_arff
 from mpikmeans.comm import SerialComm
-from mpikmeans.gen import GenSpec, write_blobs
+from mpikmeans.io.gen import GenSpec, write_blobs
 
 from conftest import mpirun_path, run_cli
 

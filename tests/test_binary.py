@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from mpikmeans.arff import read_arff
-from mpikmeans.binary import read_npy
+from mpikmeans.io.arff import read_arff
+from mpikmeans.io.binary import read_npy
 from mpikmeans.errors import InputError
 from threadcomm import run_ranks
 

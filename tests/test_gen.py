@@ -1,4 +1,4 @@
-"""Tests for :mod:`mpikmeans.gen`: the generated file is the same bytes whatever
+"""Tests for :mod:`mpikmeans.io.gen`: the generated file is the same bytes whatever
 the number of ranks writing it (ranks simulated with threads), deterministic for
 a seed, in the specification's appendix-2 layout, and its values are exactly the
 fixed-point decimals written."""
@@ -16,9 +16,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from threadcomm import run_ranks  # noqa: E402
 
-from mpikmeans import gen  # noqa: E402
-from mpikmeans.arff import read_arff  # noqa: E402
-from mpikmeans.gen import GenSpec, blob_centres, write_blobs  # noqa: E402
+from mpikmeans.io import gen  # noqa: E402
+from mpikmeans.io.arff import read_arff  # noqa: E402
+from mpikmeans.io.gen import GenSpec, blob_centres, write_blobs  # noqa: E402
 
 
 def generate(tmp_path, spec: GenSpec, ranks: int, name: str | None = None) -> bytes:
@@ -185,8 +185,8 @@ def test_validate_accepts_sensible_settings():
 
 def reference_text(spec: GenSpec) -> bytes:
     """The file as the first implementation wrote it: numpy ticks of each block, then format_fixed."""
-    from mpikmeans.arff import header_text
-    from mpikmeans.textfmt import format_fixed
+    from mpikmeans.io.arff import header_text
+    from mpikmeans.io.textfmt import format_fixed
 
     centres = blob_centres(spec)
     body = b"".join(format_fixed(gen.generate_block(spec, b, centres)[0], spec.decimals).tobytes()
@@ -292,7 +292,7 @@ _WARM_CHECK = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[2])
 from threadcomm import run_ranks
-from mpikmeans import gen, textfmt
+from mpikmeans.io import gen, textfmt
 from mpikmeans.comm import SerialComm
 
 KERNELS = ("_write_blob_rows", "_blob_rows_bytes")

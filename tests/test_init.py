@@ -1,20 +1,18 @@
-"""Tests for the initialisations of :mod:`mpikmeans.kmeans`: k-means++ and k-means||
-across ranks, the exact D² sampler under them, and restarts.
+"""Tests for :mod:`mpikmeans.init`: every initialisation gives the same centres
+across ranks (simulated with threads), and k-means++ is scikit-learn's.
 
-- the sampler maps every target to the right row, exactly, at any split;
+- ``range`` and ``sample`` are bit-identical for 1..5 ranks, inside the data;
 - k-means++ is scikit-learn's greedy algorithm: fed the same random numbers it
   picks the very same 50 centres, and its SSE after Lloyd matches
   scikit-learn's ``KMeans(init="k-means++", n_init=1)`` (k-means|| too, within 2%),
   far below ``range`` and ``sample``;
 - both give bit-identical centres for 1..4 ranks (threads), with or without
-  a backend, with weights;
-- restarts keep the lowest SSE, the same whatever the ranks.
+  a backend, with weights.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from pathlib import Path
 
@@ -22,54 +20,25 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rankhelpers import blobs, on_ranks, split  # noqa: E402
 from threadcomm import Serialised, run_ranks  # noqa: E402
 
 from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
 from mpikmeans.comm import SerialComm  # noqa: E402
-from mpikmeans.errors import UsageError  # noqa: E402
-from mpikmeans.gen import GenSpec, blob_centres, generate_block  # noqa: E402
-from mpikmeans.kmeans import (  # noqa: E402
-    best_restart,
-    draw_rows,
-    fixed_scale,
+from mpikmeans.errors import InputError, UsageError  # noqa: E402
+from mpikmeans.init import (  # noqa: E402
+    check_centres,
+    gather_rows,
     global_extent,
     init_kmeans_parallel,
     init_kmeanspp,
     init_range,
     init_sample,
-    limb_sums,
-    limbs_to_int,
-    lloyd,
-    restart_seeds,
     row_uniforms,
-    run_restarts,
-    to_fixed,
+    sample_indices,
 )
-
-# =========================================================================== helpers
-
-def bounds(n, ranks, rank, layout="even"):
-    """Rows [lo, hi) of ``rank``: even, or uneven with rank 1 empty."""
-    if layout == "even" or ranks == 1:
-        return n * rank // ranks, n * (rank + 1) // ranks
-    cuts = [0, n // 7, n // 7] + [n // 7 + (n - n // 7) * r // (ranks - 2) for r in range(1, ranks - 1)]
-    cuts[-1] = n
-    return cuts[rank], cuts[rank + 1]
-
-
-def on_ranks(ranks, x, fn, layout="even", weights=None):
-    """``fn(comm, x_local, row_offset, w_local)`` on ``ranks`` threads."""
-    def body(comm):
-        lo, hi = bounds(len(x), ranks, comm.rank, layout)
-        return fn(comm, x[lo:hi], lo, None if weights is None else weights[lo:hi])
-    return run_ranks(ranks, body)
-
-
-def blobs(m, spread, n=20_000, k=50, seed=1):
-    """Gaussian blobs from mpikmeans.gen (the rows gen-data would write), in memory."""
-    spec = GenSpec(n=n, m=m, k=k, seed=seed, spread=spread, decimals=6)
-    ticks, _ = generate_block(spec, 0, blob_centres(spec))
-    return ticks / 1e6
+from mpikmeans.io.arff import read_arff  # noqa: E402
+from mpikmeans.lloyd import lloyd  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -89,95 +58,86 @@ def sse_after_lloyd(x, centres, backend):
     return lloyd(SerialComm(), backend, x, 0, centres, max_iter=300).inertia
 
 
-# =========================================================================== exact sampling
+# =========================================================================== range, sample (the specification's)
 
-def _target_r53(t, total):
-    # the smallest r with (r * total) >> 53 == t
-    return -((-t << 53) // total)
+@pytest.mark.parametrize("seed", [0, 7])
+def test_init_range_independent_of_ranks(small_file, small_x, seed):
+    def body(comm):
+        local = read_arff(str(small_file), comm)
+        return init_range(6, local.mins, local.maxs, seed)
 
-
-@pytest.mark.parametrize("ranks,layout", [(1, "even"), (2, "even"), (3, "uneven"), (4, "uneven")])
-def test_draw_rows_maps_every_target_to_its_row(ranks, layout):
-    q = np.array([0, 3, 0, 1, 5, 2, 0, 0, 4, 1, 0, 2], dtype=np.int64)
-    x = np.arange(len(q) * 2, dtype=np.float64).reshape(-1, 2)
-    total = int(q.sum())
-    ends = np.cumsum(q)
-    targets = list(range(total))
-    expected = [int(np.searchsorted(ends, t, side="right")) for t in targets]
-    r53 = [_target_r53(t, total) for t in targets]
-    assert all((r * total) >> 53 == t for r, t in zip(r53, targets))
-
-    out = on_ranks(ranks, x, lambda comm, xl, off, _: draw_rows(comm, xl, off, q[off:off + len(xl)], r53), layout)
-    for idx, rows in out:
-        assert idx.tolist() == expected
-        assert rows.tobytes() == x[expected].tobytes()
-        assert not set(idx.tolist()) & set(np.flatnonzero(q == 0).tolist())  # weight 0: never drawn
+    ref = None
+    for ranks in range(1, 6):
+        for c in run_ranks(ranks, body):
+            ref = c if ref is None else ref
+            assert c.tobytes() == ref.tobytes(), f"{ranks} ranks"
+    assert ref.shape == (6, 3)
+    lo, hi = small_x.min(axis=0), small_x.max(axis=0)
+    assert np.all(ref >= lo) and np.all(ref <= hi)
+    # spread over the box, not collapsed on a corner
+    assert np.all(ref.max(axis=0) - ref.min(axis=0) > 0.2 * (hi - lo))
+    other = init_range(6, lo, hi, seed + 1)
+    assert not np.array_equal(other, ref)
 
 
-def test_draw_rows_exact_beyond_int64():
-    # 5000 rows of ~2**53 each: the totals (~2**65) overflow int64; prefix sums
-    # must still be exact, so the boundary targets land on the right rows
-    rng = np.random.default_rng(3)
-    q = rng.integers(2**52, 2**53, size=5000, dtype=np.int64)
-    x = np.arange(5000, dtype=np.float64)[:, None]
-    exact = list(np.cumsum([int(v) for v in q.tolist()], dtype=object))
-    total = exact[-1]
-    assert total > 2**63
-    picks = [0, 1, 2499, 2500, 4998, 4999]
-    r53 = []
-    for i in picks:
-        # the first and the last 53-bit draw that land in row i (a draw moves
-        # the target by total / 2**53 ~ 4096, far less than a row's ~2**52)
-        start = exact[i - 1] if i else 0
-        r53 += [_target_r53(start, total), ((exact[i] - 1) << 53) // total]
-        assert ((r53[-2] - 1) * total) >> 53 < start <= (r53[-2] * total) >> 53
-        assert ((r53[-1] * total) >> 53) < exact[i] <= ((r53[-1] + 1) * total) >> 53
-    for ranks in (1, 3):
-        for idx, _ in on_ranks(ranks, x, lambda comm, xl, off, _: draw_rows(comm, xl, off, q[off:off + len(xl)], r53)):
-            assert idx.tolist() == [i for i in picks for _ in (0, 1)]
+@pytest.mark.parametrize("seed", [0, 3])
+def test_init_sample_independent_of_ranks(small_file, small_x, seed):
+    def body(comm):
+        local = read_arff(str(small_file), comm)
+        return init_sample(comm, 8, local.x, local.row_offset, local.n, seed)
+
+    ref = None
+    for ranks in range(1, 6):
+        for c in run_ranks(ranks, body):
+            ref = c if ref is None else ref
+            assert c.tobytes() == ref.tobytes(), f"{ranks} ranks"
+    idx = sample_indices(8, len(small_x), seed)
+    assert len(set(idx.tolist())) == 8 and idx.min() >= 0 and idx.max() < len(small_x)
+    assert ref.tobytes() == small_x[idx].tobytes()  # k rows of the data
+    assert len({tuple(r) for r in ref}) == 8  # distinct
+    assert not np.array_equal(sample_indices(8, len(small_x), seed + 1), idx)
 
 
-def test_fixed_point_sums_are_exact():
-    rng = np.random.default_rng(0)
-    v = rng.standard_normal((1000, 3)) * np.array([1.0, 1e-300, 1e300])
-    vmax = np.abs(v).max(axis=0)
-    s = np.array([fixed_scale(a) for a in vmax])
-    q = to_fixed(v, s[None, :])
-    assert np.abs(q).max() <= 2**53 and np.abs(q).max(axis=0).min() >= 2**52
-    hi, lo = limb_sums(q, axis=0)
-    for j in range(3):
-        assert limbs_to_int(hi[j], lo[j]) == sum(int(a) for a in q[:, j].tolist())
-        # the largest magnitude keeps all of its bits
-        assert math.ldexp(float(np.abs(q[:, j]).max()), -int(s[j])) == vmax[j]
-    assert fixed_scale(0.0) == 0
+def test_sample_all_rows_and_too_many():
+    idx = sample_indices(10, 10, 4)
+    assert sorted(idx.tolist()) == list(range(10))
+    with pytest.raises(UsageError, match="-k 11"):
+        sample_indices(11, 10, 0)
+    x = np.arange(12.0).reshape(4, 3)
+
+    def body(comm):
+        xl, off = split(x, comm.size, comm.rank)
+        return init_sample(comm, 5, xl, off, 4, 0)
+
+    out = run_ranks(3, body, return_exceptions=True)
+    assert all(isinstance(e, UsageError) for e in out)
+    assert len({e.message for e in out}) == 1
 
 
-@pytest.mark.parametrize("magnitude", [1.0, 1e-300, 1e300, 5e-324])
-def test_fused_candidate_potential_equals_the_numpy_path(magnitude):
-    from mpikmeans.kmeans import _candidate_potential, _local_total, _scale_factors
+@pytest.mark.parametrize("ranks", [1, 2, 3, 5])
+def test_gather_rows(ranks):
+    x = np.random.default_rng(1).standard_normal((11, 4))
+    idx = np.array([10, 0, 5, 3, 9, 1])
 
-    rng = np.random.default_rng(1)
-    d2 = rng.exponential(size=2000) * magnitude
-    dist = rng.exponential(size=2000) * magnitude
-    w = rng.integers(0, 3, size=2000) * 0.7
-    for weights in (None, w):
-        v = np.minimum(d2, dist) if weights is None else np.minimum(d2, dist) * weights
-        vmax = max(float((d2 if weights is None else d2 * weights).max()), float(v.max()))
-        s = fixed_scale(vmax)
-        f1, f2 = _scale_factors(s)
-        hi, lo, vm = _candidate_potential(d2, dist, w, weights is not None, f1, f2)
-        assert limbs_to_int(hi, lo) == _local_total(to_fixed(v, s))
-        assert vm == v.max()
+    def body(comm):
+        xl, off = split(x, ranks, comm.rank, empty_first=True)
+        return gather_rows(comm, xl, off, idx)
+
+    for got in run_ranks(ranks, body):
+        assert got.tobytes() == x[idx].tobytes()
 
 
-def test_row_uniforms_do_not_depend_on_the_split():
-    n = 3 * (1 << 16) + 123
-    whole = row_uniforms((9, 2, 1), 0, n)
-    assert whole.min() >= 0 and whole.max() < 1 and abs(whole.mean() - 0.5) < 0.01
-    for cuts in ([0, 5, 70000, 70001, 150000, n], [0, 0, n]):
-        parts = [row_uniforms((9, 2, 1), a, b - a) for a, b in zip(cuts, cuts[1:])]
-        assert np.concatenate(parts).tobytes() == whole.tobytes()
-    assert not np.array_equal(row_uniforms((9, 2, 2), 0, 100), whole[:100])
+def test_check_centres():
+    c = np.ones((3, 2))
+    assert check_centres(c, 3, 2, "c.csv").shape == (3, 2)
+    with pytest.raises(InputError, match="c.csv"):
+        check_centres(c, 4, 2, "c.csv")
+    with pytest.raises(InputError):
+        check_centres(c, 3, 3, "c.csv")
+    bad = c.copy()
+    bad[1, 1] = np.nan
+    with pytest.raises(InputError, match="finite"):
+        check_centres(bad, 3, 2, "c.csv")
 
 
 # =========================================================================== k-means++ is scikit-learn's
@@ -335,59 +295,11 @@ def test_k_equals_one_and_n():
     assert sorted(map(tuple, every)) == sorted(map(tuple, x))  # each row once
 
 
-# =========================================================================== restarts
-
-def test_restart_seeds():
-    s5 = restart_seeds(42, 5)
-    assert s5[0] == 42 and len(set(s5)) == 5 and all(0 <= s < 2**63 for s in s5)
-    assert restart_seeds(42, 2) == s5[:2]  # more restarts only add seeds
-    assert restart_seeds(43, 3) != s5[:3]
-    with pytest.raises(UsageError):
-        restart_seeds(1, 0)
-
-
-def test_best_restart_treats_rounding_as_a_tie():
-    assert best_restart([5.0, 4.0, 4.5]) == 1
-    assert best_restart([4.0, 4.0 * (1 + 1e-12), 4.0 * (1 - 1e-12)]) == 0  # same partition: the earliest
-    assert best_restart([float("nan"), 3.0, 2.0]) == 2
-    assert best_restart([float("nan")]) == 0
-
-
-def test_run_restarts_keeps_the_lowest_and_each_restart_is_a_fresh_run(overlapping):
-    x = overlapping[:5000]
-    n = len(x)
-    backend = CPUBackend(threads=2)
-    backend.load(x)
-    out = run_restarts(SerialComm(), backend, x, 0, n, 20, init="k-means++", seed=3, n_init=4)
-    seeds = restart_seeds(3, 4)
-    assert [r["seed"] for r in out.restarts] == seeds
-    singles = []
-    for s in seeds:
-        b = CPUBackend(threads=2)
-        b.load(x)
-        singles.append(lloyd(SerialComm(), b, x, 0, init_kmeanspp(SerialComm(), 20, x, 0, n, s)))
-    for r, single in zip(out.restarts, singles):  # each restart = a fresh single run with its seed
-        assert r["inertia"] == single.inertia and r["iterations"] == single.iterations
-    assert out.best_index == best_restart([s.inertia for s in singles])
-    assert out.best.centres.tobytes() == singles[out.best_index].centres.tobytes()
-    assert np.array_equal(out.best.labels, singles[out.best_index].labels)
-    assert len({r["inertia"] for r in out.restarts}) > 1  # the restarts did differ
-
-
-def test_run_restarts_independent_of_ranks(overlapping):
-    x = overlapping[:4000]
-
-    def fn(comm, xl, off, _):
-        return run_restarts(comm, Serialised(xl), xl, off, len(x), 12, init="k-means||", seed=8, n_init=3)
-
-    ref = on_ranks(1, x, fn)[0]
-    for out in on_ranks(3, x, fn, "uneven"):
-        assert out.best_index == ref.best_index
-        assert np.allclose(out.best.centres, ref.best.centres, rtol=1e-12, atol=0)
-    assert np.array_equal(np.concatenate([o.best.labels for o in on_ranks(3, x, fn, "uneven")]), ref.best.labels)
-
-
-def test_run_restarts_refuses_restarts_without_randomness():
-    x = np.zeros((4, 2))
-    with pytest.raises(UsageError, match="n-init"):
-        run_restarts(SerialComm(), None, x, 0, 4, 2, init=np.zeros((2, 2)), n_init=2)
+def test_row_uniforms_do_not_depend_on_the_split():
+    n = 3 * (1 << 16) + 123
+    whole = row_uniforms((9, 2, 1), 0, n)
+    assert whole.min() >= 0 and whole.max() < 1 and abs(whole.mean() - 0.5) < 0.01
+    for cuts in ([0, 5, 70000, 70001, 150000, n], [0, 0, n]):
+        parts = [row_uniforms((9, 2, 1), a, b - a) for a, b in zip(cuts, cuts[1:])]
+        assert np.concatenate(parts).tobytes() == whole.tobytes()
+    assert not np.array_equal(row_uniforms((9, 2, 2), 0, 100), whole[:100])

@@ -1,4 +1,4 @@
-"""Tests for :mod:`mpikmeans.numparse`.
+"""Tests for :mod:`mpikmeans.io.numparse`.
 
 Every accepted token is compared bit for bit with Python's ``float()``
 (which is correctly rounded), both when ``parse_number`` is called from
@@ -20,8 +20,8 @@ import numba
 import numpy as np
 import pytest
 
-from mpikmeans import numparse
-from mpikmeans.numparse import (
+from mpikmeans.io import numparse
+from mpikmeans.io.numparse import (
     PARSE_EMPTY,
     PARSE_OK,
     PARSE_RANGE,

@@ -1,4 +1,4 @@
-"""Tests for :mod:`mpikmeans.output`: centres CSV round trip, atomic writes, the
+"""Tests for :mod:`mpikmeans.io.output`: centres CSV round trip, atomic writes, the
 collective file writer (ranks simulated with threads) and the result files."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from threadcomm import run_ranks  # noqa: E402
 
 from mpikmeans.errors import RunError  # noqa: E402
-from mpikmeans.output import (  # noqa: E402
+from mpikmeans.io.output import (  # noqa: E402
     CENTERS,
     LABELS,
     SUMMARY,

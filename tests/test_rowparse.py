@@ -1,4 +1,4 @@
-"""Tests for :mod:`mpikmeans.rowparse`: the one-pass row parser gives exactly what
+"""Tests for :mod:`mpikmeans.io.rowparse`: the one-pass row parser gives exactly what
 the two-pass parser it replaced gave (values, row and line counts, error code,
 line, attribute and token span) on valid rows and on rows mutated at random;
 the line cutter and the column min/max are independent of the thread count.
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from numba import njit
 
-from mpikmeans import rowparse
-from mpikmeans.numparse import data_pointer
-from mpikmeans.rowparse import (
+from mpikmeans.io import rowparse
+from mpikmeans.io.numparse import data_pointer
+from mpikmeans.io.rowparse import (
     _COMMA,
     _LBRACE,
     _NL,

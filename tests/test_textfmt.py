@@ -1,4 +1,4 @@
-"""Tests for :mod:`mpikmeans.textfmt`: compiled fixed-point formatting, checked
+"""Tests for :mod:`mpikmeans.io.textfmt`: compiled fixed-point formatting, checked
 against Python's exact decimal formatting."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from mpikmeans.textfmt import format_fixed
+from mpikmeans.io.textfmt import format_fixed
 
 I64 = np.iinfo(np.int64)
 
@@ -110,7 +110,7 @@ def test_parses_back_to_the_intended_decimal(decimals):
 def test_blob_rows_equal_numpy_ticks(decimals):
     # the fused kernel gives the bytes of numpy's ticks through format_fixed,
     # and rows_text_bytes counts them, for every slice of rows
-    from mpikmeans.textfmt import format_blob_rows, rows_text_bytes
+    from mpikmeans.io.textfmt import format_blob_rows, rows_text_bytes
 
     rng = np.random.default_rng(decimals)
     k, m, rows = 5, 7, 300

@@ -36,8 +36,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from threadcomm import Serialised, run_ranks  # noqa: E402
 
-from mpikmeans.arff import read_arff  # noqa: E402
-from mpikmeans.kmeans import STOP_UNCHANGED, lloyd  # noqa: E402
+from mpikmeans.io.arff import read_arff  # noqa: E402
+from mpikmeans.lloyd import STOP_UNCHANGED, lloyd  # noqa: E402
 from mpikmeans.scaling import fit_scaler  # noqa: E402
 
 #: where ``apt-get install weka`` puts things, then an unpacked ``apt-get download weka``
@@ -267,7 +267,7 @@ def test_api_with_minmax_reproduces_weka(weka_runs, name, k, seed):
 
 @needs_weka
 def test_weka_loads_our_arff_files(tmp_path):
-    from mpikmeans.gen import GenSpec, write_blobs
+    from mpikmeans.io.gen import GenSpec, write_blobs
 
     path = tmp_path / "blobs.arff"
     run_ranks(3, lambda comm: write_blobs(GenSpec(n=500, m=4, k=3, seed=2, decimals=4), str(path), comm))

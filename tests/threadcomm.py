@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mpikmeans.backends import RowDistances
 from mpikmeans.comm import SerialComm
 
 _OPS = ("sum", "min", "max")
@@ -282,12 +283,15 @@ def run_ranks(size: int, fn: Callable[[ThreadComm], Any], *, timeout: float = DE
 _backend_lock = threading.Lock()
 
 
-class Serialised:
+class Serialised(RowDistances):
     """One rank's one-thread CPU backend, its compute calls serialised across the rank threads.
 
     numba's parallel kernels are not meant to be launched from several Python
     threads at once; the collectives between the calls stay concurrent.
-    Loaded at once when given rows, else by the caller's ``load``.
+    Loaded at once when given rows, else by the caller's ``load``.  The
+    initialisations' distance passes take the generic path of
+    :class:`~mpikmeans.backends.RowDistances` (one ``assign`` per candidate),
+    so the tests that use it cover that path against the CPU backend's own.
     """
 
     def __init__(self, x=None, weights=None):

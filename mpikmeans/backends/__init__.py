@@ -3,7 +3,7 @@
 A backend holds one rank's rows (resident where it can: host memory for the CPU
 backend, device memory for the GPU backend) and answers three questions about
 them for a given set of centres.  It knows nothing of MPI: the Lloyd loop in
-:mod:`mpikmeans.kmeans` merges what every rank's backend returns.
+:mod:`mpikmeans.lloyd` merges what every rank's backend returns.
 
 Every backend implements the :class:`Backend` interface below and is chosen by
 name with :func:`make_backend`.  Tie-breaking is part of the contract: a row
@@ -17,6 +17,8 @@ import abc
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..exact import fixed_potential, limbs_to_int, scale_factors
 
 
 @dataclass
@@ -52,12 +54,92 @@ class BackendInfo:
     dtype: str = "float64"
 
 
-class Backend(abc.ABC):
+class RowDistances(abc.ABC):
+    """Distances of this rank's rows to given points: what the initialisations ask of a backend.
+
+    Only :meth:`assign` must be written; the others are built on it, and a
+    backend overrides them where it can do better (one pass over the rows for
+    all candidates, no temporary arrays).  Every squared distance sums its m
+    terms in attribute order, as the Lloyd step does, so all give bit-identical
+    results.
+    """
+
+    @abc.abstractmethod
+    def assign(self, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Nearest centre and squared distance to it for every local row.
+
+        Parameters
+        ----------
+        centres : ndarray, shape (k, m), float64
+
+        Returns
+        -------
+        labels : ndarray, shape (n_local,), int32
+        dist2 : ndarray, shape (n_local,), float64
+        """
+
+    def dist2_to(self, centre: np.ndarray) -> np.ndarray:
+        """Squared distance of every local row to one point.
+
+        Parameters
+        ----------
+        centre : ndarray, shape (m,), float64
+
+        Returns
+        -------
+        ndarray, shape (n_local,), float64
+        """
+        return self.assign(np.asarray(centre, dtype=np.float64).reshape(1, -1))[1]
+
+    def lower_d2(self, d2: np.ndarray, centre: np.ndarray) -> np.ndarray:
+        """``min(D², squared distance to centre)`` for every local row (a new array).
+
+        Parameters
+        ----------
+        d2 : ndarray, shape (n_local,), float64
+        centre : ndarray, shape (m,), float64
+
+        Returns
+        -------
+        ndarray, shape (n_local,), float64
+        """
+        return np.minimum(d2, self.dist2_to(centre))
+
+    def potentials(self, d2: np.ndarray, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
+        """Per candidate: the exact fixed-point potential of this rank's rows and the largest value.
+
+        The potential of candidate ``c`` is ``sum(q(w * min(D², |x - c|²)))`` at
+        the fixed-point scale ``s`` (:mod:`mpikmeans.exact`): an integer, so the
+        ranks' parts add up to the same total for any split.
+
+        Parameters
+        ----------
+        d2 : ndarray, shape (n_local,), float64
+            Squared distance of each row to its nearest centre so far.
+        cands : ndarray, shape (t, m), float64
+        weights : ndarray, shape (n_local,), float64, or None
+        s : int
+
+        Returns
+        -------
+        list of (int, float), one per candidate
+        """
+        f1, f2 = scale_factors(s)
+        w = weights if weights is not None else d2[:0]
+        out = []
+        for c in cands:
+            hi, lo, vm = fixed_potential(d2, self.dist2_to(c), w, weights is not None, f1, f2)
+            out.append((limbs_to_int(hi, lo), float(vm)))
+        return out
+
+
+class Backend(RowDistances):
     """Interface every backend implements.
 
     Lifecycle: ``load(x)`` once, then any number of ``step`` / ``assign``
     calls, then ``close()``.  ``step`` keeps the labels it computed so the
-    next call can count changes; ``assign`` does not touch them.
+    next call can count changes; ``assign`` does not touch them.  The
+    distance helpers of :class:`RowDistances` serve the initialisations.
     """
 
     name: str = "abstract"
@@ -88,20 +170,6 @@ class Backend(abc.ABC):
         StepResult
             Float64 sums, counts and SSE of the local rows, and how many
             labels changed since the previous call.
-        """
-
-    @abc.abstractmethod
-    def assign(self, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Nearest centre and squared distance to it for every local row.
-
-        Parameters
-        ----------
-        centres : ndarray, shape (k, m), float64
-
-        Returns
-        -------
-        labels : ndarray, shape (n_local,), int32
-        dist2 : ndarray, shape (n_local,), float64
         """
 
     @abc.abstractmethod

@@ -21,6 +21,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..cpus import process_threads
+from ..exact import limbs_to_int, scale_factors
 from . import Backend, BackendInfo, StepResult
 
 #: Row blocks with private partial sums.  Bounds the useful thread count and the
@@ -253,6 +254,52 @@ def _reduce_blocks(part_sums, part_counts, part_sse, part_changed):
     return sums, counts, sse, changed
 
 
+@njit(parallel=True, cache=True)
+def _greedy_potentials(x, cands, d2, w, use_w, f1, f2, hi, lo, vmax):
+    # the greedy step of k-means++ in one pass over the rows for all candidates
+    # (the rows are read once, not once per candidate); each squared distance
+    # adds its m terms in attribute order, as the backends do, and the
+    # per-block sums are integers, so neither the threads nor the blocks
+    # change the result
+    n, m = x.shape
+    trials = cands.shape[0]
+    nb = hi.shape[0]
+    for b in prange(nb):
+        dd = np.empty(trials)
+        for i in range(n * b // nb, n * (b + 1) // nb):
+            for j in range(trials):
+                dd[j] = 0.0
+            for a in range(m):
+                xa = x[i, a]
+                for j in range(trials):
+                    t = xa - cands[j, a]
+                    dd[j] += t * t
+            for j in range(trials):
+                v = min(d2[i], dd[j])
+                if use_w:
+                    v *= w[i]
+                if v > vmax[b, j]:
+                    vmax[b, j] = v
+                q = np.int64(np.rint(v * f1 * f2))
+                hi[b, j] += q >> 27
+                lo[b, j] += q & 134217727
+
+
+@njit(parallel=True, cache=True)
+def _lower_d2(x, c, d2):
+    # D² <- min(D², |x - c|²) in place, the distance in attribute order as everywhere
+    n, m = x.shape
+    nb = min(n, 256)
+    for b in prange(nb):
+        for i in range(n * b // nb, n * (b + 1) // nb):
+            d = 0.0
+            for a in range(m):
+                t = x[i, a] - c[a]
+                d += t * t
+            if d < d2[i]:
+                d2[i] = d
+
+
 class CPUBackend(Backend):
     """Lloyd iteration on the host with Numba, float64 throughout.
 
@@ -313,6 +360,29 @@ class CPUBackend(Backend):
         dist2 = np.empty(n, dtype=np.float64)
         _assign_pass(self._x, centres, _tile_rows(centres.shape[1]), labels, dist2)
         return labels, dist2
+
+    def lower_d2(self, d2: np.ndarray, centre: np.ndarray) -> np.ndarray:
+        """``min(D², squared distance to centre)``: one threaded pass (see :meth:`Backend.lower_d2`)."""
+        if not len(self._x):
+            return super().lower_d2(d2, centre)
+        d2 = d2.copy()
+        _lower_d2(self._x, np.ascontiguousarray(centre, dtype=np.float64), d2)
+        return d2
+
+    def potentials(self, d2: np.ndarray, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
+        """Every candidate's exact potential in one threaded pass over the rows (see :meth:`Backend.potentials`)."""
+        if not len(self._x):
+            return super().potentials(d2, cands, weights, s)
+        f1, f2 = scale_factors(s)
+        w = weights if weights is not None else d2[:0]
+        nb = min(len(self._x), 256)
+        t = len(cands)
+        hi = np.zeros((nb, t), dtype=np.int64)
+        lo = np.zeros((nb, t), dtype=np.int64)
+        vmax = np.zeros((nb, t))
+        _greedy_potentials(self._x, np.ascontiguousarray(cands), d2, w, weights is not None, f1, f2, hi, lo, vmax)
+        his, los = hi.sum(axis=0), lo.sum(axis=0)
+        return [(limbs_to_int(his[j], los[j]), float(vmax[:, j].max())) for j in range(t)]
 
     def warmup(self, k: int, m: int) -> None:
         x = np.zeros((1, m))

@@ -9,7 +9,7 @@ rank sends rows to another.  Row and line counts are then exchanged so that
 each rank knows the global index of its first row (labels are written in input
 order) and the line number of any bad row.
 
-Data lines are parsed by :mod:`mpikmeans.rowparse` (compiled; numbers
+Data lines are parsed by :mod:`mpikmeans.io.rowparse` (compiled; numbers
 bit-identical to Python's ``float()``).
 
 This module never imports mpi4py: the communicator is passed in.
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import rowparse
-from .errors import InputError, UsageError
+from ..errors import InputError, UsageError
 
 NUMERIC_TYPES = ("numeric", "real", "integer")
 
@@ -403,7 +403,7 @@ def check_memory(path: str, header: Header, comm) -> dict:
         On every rank: the estimate, what is available, and how many ranks
         would fit.
     """
-    from .errors import RunError
+    from ..errors import RunError
 
     try:
         plan = plan_local(path, header, comm.rank, comm.size)

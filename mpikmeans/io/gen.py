@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arff import header_text
-from .errors import RunError
+from ..errors import RunError
 from .output import _tmp_name, publish, pwrite_all, remove_quietly
 from .textfmt import MAX_FIELD, format_blob_rows, rows_text_bytes
 
@@ -194,7 +194,7 @@ def warm_up() -> None:
 
     The first call of any Numba function in a process initialises Numba
     itself, and the first call of each kernel loads it from Numba's on-disk
-    cache (see :func:`mpikmeans.arff.warm_up`): paid once per process whatever
+    cache (see :func:`mpikmeans.io.arff.warm_up`): paid once per process whatever
     the file size.  Both formatting kernels (the text and the byte count) are
     called here with the argument types :func:`write_blobs` gives them.
     """
@@ -215,7 +215,7 @@ def prepare(comm) -> None:
 
 def default_threads(comm) -> int:
     """Threads per rank: this rank's share of its node's CPUs, lowered by ``OMP_NUM_THREADS`` (as ``run`` uses)."""
-    from .comm import default_threads as threads_per_rank
+    from ..comm import default_threads as threads_per_rank
 
     return threads_per_rank(comm)
 

@@ -21,7 +21,7 @@ import os
 import numpy as np
 
 from .arff import LocalData, read_arff
-from .errors import InputError
+from ..errors import InputError
 from .output import write_atomic, write_parallel
 
 

@@ -131,7 +131,7 @@ def write_clustered_arff(comm, local, labels: np.ndarray, k: int, path: str) -> 
     Parameters
     ----------
     comm : Comm or SerialComm
-    local : mpikmeans.arff.LocalData
+    local : mpikmeans.io.arff.LocalData
         This rank's part of the input (its byte range is re-read).
     labels : ndarray, shape (rows of this rank's lines,), int
         One label per data line of this rank, in order (-1: not clustered).

@@ -1,177 +1,28 @@
-"""Tests for :mod:`mpikmeans.kmeans`: initial centres and the Lloyd loop give the
-same answer for any number of ranks (simulated with threads), stop for the
-stated reason, handle empty clusters without NaNs, and agree with
-scikit-learn's ``KMeans(algorithm="lloyd")`` started from the same centres.
-
-The first section checks the thread communicator the other tests rely on."""
+"""Tests for :mod:`mpikmeans.lloyd`: the Lloyd loop gives the same answer for any
+number of ranks (simulated with threads), stops for the stated reason, handles
+empty clusters without NaNs, and agrees with scikit-learn's
+``KMeans(algorithm="lloyd")`` started from the same centres."""
 
 from __future__ import annotations
 
 import sys
-import time
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from threadcomm import (  # noqa: E402
-    Aborted,
-    CollectiveMismatch,
-    CollectiveTimeout,
-    Serialised,
-    run_ranks,
-)
+from rankhelpers import split  # noqa: E402
+from threadcomm import Serialised, run_ranks  # noqa: E402
 
-from mpikmeans.arff import read_arff  # noqa: E402
-from mpikmeans.comm import Comm, SerialComm  # noqa: E402
-from mpikmeans.errors import InputError, RunError, UsageError  # noqa: E402
-from mpikmeans.gen import GenSpec, write_blobs  # noqa: E402
-from mpikmeans.kmeans import (  # noqa: E402
-    STOP_MAX_ITER,
-    STOP_TOL,
-    STOP_UNCHANGED,
-    check_centres,
-    gather_rows,
-    init_range,
-    init_sample,
-    lloyd,
-    sample_indices,
-)
-
-
-# =========================================================================== ThreadComm
-
-def test_threadcomm_has_the_communicator_interface():
-    def body(comm):
-        for name in ("rank", "size", "node_rank", "node_size", "host", "is_mpi"):
-            assert hasattr(comm, name), name
-        for name in ("allreduce", "allgather", "bcast", "barrier", "agree", "library", "abort"):
-            assert callable(getattr(comm, name)), name
-            assert callable(getattr(SerialComm, name))
-        return comm.rank, comm.size, comm.node_rank, comm.node_size
-
-    assert run_ranks(3, body) == [(r, 3, r, 3) for r in range(3)]
-
-
-def test_threadcomm_collectives():
-    def body(comm):
-        r = comm.rank
-        # rank order: ((1 + 1e16) - 1e16) == 0, while (1e16 - 1e16) + 1 would be 1
-        s = comm.allreduce(np.array([[1.0, 1e16, -1e16][r]]), "sum")
-        mn = comm.allreduce(np.array([r, -r], dtype=np.int64), "min")
-        mx = comm.allreduce(np.array([r, -r], dtype=np.int64), "max")
-        mine = {"rank": r, "list": [r]}
-        got = comm.allgather(mine)
-        got[r]["list"].append("mutated")  # a copy: must not leak to other ranks
-        b = comm.bcast({"from": r} if r == 2 else None, root=2)
-        comm.barrier()
-        return s, mn, mx, got, b, mine
-
-    for r, (s, mn, mx, got, b, mine) in enumerate(run_ranks(3, body)):
-        assert s.tolist() == [0.0]
-        assert mn.dtype == np.int64 and mn.tolist() == [0, -2] and mx.tolist() == [2, 0]
-        assert [g["rank"] for g in got] == [0, 1, 2]
-        assert mine == {"rank": r, "list": [r]}
-        assert b == {"from": 2}
-
-
-@pytest.mark.parametrize("ranks", [1, 2, 4])
-def test_threadcomm_agree_matches_comm_agree(ranks):
-    plans = [
-        {},  # nobody fails
-        {1: (RunError("disk full on 1"), 0.0)},
-        {0: (InputError("line 9"), 9.0), 3: (InputError("line 4"), 4.0)},
-        {1: (UsageError("b"), 5.0), 2: (RunError("a"), 5.0)},  # equal keys: lower rank
-    ]
-
-    def outcome(fn):
-        try:
-            fn()
-        except Exception as exc:  # noqa: BLE001
-            return type(exc), exc.message, exc.collective
-        return None
-
-    def body(comm):
-        results = []
-        for plan in plans:
-            err, key = plan.get(comm.rank, (None, 0.0))
-            mine = outcome(lambda: comm.agree(None if err is None else type(err)(err.message), key))
-            fake = SimpleNamespace(rank=comm.rank, _comm=SimpleNamespace(allgather=comm.allgather))
-            ref = outcome(lambda: Comm.agree(fake, None if err is None else type(err)(err.message), key))
-            results.append((mine, ref))
-        return results
-
-    for rank_results in run_ranks(ranks, body):
-        for (mine, ref), plan in zip(rank_results, plans):
-            assert mine == ref
-            active = {r: v for r, v in plan.items() if r < ranks}
-            if not active:
-                assert mine is None
-            else:
-                assert mine[2] is True
-
-
-def test_threadcomm_failures_do_not_hang():
-    def one_rank_raises(comm):
-        if comm.rank == 1:
-            raise KeyError("boom")
-        comm.barrier()
-
-    t0 = time.monotonic()
-    with pytest.raises(KeyError):
-        run_ranks(3, one_rank_raises)
-
-    def finishes_early(comm):
-        if comm.rank != 0:
-            comm.barrier()
-
-    with pytest.raises(CollectiveMismatch):
-        run_ranks(3, finishes_early)
-
-    def aborts(comm):
-        if comm.rank == 2:
-            comm.abort(3)
-        comm.allgather(1)
-
-    with pytest.raises(Aborted) as info:
-        run_ranks(3, aborts)
-    assert info.value.code == 3
-    assert time.monotonic() - t0 < 10
-
-    def slow(comm):
-        if comm.rank == 0:
-            time.sleep(1.0)
-        comm.barrier()
-
-    with pytest.raises(CollectiveTimeout):
-        run_ranks(2, slow, timeout=0.2)
-
-
-def test_threadcomm_return_exceptions():
-    def body(comm):
-        if comm.rank == 1:
-            raise ValueError("one")
-        return comm.rank
-
-    out = run_ranks(2, body, return_exceptions=True)
-    assert out[0] == 0 and isinstance(out[1], ValueError)
+from mpikmeans.init import init_range, init_sample, sample_indices  # noqa: E402
+from mpikmeans.io.arff import read_arff  # noqa: E402
+from mpikmeans.io.gen import GenSpec, write_blobs  # noqa: E402
+from mpikmeans.lloyd import STOP_MAX_ITER, STOP_TOL, STOP_UNCHANGED, lloyd  # noqa: E402
 
 
 # =========================================================================== helpers
-
-def split(x, ranks, rank, empty_first=False):
-    """Consecutive slices of ``x``; optionally rank 0 gets none."""
-    n = len(x)
-    if empty_first and ranks > 1:
-        lo = 0 if rank == 0 else n * (rank - 1) // (ranks - 1)
-        hi = 0 if rank == 0 else n * rank // (ranks - 1)
-    else:
-        lo, hi = n * rank // ranks, n * (rank + 1) // ranks
-    return x[lo:hi], lo
-
 
 def run_lloyd_rows(x, ranks, centres, empty_first=False, **kw):
     """Lloyd on rows split over ``ranks`` threads; returns the per-rank results."""
@@ -188,100 +39,6 @@ def rel(a, b):
 
 def labels_of(results):
     return np.concatenate([r.labels for r in results])
-
-
-@pytest.fixture(scope="module")
-def small_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("km") / "small.arff"
-    run_ranks(1, lambda comm: write_blobs(GenSpec(n=600, m=3, k=5, seed=1, spread=1.0, decimals=6), str(path), comm))
-    return path
-
-
-@pytest.fixture(scope="module")
-def small_x(small_file):
-    return run_ranks(1, lambda comm: read_arff(str(small_file), comm))[0].x
-
-
-# =========================================================================== init
-
-@pytest.mark.parametrize("seed", [0, 7])
-def test_init_range_independent_of_ranks(small_file, small_x, seed):
-    def body(comm):
-        local = read_arff(str(small_file), comm)
-        return init_range(6, local.mins, local.maxs, seed)
-
-    ref = None
-    for ranks in range(1, 6):
-        for c in run_ranks(ranks, body):
-            ref = c if ref is None else ref
-            assert c.tobytes() == ref.tobytes(), f"{ranks} ranks"
-    assert ref.shape == (6, 3)
-    lo, hi = small_x.min(axis=0), small_x.max(axis=0)
-    assert np.all(ref >= lo) and np.all(ref <= hi)
-    # spread over the box, not collapsed on a corner
-    assert np.all(ref.max(axis=0) - ref.min(axis=0) > 0.2 * (hi - lo))
-    other = init_range(6, lo, hi, seed + 1)
-    assert not np.array_equal(other, ref)
-
-
-@pytest.mark.parametrize("seed", [0, 3])
-def test_init_sample_independent_of_ranks(small_file, small_x, seed):
-    def body(comm):
-        local = read_arff(str(small_file), comm)
-        return init_sample(comm, 8, local.x, local.row_offset, local.n, seed)
-
-    ref = None
-    for ranks in range(1, 6):
-        for c in run_ranks(ranks, body):
-            ref = c if ref is None else ref
-            assert c.tobytes() == ref.tobytes(), f"{ranks} ranks"
-    idx = sample_indices(8, len(small_x), seed)
-    assert len(set(idx.tolist())) == 8 and idx.min() >= 0 and idx.max() < len(small_x)
-    assert ref.tobytes() == small_x[idx].tobytes()  # k rows of the data
-    assert len({tuple(r) for r in ref}) == 8  # distinct
-    assert not np.array_equal(sample_indices(8, len(small_x), seed + 1), idx)
-
-
-def test_sample_all_rows_and_too_many():
-    idx = sample_indices(10, 10, 4)
-    assert sorted(idx.tolist()) == list(range(10))
-    with pytest.raises(UsageError, match="-k 11"):
-        sample_indices(11, 10, 0)
-    x = np.arange(12.0).reshape(4, 3)
-
-    def body(comm):
-        xl, off = split(x, comm.size, comm.rank)
-        return init_sample(comm, 5, xl, off, 4, 0)
-
-    out = run_ranks(3, body, return_exceptions=True)
-    assert all(isinstance(e, UsageError) for e in out)
-    assert len({e.message for e in out}) == 1
-
-
-@pytest.mark.parametrize("ranks", [1, 2, 3, 5])
-def test_gather_rows(ranks):
-    x = np.random.default_rng(1).standard_normal((11, 4))
-    idx = np.array([10, 0, 5, 3, 9, 1])
-
-    def body(comm):
-        xl, off = split(x, ranks, comm.rank, empty_first=True)
-        return gather_rows(comm, xl, off, idx)
-
-    for got in run_ranks(ranks, body):
-        assert got.tobytes() == x[idx].tobytes()
-
-
-def test_check_centres():
-    c = np.ones((3, 2))
-    assert check_centres(c, 3, 2, "c.csv").shape == (3, 2)
-    with pytest.raises(InputError, match="c.csv"):
-        check_centres(c, 4, 2, "c.csv")
-    with pytest.raises(InputError):
-        check_centres(c, 3, 3, "c.csv")
-    bad = c.copy()
-    bad[1, 1] = np.nan
-    with pytest.raises(InputError, match="finite"):
-        check_centres(bad, 3, 2, "c.csv")
 
 
 # =========================================================================== lloyd

@@ -15,7 +15,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .errors import RunError
+from ..errors import RunError
 from .textfmt import format_fixed
 
 CENTERS = "centers.csv"

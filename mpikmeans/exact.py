@@ -1,0 +1,246 @@
+"""Exact, rank-independent sums: the fixed-point arithmetic behind every random draw.
+
+k-means++ and k-means|| sample rows with probability proportional to their
+(weighted) squared distance D².  A floating-point sum of D² depends on the
+order of the additions, hence on how the rows are split over the ranks, and a
+draw that lands within rounding of a boundary between two rows would then pick
+a different row at -np 1 and -np 4.  So every sum that decides a draw is exact:
+each value v >= 0 becomes the integer q = rint(v * 2**s), with one global
+power-of-two scale s chosen so that the largest value has all of its 53 bits
+(q < 2**53); integer sums are associative, so totals, prefix sums and the drawn
+rows are the same for any split.  Values below 2**-53 of the largest one round
+to 0 (and are never drawn): the same resolution float64 itself has relative to
+that largest value.  Integers are summed as two int64 limbs (q = hi * 2**27 +
+lo) so that no partial sum can overflow below 2**36 rows per rank; totals are
+Python ints.
+
+This module holds the arithmetic (:func:`fixed_scale`, :func:`to_fixed`,
+:func:`limb_sums`) and the collectives built on it: global totals, weighted draws
+of rows (:func:`draw_rows`), per-label totals (:func:`exact_label_sums`).  It
+knows nothing of backends or of the initialisations that use it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+
+import numpy as np
+from numba import njit
+
+from .errors import InputError
+
+FIXED_BITS = 53
+LIMB = 27
+LIMB_MASK = (1 << LIMB) - 1
+
+
+def fixed_scale(vmax: float) -> int:
+    """The exponent ``s`` with ``vmax * 2**s`` in ``[2**52, 2**53)``.
+
+    Parameters
+    ----------
+    vmax : float
+        Largest magnitude of the values to sum (global: from an Allreduce MAX).
+
+    Returns
+    -------
+    int
+        0 when ``vmax`` is 0 (all values are 0).
+    """
+    if vmax == 0.0:
+        return 0
+    if not math.isfinite(vmax):
+        raise InputError("a non-finite value reached a sum (the data must be finite)")
+    return FIXED_BITS - math.frexp(vmax)[1]
+
+
+def to_fixed(v: np.ndarray, s: int) -> np.ndarray:
+    """``rint(v * 2**s)`` as int64 (exact scaling: ``s`` is a power of two).
+
+    Parameters
+    ----------
+    v : ndarray, any shape, float64
+        ``|v| <= vmax`` of :func:`fixed_scale`.
+    s : int or ndarray of int broadcastable to ``v``
+
+    Returns
+    -------
+    ndarray, same shape, int64, ``|q| <= 2**53``
+    """
+    return np.rint(np.ldexp(v, s)).astype(np.int64)
+
+
+def limb_sums(q: np.ndarray, axis=None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact sums of fixed-point integers as two int64 limbs.
+
+    Parameters
+    ----------
+    q : ndarray, int64, ``|q| <= 2**53``
+    axis : int or None
+
+    Returns
+    -------
+    hi, lo : int64 ndarrays (0-d for ``axis=None``)
+        ``sum(q) == hi * 2**27 + lo``, exactly, for fewer than 2**36 terms.
+    """
+    return (q >> LIMB).sum(axis=axis, dtype=np.int64), (q & LIMB_MASK).sum(axis=axis, dtype=np.int64)
+
+
+def limbs_to_int(hi, lo) -> int:
+    """The Python int ``hi * 2**27 + lo``."""
+    return (int(hi) << LIMB) + int(lo)
+
+
+def local_total(q: np.ndarray) -> int:
+    """The exact sum of fixed-point integers ``q`` (any shape) as a Python int."""
+    return limbs_to_int(*limb_sums(q))
+
+
+def global_max(comm, v: np.ndarray) -> float:
+    """Largest element of ``v`` over all ranks (0 when every rank's ``v`` is empty or <= 0)."""
+    local = float(v.max()) if v.size else 0.0
+    return float(comm.allreduce(np.array([max(local, 0.0)]), "max")[0])
+
+
+def scale_factors(s: int) -> tuple[float, float]:
+    """Two powers of two whose product is ``2**s`` (which alone may not be a float64)."""
+    a = min(s, 1023)
+    return math.ldexp(1.0, a), math.ldexp(1.0, s - a)
+
+
+@njit(cache=True)
+def fixed_potential(d2, dist, w, use_w, f1, f2):  # pragma: no cover - compiled
+    """The exact fixed-point total of ``v = min(D², dist) (* w)`` and the largest ``v``.
+
+    One pass instead of NumPy's nine: the integers are those of
+    :func:`to_fixed` / :func:`limb_sums` (the scaling by ``f1 * f2 = 2**s`` is
+    exact, see :func:`scale_factors`).
+
+    Parameters
+    ----------
+    d2, dist : ndarray, shape (n,), float64
+    w : ndarray, shape (n,) (read only when ``use_w``), float64
+    use_w : bool
+    f1, f2 : float
+
+    Returns
+    -------
+    hi, lo : int
+        The limbs of the total.
+    vmax : float
+    """
+    hi = 0
+    lo = 0
+    vmax = 0.0
+    for i in range(d2.shape[0]):
+        v = min(d2[i], dist[i])
+        if use_w:
+            v *= w[i]
+        if v > vmax:
+            vmax = v
+        q = np.int64(np.rint(v * f1 * f2))
+        hi += q >> 27
+        lo += q & 134217727
+    return hi, lo, vmax
+
+
+def _cumulative_limbs(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.cumsum(q >> LIMB, dtype=np.int64), np.cumsum(q & LIMB_MASK, dtype=np.int64)
+
+
+def _search_cumulative(hi_c: np.ndarray, lo_c: np.ndarray, t: int) -> int:
+    """First ``i`` whose exact inclusive prefix sum exceeds ``t`` (binary search)."""
+    lo, hi = 0, len(hi_c) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if limbs_to_int(hi_c[mid], lo_c[mid]) > t:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def draw_rows(comm, x: np.ndarray, row_offset: int, q: np.ndarray, r53) -> tuple[np.ndarray, np.ndarray]:
+    """Draw global rows with probability ``q_i / sum(q)``, identically for any split (collective).
+
+    Every rank holds the same ``r53``; target ``t = floor(r * Q / 2**53)`` for the
+    exact global total ``Q`` falls in exactly one row's interval of the exact
+    global prefix sums (the ranks' totals in rank order, then the row inside
+    the owning rank).  The owner contributes the row to one Allreduce.
+
+    Parameters
+    ----------
+    comm : Comm or SerialComm
+    x : ndarray, shape (n_local, m), float64
+    row_offset : int
+        Global index of ``x[0]``; ranks hold consecutive rows in rank order.
+    q : ndarray, shape (n_local,), int64
+        Fixed-point weights (:func:`to_fixed`), not all zero over the ranks.
+    r53 : sequence of int
+        Uniform integers in ``[0, 2**53)``, one per draw, the same on every rank.
+
+    Returns
+    -------
+    indices : ndarray, shape (len(r53),), int64
+        Global row indices.
+    rows : ndarray, shape (len(r53), m), float64
+    """
+    totals = comm.allgather(local_total(q))
+    ends = list(itertools.accumulate(totals))
+    total = ends[-1]
+    if total <= 0:
+        raise ValueError("draw_rows needs a positive total weight")
+    m = x.shape[1]
+    buf = np.zeros((len(r53), m + 1), dtype=np.float64)
+    mine = []
+    for j, r in enumerate(r53):
+        t = (int(r) * total) >> FIXED_BITS
+        owner = bisect.bisect_right(ends, t)
+        if owner == comm.rank:
+            mine.append((j, t - (ends[owner] - totals[owner])))
+    if mine:
+        hi_c, lo_c = _cumulative_limbs(q)
+        for j, t in mine:
+            i = _search_cumulative(hi_c, lo_c, t)
+            buf[j, 0] = row_offset + i
+            buf[j, 1:] = x[i]
+    buf += 0.0  # -0.0 -> +0.0, as the other ranks' zeros would make it: the same bytes at any -np
+    buf = comm.allreduce(buf, "sum")
+    return buf[:, 0].astype(np.int64), buf[:, 1:]
+
+
+def uniform53(rng, size: int) -> list:
+    """``size`` uniform integers in ``[0, 2**53)`` from ``rng`` (the draws of :func:`draw_rows`)."""
+    return [int(v) for v in rng.integers(0, 1 << FIXED_BITS, size=size, dtype=np.int64)]
+
+
+def exact_label_sums(comm, labels: np.ndarray, weights, size: int) -> np.ndarray:
+    """Per-label row counts (or weight totals) over all ranks, the same for any split (collective).
+
+    Parameters
+    ----------
+    comm : Comm or SerialComm
+    labels : ndarray, shape (n_local,), int
+        Values in ``[0, size)``.
+    weights : ndarray, shape (n_local,), float64, or None
+    size : int
+
+    Returns
+    -------
+    ndarray, shape (size,), float64
+    """
+    if weights is None:
+        return comm.allreduce(np.bincount(labels, minlength=size).astype(np.int64), "sum").astype(np.float64)
+    s = fixed_scale(global_max(comm, weights))
+    q = to_fixed(weights, s)
+    hi = np.zeros(size, dtype=np.int64)
+    lo = np.zeros(size, dtype=np.int64)
+    step = 1 << 25  # a float64 bincount of 2**25 values below 2**27 each stays below 2**52: exact
+    for a in range(0, len(q), step):
+        part, lab = q[a : a + step], labels[a : a + step]
+        hi += np.rint(np.bincount(lab, weights=(part >> LIMB).astype(np.float64), minlength=size)).astype(np.int64)
+        lo += np.rint(np.bincount(lab, weights=(part & LIMB_MASK).astype(np.float64), minlength=size)).astype(np.int64)
+    both = comm.allreduce(np.concatenate([hi, lo]), "sum")
+    return np.array([math.ldexp(float(limbs_to_int(h, l_)), -s) for h, l_ in zip(both[:size], both[size:])])

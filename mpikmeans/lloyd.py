@@ -1,0 +1,237 @@
+"""The backend-agnostic Lloyd loop: iterations, convergence, empty clusters (collective).
+
+Every rank runs this same code on its own rows.  Per iteration the backend
+returns local float64 sums, counts, SSE and the number of changed labels; one
+``Allreduce`` merges them; every rank then computes the same new centres, so
+the centres never need to be broadcast.  Nothing here depends on the number of
+ranks except the order in which the Allreduce adds the partial sums, which
+moves only the last bits of the centres.  Initial centres come from
+:mod:`mpikmeans.init`; several initialisations from :mod:`mpikmeans.restarts`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .faults import fault_point
+
+log = logging.getLogger("mpikmeans")
+
+STOP_UNCHANGED = "assignment unchanged"
+STOP_TOL = "centre shift <= tol"
+STOP_MAX_ITER = "max-iter reached"
+STOP_INTERRUPTED = "interrupted by a signal"
+
+
+@dataclass
+class LoopState:
+    """Everything the loop needs to go on exactly where it was (a checkpoint's content).
+
+    Attributes
+    ----------
+    iteration : int
+        Iterations completed.
+    centres : ndarray, shape (k, m), float64
+        Centres after ``iteration`` iterations.
+    prev_centres : ndarray, shape (k, m), float64, or None
+        The centres iteration ``iteration`` assigned the rows with: assigning
+        with them again restores the labels, so the next iteration counts
+        changed labels exactly as an uninterrupted run does.
+    history : list of dict
+    relocated : int
+    """
+
+    iteration: int
+    centres: np.ndarray
+    prev_centres: np.ndarray | None
+    history: list = field(default_factory=list)
+    relocated: int = 0
+
+
+@dataclass
+class KMeansResult:
+    """Outcome of :func:`lloyd`.
+
+    Attributes
+    ----------
+    centres : ndarray, shape (k, m), float64
+    labels : ndarray, shape (n_local,), int32
+        This rank's rows, assigned to the final centres.
+    inertia : float
+        Global SSE of the final assignment to the final centres.
+    sizes : ndarray, shape (k,), int64
+        Global cluster sizes of the final assignment.
+    iterations : int
+    converged : bool
+    stop_reason : str
+    history : list of dict
+        Per iteration: ``iteration``, ``sse`` (before the update), ``shift``
+        (largest centre move), ``changed`` (labels changed), ``seconds``.
+    relocated : int
+        Empty clusters moved to a far point (policy ``farthest``).
+    cluster_sse : ndarray, shape (k,), float64
+        Within-cluster SSE of the final assignment (weighted when rows are).
+    """
+
+    centres: np.ndarray
+    labels: np.ndarray
+    inertia: float
+    sizes: np.ndarray
+    iterations: int
+    converged: bool
+    stop_reason: str
+    history: list = field(default_factory=list)
+    relocated: int = 0
+    interrupted: bool = False
+    state: LoopState | None = None
+    cluster_sse: np.ndarray | None = None
+
+
+def _merge(comm, part, stop: bool) -> tuple:
+    """One Allreduce for sums, counts, SSE, the change count and stop requests.
+
+    A signal reaches the ranks at slightly different times; adding the ranks'
+    stop flags into the same Allreduce makes every rank see the request at the
+    same iteration.
+    """
+    k, m = part.sums.shape
+    buf = np.empty(k * m + k + 3, dtype=np.float64)
+    buf[: k * m] = part.sums.ravel()
+    buf[k * m : k * m + k] = part.counts
+    buf[-3] = part.sse
+    buf[-2] = part.changed  # exact in float64 below 2**53 rows
+    buf[-1] = 1.0 if stop else 0.0
+    buf = comm.allreduce(buf, "sum")
+    return buf[: k * m].reshape(k, m), buf[k * m : k * m + k], float(buf[-3]), int(buf[-2]), buf[-1] > 0
+
+
+def _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights=None) -> int:
+    """Move each empty cluster to one of the points farthest from their centre.
+
+    As scikit-learn does: the e farthest points (globally, ties to the lower
+    row index) are taken out of their clusters' sums and each becomes the sole
+    member of one empty cluster.  Works on the merged sums, so every rank
+    makes the same change.  Returns the number of clusters moved.
+    """
+    empty = np.flatnonzero(counts == 0)
+    e = len(empty)
+    labels, dist2 = backend.assign(centres)
+    take = min(e, len(dist2))
+    if take:
+        order = np.lexsort((np.arange(len(dist2)), -dist2))[:take]
+        mine = [(-float(dist2[i]), row_offset + int(i), int(labels[i]), x[i].copy(),
+                 1.0 if weights is None else float(weights[i])) for i in order]
+    else:
+        mine = []
+    candidates = sorted((c for part in comm.allgather(mine) for c in part), key=lambda c: (c[0], c[1]))
+    moved = 0
+    for cluster, (neg_d, _, owner, row, w) in zip(empty, candidates):
+        if neg_d == 0.0:  # every remaining point sits on its centre: nothing to gain
+            break
+        sums[owner] -= w * row
+        counts[owner] -= w
+        sums[cluster] = w * row
+        counts[cluster] = w
+        moved += 1
+    return moved
+
+
+def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *, max_iter: int = 300,
+          tol: float = 0.0, empty_cluster: str = "keep", resume: LoopState | None = None,
+          after_iteration=None, stop_requested=None, weights: np.ndarray | None = None) -> KMeansResult:
+    """Lloyd's iterations until convergence, ``max_iter`` or a stop request (collective).
+
+    Parameters
+    ----------
+    comm : Comm or SerialComm
+    backend : mpikmeans.backends.Backend
+        Already loaded with ``x``.
+    x : ndarray, shape (n_local, m), float64
+        This rank's rows (used only to relocate empty clusters).
+    row_offset : int
+        Global index of ``x[0]``.
+    centres : ndarray, shape (k, m), float64
+        Initial centres, the same on every rank (ignored when resuming).
+    max_iter : int
+    tol : float
+        Stop when no centre moved more than ``tol`` (Euclidean).  With 0, stop
+        when no label changed.
+    empty_cluster : {"keep", "farthest"}
+    resume : LoopState, optional
+        Go on from a checkpoint; the result is bit for bit that of the
+        uninterrupted run with the same ranks.
+    after_iteration : callable(LoopState, bool), optional
+        Called on every rank after each iteration that did not finish the run;
+        the flag is True when the run stops there because of a stop request
+        (a checkpoint must be written now).
+    stop_requested : callable() -> bool, optional
+        Polled once per iteration (a signal handler's flag).
+    weights : ndarray, shape (n_local,), float64, optional
+        The instance weights the backend was loaded with (for the final SSE
+        and for relocating empty clusters).
+
+    Returns
+    -------
+    KMeansResult
+        With ``interrupted`` set (and no labels) when a stop request ended it.
+    """
+    if resume is not None:
+        state = resume
+        if state.prev_centres is not None:
+            backend.step(state.prev_centres)  # the labels the uninterrupted run had
+    else:
+        state = LoopState(0, np.array(centres, dtype=np.float64, copy=True), None, [])
+    reason, converged, interrupted = STOP_MAX_ITER, False, False
+    while state.iteration < max_iter:
+        it = state.iteration + 1
+        fault_point(comm.rank, "iteration")
+        t0 = time.perf_counter()
+        centres = state.centres
+        part = backend.step(centres)
+        sums, counts, sse, changed, stop = _merge(comm, part, bool(stop_requested and stop_requested()))
+        relocated = state.relocated
+        if empty_cluster == "farthest" and (counts == 0).any():
+            relocated += _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights)
+        filled = counts > 0
+        new = centres.copy()  # an empty cluster keeps its centre: never a NaN
+        new[filled] = sums[filled] / counts[filled, None]
+        shift = float(np.sqrt(((new - centres) ** 2).sum(axis=1)).max())
+        seconds = time.perf_counter() - t0
+        history = state.history + [{"iteration": it, "sse": sse, "shift": shift, "changed": changed,
+                                    "seconds": seconds}]
+        state = LoopState(it, new, centres, history, relocated)
+        log.info("iter %4d  sse %.10g  max shift %.4g  changed %d  %.4fs", it, sse, shift, changed, seconds)
+        if changed == 0:
+            reason, converged = STOP_UNCHANGED, True
+            break
+        if tol > 0 and shift <= tol:
+            reason, converged = STOP_TOL, True
+            break
+        if stop:
+            reason, interrupted = STOP_INTERRUPTED, True
+        if after_iteration is not None and state.iteration < max_iter:
+            after_iteration(state, interrupted)
+        if interrupted:
+            return KMeansResult(centres=state.centres, labels=None, inertia=float("nan"), sizes=None,
+                                iterations=state.iteration, converged=False, stop_reason=reason,
+                                history=state.history, relocated=state.relocated, interrupted=True,
+                                state=state)
+    centres = state.centres
+    labels, dist2 = backend.assign(centres)
+    k = centres.shape[0]
+    wd2 = dist2 if weights is None else weights * dist2
+    tail = np.empty(2 * k, dtype=np.float64)
+    tail[:k] = np.bincount(labels, minlength=k)
+    tail[k:] = np.bincount(labels, weights=wd2, minlength=k)
+    tail = comm.allreduce(tail, "sum")
+    sizes = tail[:k].astype(np.int64)
+    if (sizes == 0).any():
+        log.warning("%d of %d clusters are empty at the end (fewer distinct rows than k, or a poor start)",
+                    int((sizes == 0).sum()), k)
+    return KMeansResult(centres=centres, labels=labels, inertia=float(tail[k:].sum()), sizes=sizes,
+                        iterations=state.iteration, converged=converged, stop_reason=reason,
+                        history=state.history, relocated=state.relocated, state=state, cluster_sse=tail[k:])
