@@ -392,7 +392,7 @@ def _fill_numpy(centres, f32, TC):
 def test_fill_centres_is_bit_identical_to_the_numpy_form(f32, k, m, TC):
     """The compiled fill of the step buffer (host side, every step) against the numpy oracle."""
     pytest.importorskip("numba")
-    from mpikmeans.backends.gpu import _fill_centres
+    from mpikmeans.backends.gpu import fill_centres
 
     r = np.random.default_rng(k + m)
     c = r.normal(size=(k, m)) * 10 + 3
@@ -402,25 +402,25 @@ def test_fill_centres_is_bit_identical_to_the_numpy_form(f32, k, m, TC):
     cm = np.zeros((nct, m, TC), np.float32)
     c64 = np.zeros((k, m))
     zl = np.zeros(1, np.float32)
-    _fill_centres(c, f32, sh, cc, cm, c64, zl)
+    fill_centres(c, f32, sh, cc, cm, c64, zl)
     want = _fill_numpy(c, f32, TC)
     assert np.array_equal(sh, want[0]) and np.array_equal(cc, want[1]) and np.array_equal(cm, want[2])
     assert zl[0] == want[3] and np.array_equal(c64, c)
     c[1, 2] = np.nan  # a non-finite centre sends every row to the exact kernel
-    _fill_centres(c, f32, sh, cc, cm, c64, zl)
+    fill_centres(c, f32, sh, cc, cm, c64, zl)
     assert zl[0] == np.inf
 
 
 def test_add_step_forms_raw_sums_from_deviations():
     """dev += d_dev, counts += d_counts, and the raw sums dev + counts c."""
     pytest.importorskip("numba")
-    from mpikmeans.backends.gpu import _add_step
+    from mpikmeans.backends.gpu import add_step
 
     r = np.random.default_rng(4)
     dev, d_dev, c = r.normal(size=(3, 6, 4))
     counts, d_counts = r.integers(0, 50, size=(2, 6)).astype(np.float64)
     want_dev, want_counts = dev + d_dev, counts + d_counts
-    sums = _add_step(dev, counts, d_dev, d_counts, c)
+    sums = add_step(dev, counts, d_dev, d_counts, c)
     assert np.array_equal(dev, want_dev) and np.array_equal(counts, want_counts)
     assert np.array_equal(sums, want_dev + want_counts[:, None] * c)
 

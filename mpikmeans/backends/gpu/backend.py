@@ -1,0 +1,481 @@
+"""``GPUBackend``: the state of one rank's GPU between steps, and when a step is incremental.
+
+The backend owns the rows on the device (:class:`.rows.DeviceRows`), one
+:class:`_State` per number of centres (plan, step buffer, prepared launches), and
+what an incremental step builds on (:class:`_Kept`).  A step fills the step
+buffer, launches, and while the GPU works carries the kept sums over to the new
+centres on the host.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from .. import Backend, BackendInfo, BackendUnavailable, StepResult
+from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
+from .kernels import RC_WARPS, fused_kernel, recheck_kernel
+from .launch import Launch, Pack, cu, cucheck, fast_launch_wanted, prepare
+from .plan import Plan, choose_plan, round_up
+from .rows import DeviceRows
+
+log = logging.getLogger("mpikmeans.backends.gpu")
+
+SUPPORTED_DTYPES = ("float64", "float32")
+
+#: steps in a row that may be incremental before a full one (bounds rounding drift)
+DELTA_REFRESH = 32
+#: When an incremental step pays (H100, bench/GPU_NOTES.md, v5): each row that changed
+#: label costs the exact kernel about MOVE_NS + MOVE_NS_PER_ELEM * K * M nanoseconds
+#: (26 ns at K x M = 5000, 110 ns at 32000); a full step's pass 2, which an incremental
+#: step saves, about PASS2_NS_PER_ELEM per element of the rows (0.005 measured, less a
+#: margin).  The last step's change count predicts the next one's.
+MOVE_NS = 10.5
+MOVE_NS_PER_ELEM = 0.0031
+PASS2_NS_PER_ELEM = 0.004
+
+
+@njit(cache=True, nogil=True)
+def add_step(dev, counts, d_dev, d_counts, centres):  # pragma: no cover - compiled
+    """``dev += d_dev``, ``counts += d_counts``; return the raw sums ``dev + counts c`` (k, m)."""
+    k, m = dev.shape
+    sums = np.empty((k, m))
+    for i in range(k):
+        n = counts[i] + d_counts[i]
+        counts[i] = n
+        for j in range(m):
+            d = dev[i, j] + d_dev[i, j]
+            dev[i, j] = d
+            sums[i, j] = d + n * centres[i, j]
+    return sums
+
+
+@dataclass
+class _Kept:
+    """What an incremental step builds on: the last step's labels, summed (float64).
+
+    ``dev`` (k, m): per cluster, the sum of ``w (x - c)`` over its rows; ``counts`` (k,):
+    their weight; ``sse``: the sum of ``w |x - c|^2`` over all rows; ``centres`` (k, m):
+    the ``c`` of that step.
+    """
+
+    dev: np.ndarray
+    counts: np.ndarray
+    sse: float
+    centres: np.ndarray
+
+    def carried_to(self, centres: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """SSE, deviation sums and counts of the same rows about new ``centres`` (exact algebra).
+
+        ``sum |x - c'|^2 = sum |x - c|^2 + 2 (c - c').sum(x - c) + n |c - c'|^2`` and
+        ``sum(x - c') = sum(x - c) + n (c - c')``: O(K M) host work, every term small
+        when the centres move little.
+        """
+        move = self.centres - centres
+        sse = self.sse + 2.0 * float(np.vdot(move, self.dev)) + float(self.counts @ np.einsum("km,km->k", move, move))
+        return sse, self.dev + self.counts[:, None] * move, self.counts.copy()
+
+
+@dataclass
+class _State:
+    """Everything a step with k centres reuses: plan, step buffer, prepared launches."""
+
+    plan: Plan
+    pack: Pack
+    launches: list  # [(fused, recheck)] per chunk (one when resident)
+
+
+class GPUBackend(Backend):
+    """Lloyd iteration on one NVIDIA GPU with Numba CUDA kernels.
+
+    Parameters
+    ----------
+    device : int, optional
+        CUDA device index (default 0; the caller picks it with :func:`select_device_for`).
+    dtype : {"float64", "float32"}
+        Storage precision of the rows on the device.  Sums, counts and SSE are
+        float64 either way; labels are those of the exact float64 distances of the
+        stored values.
+    chunk_rows : int, optional
+        Stream the rows through the device in chunks of this many rows (pinned host
+        memory, two streams) instead of keeping them resident.  Chosen automatically
+        when the rows do not fit in device memory.
+    tune : dict, optional
+        Kernel overrides for benchmarks and tests: ``R``, ``TC``, ``NT``,
+        ``sum_mode`` ("global"), ``centres_shared`` (bool), ``smem_budget`` (bytes),
+        ``maxreg``, ``blocks``, ``JC``; ``launch="numba"`` launches through Numba's
+        dispatcher instead of the prepared launches; ``profile`` sets :attr:`profile`;
+        ``delta`` ("auto", "always", "never"), see below.
+
+    Attributes
+    ----------
+    profile : bool
+        Record :attr:`last_kernel_ms`, the kernels' time in the last step or assignment
+        (CUDA events around them; two event records per step; not when streaming).
+
+    Notes
+    -----
+    Deviation sums.  The kernels sum ``x - c`` (``c`` the centre a row is assigned
+    to), not ``x``; :meth:`step` returns ``sums = dev + counts c``.  Deviations are
+    small where the data are far from the origin, so nothing cancels, and they are
+    what an incremental step needs.
+
+    Incremental steps.  After a step the backend keeps, in float64, each cluster's
+    deviation sum and count, the total SSE and the centres used (:class:`_Kept`).
+    When few labels changed in the last step (:meth:`_next_step_incremental`), the
+    next step does no per-row work beyond the certified assignment (pass 1) for rows
+    that keep their label: their deviation sums and SSE are carried over to the new
+    centres exactly on the host (:meth:`_Kept.carried_to`), O(K M) work.  Rows whose
+    label changes leave the old cluster (``x - c_old`` and ``|x - c_old|^2`` taken
+    away) and join the new one (global atomics).  The results equal a full step's up
+    to float64 rounding.  A full step runs at least every ``DELTA_REFRESH`` steps,
+    after a step that changed many labels, with weights (float weights summed and
+    taken away need not return to 0 for an emptied cluster) and after :meth:`load`.
+    """
+
+    name = "gpu"
+
+    def __init__(self, device: int | None = None, dtype: str = "float64", chunk_rows: int | None = None,
+                 *, tune: dict | None = None):
+        if not gpu_available():
+            raise BackendUnavailable("the GPU backend needs numba-cuda and a usable CUDA GPU")
+        dtype = str(np.dtype(dtype))
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"GPU dtype must be one of {', '.join(SUPPORTED_DTYPES)}, not {dtype!r}")
+        self.device_index = 0 if device is None else int(device)
+        if SIM and self.device_index != 0:
+            self.device_index = 0  # the simulator has one device
+        count = gpu_count()
+        if not 0 <= self.device_index < count:
+            raise BackendUnavailable(f"CUDA device {self.device_index} does not exist ({count} visible)")
+        cuda.select_device(self.device_index)
+        self.dtype = dtype
+        self.chunk_rows = int(chunk_rows) if chunk_rows else None
+        if self.chunk_rows is not None and self.chunk_rows <= 0:
+            raise ValueError("chunk_rows must be positive")
+        self.tune = dict(tune or {})
+        self.limits = DeviceLimits()
+        self._desc = device_descriptions()
+        self.rows = DeviceRows(dtype, self.limits)
+        self._dummy = None
+        self._alabels = None
+        self._adist = None
+        self._states = {}
+        self._plans = {}
+        self._fast = fast_launch_wanted(self.tune)
+        self.profile = bool(self.tune.get("profile"))
+        self._events = None
+        self.last_flagged = 0
+        self.last_plan = None
+        self.last_grid = 0
+        self.last_regs = None
+        self.last_fast_launch = None
+        self._occupancy = {}
+        self.last_kernel_ms = float("nan")
+        self._forget_kept()
+        self.last_delta = False
+
+    @property
+    def n(self) -> int:
+        return self.rows.n
+
+    @property
+    def m(self) -> int:
+        return self.rows.m
+
+    # ------------------------------------------------------------------ load
+    def load(self, x: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """Copy this rank's rows to the device (see :meth:`Backend.load`).
+
+        Parameters
+        ----------
+        x : ndarray, shape (n_local, m), float64
+            May have zero rows.
+        weights : ndarray, shape (n_local,), float64, optional
+            Instance weights; an empty or omitted array means unweighted.
+        """
+        self.close()
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        if x.ndim != 2:
+            raise ValueError(f"x must be 2-D (n, m), got shape {x.shape}")
+        w = None
+        if weights is not None and np.size(weights) > 0:
+            w = np.ascontiguousarray(weights, dtype=np.float64).ravel()
+            if w.shape[0] != x.shape[0]:
+                raise ValueError(f"weights has {w.shape[0]} entries for {x.shape[0]} rows")
+        self.rows.load(x, w, self.chunk_rows)
+
+    def load_device(self, x_soa, weights: np.ndarray | None = None) -> None:
+        """Take rows that are already on this device, column-major.
+
+        For benchmarks that generate data on the GPU: no host copy, no transpose.
+
+        Parameters
+        ----------
+        x_soa : device array (numba, CuPy, PyTorch...), shape (m, n), backend dtype
+            C-contiguous, so that attribute ``j`` of row ``i`` is at ``j * n + i``.
+        weights : ndarray, shape (n,), float64, optional
+        """
+        self.close()
+        w = None if weights is None or np.size(weights) == 0 else np.ascontiguousarray(weights, np.float64)
+        self.rows.load_device(x_soa, w)
+
+    # ------------------------------------------------------------------ plans and launches
+    def _blocks_per_sm(self, kern, plan: Plan, args) -> int:
+        """Resident blocks per multiprocessor (registers, shared memory, threads), cached."""
+        key = (id(kern), plan)
+        if key not in self._occupancy:
+            if SIM:
+                self._occupancy[key] = 1
+            else:
+                regs = prepare(kern, args, plan.smem) or 128
+                self.last_regs = regs
+                regs_alloc = round_up(regs, 8) * plan.NT
+                by_regs = self.limits.regs_sm // max(1, regs_alloc)
+                by_smem = self.limits.smem_sm // max(1, plan.smem + 1024)
+                by_thr = 2048 // plan.NT
+                self._occupancy[key] = max(1, min(by_regs, by_smem, by_thr, 32))
+        return self._occupancy[key]
+
+    def _plan(self, k: int, assign: bool, delta: bool = False) -> Plan:
+        key = (k, assign, delta)
+        plan = self._plans.get(key)
+        if plan is None:
+            limit = min(self.limits.smem_optin, 200 * 1024) if not SIM else 48 * 1024
+            plan = choose_plan(k, self.m, self.dtype, assign, self.rows.weighted, limit, self.tune,
+                               self.limits.smem_sm, delta)
+            self._plans[key] = plan
+        return plan
+
+    def kernel_for(self, plan: Plan, pack: Pack, k: int):
+        """The fused kernel this backend launches for ``plan`` (also what ``bench regs`` compiles)."""
+        idx32 = self.m * self.rows.ld < 2**31 and not self.tune.get("idx64")
+        return fused_kernel(self.dtype, plan.R, plan.TC, plan.NT, self.rows.weighted, plan.mode,
+                            plan.centres_shared, plan.maxreg, k, self.m, plan.nct, plan.offs, pack.layout, idx32,
+                            bool(self.tune.get("diag_skip_pass2")), bool(self.tune.get("lineinfo")))
+
+    def _launches(self, plan: Plan, pack: Pack, k: int, assign: bool, x, rows: int, labels, flags, w,
+                  dist2, fslot: int, stream, delta: bool = False):
+        """The prepared (fused, recheck) pair for one block of rows."""
+        kern = self.kernel_for(plan, pack, k)
+        args = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
+        per_sm = self._blocks_per_sm(kern, plan, args)
+        ntiles = -(-rows // (plan.NT * plan.R))
+        grid = max(1, min(ntiles, 2 if SIM else per_sm * self.limits.sm_count))
+        self.last_grid = grid
+        fused = Launch(kern, args, grid, plan.NT, plan.smem, stream, self._fast)
+        rk = recheck_kernel(self.dtype, self.rows.weighted, assign, k, self.m, pack.layout, delta)
+        rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
+        # one warp per flagged row; with none flagged each block reads the count and returns
+        rgrid = 1 if SIM else max(1, min(2 * self.limits.sm_count, -(-rows // RC_WARPS)))
+        recheck = Launch(rk, rargs, rgrid, 32 * RC_WARPS, 0, stream, self._fast)
+        self.last_fast_launch = fused.fast and recheck.fast
+        return fused, recheck
+
+    def _state(self, k: int, assign: bool, delta: bool = False) -> _State:
+        """Plan, step buffer and prepared launches for k centres: built once, reused every step."""
+        key = (k, assign, delta)
+        st = self._states.get(key)
+        if st is not None:
+            return st
+        plan = self._plan(k, assign, delta)
+        rows = self.rows
+        if self._dummy is None:
+            self._dummy = cuda.device_array(1, dtype=np.float64)
+        if not rows.streaming:
+            pack = Pack(k, self.m, plan.TC, plan.nct, self.dtype, 1)
+            if assign:
+                if self._alabels is None:
+                    self._alabels = cuda.device_array(self.n, dtype=np.int32)
+                    self._adist = cuda.device_array(self.n, dtype=np.float64)
+                labels, dist2 = self._alabels, self._adist
+            else:
+                labels, dist2 = rows.labels, self._dummy
+            w = rows.dw if rows.weighted else self._dummy
+            fslot = pack.layout.i64_chg + 1
+            launches = [self._launches(plan, pack, k, assign, rows.dx, self.n, labels, rows.flags, w, dist2,
+                                       fslot, 0, delta)]
+        else:
+            pack = Pack(k, self.m, plan.TC, plan.nct, self.dtype, rows.nchunks)
+            launches = []
+            for c in range(rows.nchunks):
+                s = c % 2
+                w = rows.dwbuf[s] if rows.weighted else self._dummy
+                # one flagged-row counter per chunk: the outputs' upload zeroes them all
+                fslot = pack.layout.i64_chg + 1 + c
+                launches.append(self._launches(plan, pack, k, assign, rows.dbuf[s], rows.chunk_rows(c),
+                                               rows.dlab[s], rows.dflags[s], w, rows.ddist[s], fslot,
+                                               rows.streams[s], delta))
+        st = _State(plan, pack, launches)
+        if len(self._states) >= 8:
+            # k-means|| assigns to a new number of candidates each round: keep the latest few
+            self._states.pop(next(iter(self._states)))
+        self._states[key] = st
+        return st
+
+    # ------------------------------------------------------------------ one step on the device
+    def _run(self, centres: np.ndarray, assign: bool, delta: bool = False, while_busy=None):
+        """One step (or assignment) on the device.
+
+        Host work per call, once the state for this k exists: fill the pinned input
+        buffer; one asynchronous copy in (centre data and zeroed outputs); the fused
+        and recheck launches (per chunk when streaming); one asynchronous copy out of
+        sums, counts, SSE and counters; ``while_busy()`` if given (host work that then
+        overlaps the kernels); one synchronisation.
+
+        Returns
+        -------
+        (labels, dist2) for an assignment, else (StepResult, what ``while_busy`` returned)
+        """
+        centres = np.ascontiguousarray(centres, dtype=np.float64)
+        if centres.ndim != 2 or centres.shape[1] != self.m:
+            raise ValueError(f"centres must have shape (k, {self.m}), got {centres.shape}")
+        k = centres.shape[0]
+        n = self.n
+        if k == 0:
+            raise ValueError("at least one centre is needed")
+        st = self._state(k, assign, delta)
+        self.last_plan = st.plan
+        pack = st.pack
+        pack.fill(centres)
+        pack.upload()
+        labels_out = dist_out = None
+        if assign:
+            labels_out = np.empty(n, dtype=np.int32)
+            dist_out = np.empty(n, dtype=np.float64)
+        profile = self.profile and not self.rows.streaming and not SIM
+        if profile and self._events is None:
+            self._events = (cuda.event(), cuda.event())
+        if not self.rows.streaming:
+            fused, recheck = st.launches[0]
+            if profile:
+                self._events[0].record()
+            fused()
+            recheck()
+            if profile:
+                self._events[1].record()
+            if assign:
+                self._alabels.copy_to_host(labels_out)
+                self._adist.copy_to_host(dist_out)
+        else:
+            self.rows.stream_through(st.launches, assign, labels_out, dist_out)
+        pack.download()
+        busy = while_busy() if while_busy is not None else None
+        if not SIM:
+            cucheck(cu().cuStreamSynchronize(0), "cuStreamSynchronize")
+        if profile:
+            self.last_kernel_ms = cuda.event_elapsed_time(*self._events)
+        ctr = pack.r_ctr
+        self.last_flagged = int(ctr[1:].sum())
+        if assign:
+            return labels_out, dist_out
+        # views of the pinned output buffer: step() consumes them before the next step
+        return StepResult(sums=pack.r_sums, counts=pack.r_cnt, sse=float(pack.hout[pack.r_sse]),
+                          changed=int(ctr[0])), busy
+
+    def warmup(self, k: int, m: int) -> None:
+        """Compile the step's and the final assignment's kernels for k centres (see :meth:`Backend.warmup`).
+
+        Building the per-k state prepares (so compiles) both launches; without this
+        the first step and the closing assignment would carry seconds of JIT into
+        the timed Lloyd loop.
+        """
+        if self.n == 0 or k < 1:
+            return
+        st = self._state(k, False)
+        self._state(k, True)
+        if self._delta_allowed():
+            self._state(k, False, True)
+        # the host-side helpers too (compiled, cached on disk after the first run)
+        zeros = np.zeros((k, self.m))
+        st.pack.fill(zeros)  # overwritten by every step's fill
+        add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros)
+
+    # ------------------------------------------------------------------ the step policy
+    def _delta_allowed(self) -> bool:
+        """Whether incremental steps may run at all: not when switched off, not with weights."""
+        return self.tune.get("delta", "auto") != "never" and not self.rows.weighted
+
+    def _kept_fits(self, k: int) -> bool:
+        """Whether sums are kept, and for as many centres as this step has."""
+        return self._kept is not None and self._kept.counts.shape[0] == k
+
+    def _moving_costs_less(self, k: int) -> bool:
+        """Whether moving the last step's changed rows costs less than a full step's summing pass."""
+        move_ns = self._last_changed * (MOVE_NS + MOVE_NS_PER_ELEM * k * self.m)
+        return move_ns <= PASS2_NS_PER_ELEM * self.n * self.m
+
+    def _next_step_incremental(self, k: int) -> bool:
+        """Whether the next step with ``k`` centres is incremental (see the class notes)."""
+        if not self._delta_allowed() or not self._kept_fits(k):
+            return False
+        if self.tune.get("delta", "auto") == "always":
+            return True
+        drift_bounded = self._delta_run < DELTA_REFRESH
+        few_changed = self._last_changed * 16 <= self.n
+        return drift_bounded and few_changed and self._moving_costs_less(k)
+
+    def step(self, centres: np.ndarray) -> StepResult:
+        """One Lloyd step on the device (see :meth:`Backend.step`), incremental where it pays."""
+        # a private copy: it is kept for the next step's carry-over
+        centres = np.array(centres, dtype=np.float64, order="C")
+        k = centres.shape[0]
+        if self.n == 0:
+            return StepResult(sums=np.zeros((k, self.m if self.m else centres.shape[1])),
+                              counts=np.zeros(k), sse=0.0, changed=0)
+        delta = self._next_step_incremental(k)
+        # the kept rows are carried over to this step's centres on the host while the kernels run
+        carry = (lambda: self._kept.carried_to(centres)) if delta else None
+        res, carried = self._run(centres, assign=False, delta=delta, while_busy=carry)
+        if delta:
+            # then the rows that changed label: they left one cluster and joined another
+            sse, dev, counts = carried
+            sse += res.sse
+            self._delta_run += 1
+        else:
+            sse, dev, counts = res.sse, np.zeros_like(res.sums), np.zeros_like(res.counts)
+            self._delta_run = 0
+        # the device sums deviations from the centres (no cancellation far from the
+        # origin, and what the carry-over above needs); the raw sums are dev + n c
+        sums = add_step(dev, counts, res.sums, res.counts, centres)
+        self._kept = _Kept(dev, counts, sse, centres)
+        self._last_changed = res.changed
+        self.last_delta = delta
+        return StepResult(sums=sums, counts=counts.copy(), sse=sse, changed=res.changed)
+
+    def forget_labels(self) -> None:
+        """Start over: every label unknown, no kept sums (the next step is like a first one).
+
+        For benchmarks that time several runs on one loaded backend.
+        """
+        self._forget_kept()
+        self.rows.forget_labels()
+
+    def _forget_kept(self) -> None:
+        """Drop the kept sums: the next step is a full one."""
+        self._kept = None  # _Kept of the current labels
+        self._delta_run = 0
+        self._last_changed = None
+
+    def assign(self, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Nearest centre and exact float64 squared distance for every local row (see :meth:`Backend.assign`)."""
+        if self.n == 0:
+            return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.float64)
+        return self._run(np.asarray(centres, dtype=np.float64), assign=True)
+
+    def info(self) -> BackendInfo:
+        d = next((d for d in self._desc if d["index"] == self.device_index), None)
+        name = d["name"] if d else "unknown"
+        return BackendInfo(name="gpu", devices=[f"{self.device_index}: {name}"], threads=1, dtype=self.dtype)
+
+    def close(self) -> None:
+        self._forget_kept()
+        self.rows.close()
+        self._dummy = None
+        self._alabels = None
+        self._adist = None
+        self._states = {}
+        self._plans = {}

@@ -1,0 +1,581 @@
+"""The kernel factories: the fused step kernel and the exact (recheck) kernel.
+
+Each factory builds, once per configuration (:func:`functools.lru_cache`), a
+``numba.cuda.jit`` kernel whose shape, plan and memory layouts are compile-time
+constants (see :mod:`.plan`); loops over them unroll and the per-thread arrays
+stay in registers.  The algorithm, the certification bound and the measurements
+behind the choices are described in the package docstring and ``bench/GPU_NOTES.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .device import SIM, cuda
+from .intrinsics import ld4, ldc32, ldc64, ldx, stx
+from .plan import MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_GLOBAL, MODE_STEP_SHARED, PackLayout, SharedLayout
+
+if cuda is not None:
+    from numba import float32, float64, int32, int64
+
+#: float32 unit roundoff; the certification bound is written in multiples of it.
+_U32 = 2.0 ** -24
+#: rows whose |y|^2 + 2 max|z|^2 exceeds this go to the exact path (float32 overflow guard).
+_BIG = 1.0e30
+#: the 16-byte centre loads need an aligned shared base (the simulator refuses the argument)
+_SMEM_ALIGN = None if SIM else 16
+
+
+@functools.lru_cache(maxsize=None)
+def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: int, centres_shared: bool,
+                 maxreg: int, k_c: int, m_c: int, nct_c: int, offs_c: tuple, pack_c: tuple, idx32: bool = False,
+                 diag_skip_pass2: bool = False, lineinfo: bool = False):
+    """Build (once per configuration and shape) the fused assignment + accumulation kernel.
+
+    Everything but the rows is a compile-time constant: rows per thread ``R``, centres
+    per register tile ``TC``, threads per block ``NT``, weighting, mode, where the
+    centres are read from, the shape (``k_c``, ``m_c``, ``nct_c``), the shared-memory
+    layout ``offs_c`` (a :class:`.plan.SharedLayout`) and the layout ``pack_c`` of the step
+    buffer (a :class:`.plan.PackLayout`).  Loops over them
+    unroll, the per-thread arrays stay in registers, and no register holds an offset
+    (a run compiles once per K x M).  ``idx32``: the rows array has fewer than
+    ``2**31`` elements, so its indices are computed on 32 bits (:func:`ldc32`).
+    ``diag_skip_pass2`` is for profiling only: pass 2 is left out, so the sums, counts
+    and SSE are wrong (``mpikmeans bench gpu`` uses it to time pass 1 alone).
+    ``lineinfo`` adds source lines for ``ncu``'s per-line sampling.
+
+    Kernel arguments (all arrays 1-D, C-contiguous, on the device)
+    ---------------------------------------------------------------
+    x : storage dtype, (m * ld,)      rows, column-major: x[j * ld + i]
+    n, ld : int64                     rows, row stride
+    p32, p64, ctr : float32, float64, int64 views of one step buffer (:func:`.plan.pack_layout`):
+        p32[P32_CM:]  -2 (c - s) laid out [tile][attribute][TC]
+        p32[P32_CC:]  |c - s|^2 (+inf for padding)
+        p32/p64[..SH:] s, the mean of the centres, in the storage dtype
+        p32[P32_ZL]   2 max |c - s|^2 (certification bound: tol = tolf (|y|^2 + zlim) + tiny)
+        p64[P64_C64:] centres, row-major
+        p64[P64_SUMS:], p64[P64_CNT:], p64[P64_SSE]   accumulated float64 deviation sums
+                      (of x - c), counts, SSE (DELTA: their changes; see GPUBackend)
+        ctr[I64_CHG]  changed rows; ctr[fslot] flagged rows (one slot per chunk)
+    labels : int32, (n,)              previous labels in, new labels out
+    flags : int32, (n,)               indices of rows handed to the exact kernel
+    w : float64, (n,) or (1,)         weights (read only when weighted)
+    dist2 : float64, (n,) or (1,)     exact squared distances (assign mode)
+    fslot : int64                     index in ``ctr`` of this launch's flagged-row counter
+
+    All hot-loop accesses go through :func:`ldx` / :func:`stx` (no wraparound
+    select); row indices past ``n`` are clamped to ``n - 1`` for the loads, so only
+    the attribute bound is tested in the loops.
+    """
+    DT = float64 if storage == "float64" else float32
+    BR = NT * R
+    ACC = R * TC
+    JB = max(1, min(4, 8 // R))  # attributes per prefetch block (<= 8 values in flight)
+    XB = JB * R
+    EB = 8  # epilogue (global sums / assign): attributes per batch
+    WB = 4  # pass-2 walk: sorted rows per batch
+    WARP = 32
+    GROUPS = max(1, NT // WARP)  # pass-2 row slices: one per warp
+    TC4 = TC // 4
+    SHARED = mode == MODE_STEP_SHARED
+    DELTA = mode == MODE_STEP_DELTA
+    GLOBAL = mode == MODE_STEP_GLOBAL
+    ASSIGN = mode == MODE_ASSIGN
+    WEIGHTED = weighted
+    CSH = centres_shared
+    SH32 = storage == "float32"
+    F32_INF = np.float32(np.inf)
+    TINY = np.float32(1.0e-36)
+    BIG = np.float32(_BIG)
+
+    K_C, M_C, NCT_C = int(k_c), int(m_c), int(nct_c)
+    # bound on |computed - exact| of (|z|^2 - 2 y.z) for one centre is
+    # (m + 4)(1 + eps) u (|y|^2 + 2 max|z|^2); two centres, a computed |y|^2 and
+    # a computed gap need a little more: factor 2.1 and m + 5
+    TOLF = np.float32(2.1 * (M_C + 5) * _U32)
+    (O_CM, O_CC, O_SH, O_SUMS, O_CNT, O_HIST, O_START, O_PERM, O_SLAB, O_LAB, O_W, O_XS, O_RED,
+     O_JC, O_BRP, O_TMP) = (int(v) for v in SharedLayout(*offs_c))
+    (P_CM, P_CC, P_SH32, P_ZL, P_C64, P_SH64, P_SUMS, P_CNT, P_SSE, I_CHG) = (int(v) for v in PackLayout(*pack_c))
+    # pass-2 staging: about 16 loads in flight per thread, in batches that divide the
+    # attribute chunk as evenly as possible (no all-idle tail batch)
+    SJ0 = max(1, 16 // R)
+    SJ = -(-O_JC // -(-O_JC // SJ0))
+    SV = SJ * R
+    # compile-time facts that drop bound tests from the loops
+    FULLJ = M_C % JB == 0  # every prefetch block is whole
+    FULLC = M_C % O_JC == 0  # every staged chunk has jc attributes
+    # loads of the rows, x[j * ld + i]: 32-bit index arithmetic where it is allowed, except
+    # in the staging loop, where LLVM strength-reduces the 64-bit form into fewer instructions
+    LDC = ldc32 if idx32 else ldc64
+
+    def km_fused(x, n, ld, p32, p64, ctr, labels, flags, w, dist2, fslot):
+        smf = cuda.shared.array(0, dtype=float32, alignment=_SMEM_ALIGN)
+        smd = cuda.shared.array(0, dtype=float64)
+        smi = cuda.shared.array(0, dtype=int32)
+        smx = cuda.shared.array(0, dtype=DT)
+        tid = cuda.threadIdx.x
+        m = M_C
+        k = K_C
+        nct = NCT_C
+        o_cm = O_CM
+        o_cc = O_CC
+        o_sh = O_SH
+        o_sums = O_SUMS
+        o_cnt = O_CNT
+        o_hist = O_HIST
+        o_start = O_START
+        o_perm = O_PERM
+        o_slab = O_SLAB
+        o_w = O_W
+        o_xs = O_XS
+        o_red = O_RED
+        jc = O_JC
+        brp = O_BRP
+        o_tmp = O_TMP
+        kp = nct * TC
+        zlim = p32[P_ZL]
+
+        # ---- block set-up: centres (and their norms) to shared memory, zero partials
+        if CSH:
+            for q in range(tid, kp * m, NT):
+                stx(smf, o_cm + q, ldx(p32, P_CM + q))
+        for q in range(tid, kp, NT):
+            stx(smf, o_cc + q, ldx(p32, P_CC + q))
+        for q in range(tid, m, NT):
+            if SH32:
+                stx(smx, o_sh + q, ldx(p32, P_SH32 + q))
+            else:
+                stx(smx, o_sh + q, ldx(p64, P_SH64 + q))
+        if SHARED:
+            for q in range(tid, k * m, NT):
+                stx(smd, o_sums + q, 0.0)
+            for q in range(tid, k, NT):
+                stx(smd, o_cnt + q, 0.0)
+        if tid == 0:
+            smd[o_red] = 0.0
+            smi[o_tmp] = 0
+        cuda.syncthreads()
+
+        sse_t = 0.0
+        changed_t = 0
+        acc = cuda.local.array(ACC, dtype=float32)
+        yv = cuda.local.array(R, dtype=float32)
+        xb = cuda.local.array(XB, dtype=DT)
+        xn = cuda.local.array(XB, dtype=DT)
+        sv = cuda.local.array(SV, dtype=DT)
+        ev = cuda.local.array(EB, dtype=float64)
+        ec = cuda.local.array(EB, dtype=float64)
+        wx = cuda.local.array(WB, dtype=float64)
+        ww = cuda.local.array(WB, dtype=float64)
+        yy = cuda.local.array(R, dtype=float32)
+        b1 = cuda.local.array(R, dtype=float32)
+        b2 = cuda.local.array(R, dtype=float32)
+        i1 = cuda.local.array(R, dtype=int32)
+        labr = cuda.local.array(R, dtype=int32)
+        pos = cuda.local.array(R, dtype=int32)
+        rowc = cuda.local.array(R, dtype=int64)
+
+        ntiles = (n + BR - 1) // BR
+        for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
+            row0 = tile * BR
+            # ================= pass 1: certified nearest centre =================
+            for r in range(R):
+                yy[r] = float32(0.0)
+                b1[r] = F32_INF
+                b2[r] = F32_INF
+                i1[r] = 0
+                i = row0 + tid + r * NT
+                # rows past the end load row n - 1 (always in bounds) and are ignored
+                rowc[r] = i if i < n else n - 1
+            for ct in range(nct):
+                for r in range(R):
+                    for c in range(TC):
+                        acc[r * TC + c] = smf[o_cc + ct * TC + c]
+                cbase = ct * m * TC
+                # the rows' values for attributes jb..jb+JB-1 are loaded one block ahead,
+                # so the global loads of the next block overlap the FMAs of this one
+                for q in range(JB):
+                    for r in range(R):
+                        xb[q * R + r] = LDC(x, q, ld, rowc[r]) if q < m else DT(0.0)
+                for jb in range(0, m, JB):
+                    if FULLJ:
+                        # no bound tests: the last block re-reads itself (in bounds, unused)
+                        nb = jb + JB if jb + JB < m else jb
+                        for q in range(JB):
+                            for r in range(R):
+                                xn[q * R + r] = LDC(x, nb + q, ld, rowc[r])
+                    else:
+                        for q in range(JB):
+                            jn = jb + JB + q
+                            for r in range(R):
+                                xn[q * R + r] = LDC(x, jn, ld, rowc[r]) if jn < m else DT(0.0)
+                    for q in range(JB):
+                        j = jb + q
+                        if FULLJ or j < m:
+                            sj = ldx(smx, o_sh + j)
+                            for r in range(R):
+                                yv[r] = float32(xb[q * R + r] - sj)
+                            if ct == 0:
+                                for r in range(R):
+                                    yy[r] += yv[r] * yv[r]
+                            # the next 16-byte vector is requested before this one is used
+                            if CSH:
+                                nxt = ld4(smf, o_cm + cbase + j * TC)
+                            else:
+                                nxt = ld4(p32, P_CM + cbase + j * TC)
+                            for c4 in range(TC4):
+                                w0, w1, w2, w3 = nxt
+                                if c4 + 1 < TC4:
+                                    if CSH:
+                                        nxt = ld4(smf, o_cm + cbase + j * TC + 4 * c4 + 4)
+                                    else:
+                                        nxt = ld4(p32, P_CM + cbase + j * TC + 4 * c4 + 4)
+                                for r in range(R):
+                                    a = r * TC + 4 * c4
+                                    acc[a] += yv[r] * w0
+                                    acc[a + 1] += yv[r] * w1
+                                    acc[a + 2] += yv[r] * w2
+                                    acc[a + 3] += yv[r] * w3
+                    for q in range(XB):
+                        xb[q] = xn[q]
+                # fold this tile of centres into best / second best (strict '<' keeps
+                # the lowest index on ties; an exact tie leaves gap 0, so it is rechecked)
+                for c in range(TC):
+                    kk = ct * TC + c
+                    for r in range(R):
+                        d = acc[r * TC + c]
+                        o1 = b1[r]
+                        o2 = b2[r]
+                        lt1 = d < o1
+                        # selects, not branches: b2 <- min(b2, max(b1, d)), b1 <- min(b1, d)
+                        b2[r] = o1 if lt1 else (d if d < o2 else o2)
+                        b1[r] = d if lt1 else o1
+                        i1[r] = kk if lt1 else i1[r]
+            # ---- certify, write labels, flag the rest for the exact kernel
+            for r in range(R):
+                i = row0 + tid + r * NT
+                lab = -1
+                if i < n:
+                    scale = yy[r] + zlim
+                    tol = TOLF * scale + TINY
+                    gap = b2[r] - b1[r]
+                    if gap > tol and scale < BIG:
+                        lab = i1[r]
+                        if ASSIGN:
+                            stx(labels, i, lab)
+                        elif DELTA:
+                            # a row that keeps its label: the kept sums and SSE hold it
+                            # already.  One that changes is rare here: the exact kernel
+                            # moves it (no per-attribute code in this kernel, whose
+                            # registers pass 1 needs)
+                            if ldx(labels, i) != lab:
+                                p = cuda.atomic.add(ctr, fslot, 1)
+                                stx(flags, p, i)
+                            lab = -1
+                        else:
+                            if ldx(labels, i) != lab:
+                                changed_t += 1
+                                stx(labels, i, lab)
+                    else:
+                        p = cuda.atomic.add(ctr, fslot, 1)
+                        stx(flags, p, i)
+                labr[r] = lab
+                if SHARED:
+                    if WEIGHTED:
+                        stx(smd, o_w + tid + r * NT, ldx(w, i) if i < n else 0.0)
+
+            if ASSIGN or GLOBAL:
+                # exact float64 distance to the chosen centre and, for a step, the
+                # deviation sums; the rows come from L1/L2
+                for r in range(R):
+                    lab = labr[r]
+                    if lab >= 0:
+                        i = rowc[r]
+                        wi = ldx(w, i) if WEIGHTED else 1.0
+                        cb = lab * m
+                        s2 = 0.0
+                        # EB attributes per batch: their loads are in flight together
+                        for jb in range(0, m, EB):
+                            for q in range(EB):
+                                j = jb + q
+                                if j < m:
+                                    ev[q] = float64(LDC(x, j, ld, i))
+                                    ec[q] = ldx(p64, P_C64 + cb + j)
+                            for q in range(EB):
+                                j = jb + q
+                                if j < m:
+                                    t = ev[q] - ec[q]
+                                    s2 += t * t
+                                    if not ASSIGN:
+                                        cuda.atomic.add(p64, P_SUMS + cb + j, wi * t)
+                        if ASSIGN:
+                            stx(dist2, i, s2)
+                        else:
+                            sse_t += wi * s2
+                            cuda.atomic.add(p64, P_CNT + lab, wi)
+
+            if SHARED and not diag_skip_pass2:
+                # ================= pass 2: fused per-block sums =================
+                # counting sort of the tile's rows by label
+                for q in range(tid, k, NT):
+                    stx(smi, o_hist + q, 0)
+                cuda.syncthreads()
+                for r in range(R):
+                    lab = labr[r]
+                    if lab >= 0:
+                        pos[r] = cuda.atomic.add(smi, o_hist + lab, 1)
+                cuda.syncthreads()
+                # exclusive scan of the histogram into start[0..k]
+                if k <= 4 * NT:
+                    for q in range(tid, k + 1, NT):
+                        s = 0
+                        for e in range(q):
+                            s += ldx(smi, o_hist + e)
+                        stx(smi, o_start + q, s)
+                else:
+                    if tid == 0:
+                        s = 0
+                        for e in range(k):
+                            stx(smi, o_start + e, s)
+                            s += ldx(smi, o_hist + e)
+                        stx(smi, o_start + k, s)
+                cuda.syncthreads()
+                for r in range(R):
+                    lab = labr[r]
+                    if lab >= 0:
+                        dst = ldx(smi, o_start + lab) + pos[r]
+                        stx(smi, o_perm + dst, tid + r * NT)
+                        stx(smi, o_slab + dst, lab)
+                if not WEIGHTED:
+                    for q in range(tid, k, NT):
+                        stx(smd, o_cnt + q, ldx(smd, o_cnt + q) + float64(ldx(smi, o_hist + q)))
+                cuda.syncthreads()
+                nval = smi[o_start + k]
+                # each warp walks one slice of the sorted rows, its lanes one attribute
+                # each; a slice crosses about nval/k cluster segments, and a segment is
+                # summed in registers, then added once: plainly when the whole cluster
+                # lies in this slice (no other warp touches it), else atomically
+                g = tid // WARP
+                jj = tid - g * WARP
+                p0 = (g * nval) // GROUPS
+                p1 = ((g + 1) * nval) // GROUPS
+                for j0 in range(0, m, jc):
+                    jn = jc if FULLC else min(jc, m - j0)
+                    # stage attributes j0..j0+jn of the tile (coalesced, mostly from L2)
+                    # SJ attributes x R rows per batch, loads issued before any store
+                    for jb in range(0, jn, SJ):
+                        for q in range(SJ):
+                            jr = jb + q
+                            for r in range(R):
+                                sv[q * R + r] = ldc64(x, j0 + jr, ld, rowc[r]) if jr < jn else DT(0.0)
+                        for q in range(SJ):
+                            jr = jb + q
+                            if jr < jn:
+                                for r in range(R):
+                                    stx(smx, o_xs + jr * brp + tid + r * NT, sv[q * R + r])
+                    cuda.syncthreads()
+                    if g < GROUPS and jj < jn and p0 < p1:
+                        j = j0 + jj
+                        xsb = o_xs + jj * brp
+                        csb = P_C64 + j
+                        lab = ldx(smi, o_slab + p0)
+                        last = ldx(smi, o_slab + p1 - 1)
+                        sl = ldx(smi, o_start + lab)
+                        while lab <= last:
+                            sr = ldx(smi, o_start + lab + 1)
+                            a = sl if sl > p0 else p0
+                            b = sr if sr < p1 else p1
+                            if b > a:
+                                cj = ldx(p64, csb + lab * m)
+                                s_run = 0.0
+                                q_run = 0.0
+                                w_run = 0.0
+                                p = a
+                                # WB rows per batch: their loads are independent
+                                while p + WB <= b:
+                                    for u in range(WB):
+                                        rl = ldx(smi, o_perm + p + u)
+                                        wx[u] = float64(ldx(smx, xsb + rl))
+                                        if WEIGHTED:
+                                            ww[u] = ldx(smd, o_w + rl)
+                                    for u in range(WB):
+                                        t = wx[u] - cj
+                                        if WEIGHTED:
+                                            s_run += ww[u] * t
+                                            q_run += ww[u] * (t * t)
+                                            w_run += ww[u]
+                                        else:
+                                            s_run += t
+                                            q_run += t * t
+                                    p += WB
+                                while p < b:
+                                    rl = ldx(smi, o_perm + p)
+                                    t = float64(ldx(smx, xsb + rl)) - cj
+                                    if WEIGHTED:
+                                        wi = ldx(smd, o_w + rl)
+                                        s_run += wi * t
+                                        q_run += wi * (t * t)
+                                        w_run += wi
+                                    else:
+                                        s_run += t
+                                        q_run += t * t
+                                    p += 1
+                                sse_t += q_run
+                                o = o_sums + lab * m + j
+                                if sl >= p0 and sr <= p1:
+                                    stx(smd, o, ldx(smd, o) + s_run)
+                                    if WEIGHTED and j == 0:
+                                        stx(smd, o_cnt + lab, ldx(smd, o_cnt + lab) + w_run)
+                                else:
+                                    cuda.atomic.add(smd, o, s_run)
+                                    if WEIGHTED and j == 0:
+                                        cuda.atomic.add(smd, o_cnt + lab, w_run)
+                            sl = sr
+                            lab += 1
+                    cuda.syncthreads()
+
+        # ---- block epilogue: one global atomic per (cluster, attribute)
+        if not ASSIGN:
+            cuda.atomic.add(smd, o_red, sse_t)
+            cuda.atomic.add(smi, o_tmp, changed_t)
+        cuda.syncthreads()
+        if SHARED:
+            for q in range(tid, k * m, NT):
+                v = ldx(smd, o_sums + q)
+                if v != 0.0:
+                    cuda.atomic.add(p64, P_SUMS + q, v)
+            for q in range(tid, k, NT):
+                v = ldx(smd, o_cnt + q)
+                if v != 0.0:
+                    cuda.atomic.add(p64, P_CNT + q, v)
+        if not ASSIGN and tid == 0:
+            cuda.atomic.add(p64, P_SSE, smd[o_red])
+            cuda.atomic.add(ctr, I_CHG, int64(smi[o_tmp]))
+
+    if SIM:
+        return cuda.jit(km_fused)
+    # a register cap trades scheduling freedom for resident warps (see GPU_NOTES.md)
+    return cuda.jit(km_fused, fastmath=False, max_registers=maxreg or None, lineinfo=lineinfo)
+
+
+#: warps per block of the exact (recheck) kernel
+RC_WARPS = 4
+
+
+@functools.lru_cache(maxsize=None)
+def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: int, pack_c: tuple,
+                   delta: bool = False):
+    """Exact float64 assignment of the flagged rows, one warp per row.
+
+    Lanes split the centres; each computes ``sum_j (x_j - c_kj)^2`` in float64 in
+    attribute order, like the CPU backend, keeping the lowest index on ties; lane 0
+    reduces over the lanes.  For a step the row is then added to the global deviation
+    sums (``x - c``), counts, SSE and change count (atomics: flagged rows are rare); with
+    ``delta`` only a row whose label changed moves: ``x - c_old``, its count and its
+    squared distance to the old centre leave, the same for the new one join.
+
+    Arguments: x, ld, p64, ctr, labels, flags, w, dist2, fslot (as in
+    :func:`fused_kernel`).  It is launched after every fused launch, with no host
+    round trip: it reads the flagged count ``ctr[fslot]`` on the device, and with
+    none flagged every block returns at once.
+    """
+    NT = 32 * RC_WARPS
+    WEIGHTED = weighted
+    ASSIGN = assign
+    DELTA = delta
+    F64_INF = np.inf
+    K_C, M_C = int(k_c), int(m_c)
+    pack = PackLayout(*pack_c)
+    P_C64, P_SUMS, P_CNT, P_SSE = int(pack.p64_c64), int(pack.p64_sums), int(pack.p64_cnt), int(pack.p64_sse)
+    I_CHG = int(pack.i64_chg)
+
+    def km_recheck(x, ld, p64, ctr, labels, flags, w, dist2, fslot):
+        bd_s = cuda.shared.array(NT, dtype=float64)
+        bi_s = cuda.shared.array(NT, dtype=int32)
+        old_s = cuda.shared.array(NT, dtype=int32)
+        od_s = cuda.shared.array(RC_WARPS, dtype=float64)
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        wib = tid // 32
+        m = M_C
+        k = K_C
+        nflag = ctr[fslot]
+        sse_w = 0.0
+        changed_w = 0
+        step = cuda.gridDim.x * RC_WARPS
+        for base in range(cuda.blockIdx.x * RC_WARPS, nflag, step):
+            f = base + wib
+            bd = F64_INF
+            bi = k
+            i = 0
+            if f < nflag:
+                i = flags[f]
+                old = labels[i] if DELTA else -1
+                for kk in range(lane, k, 32):
+                    d = 0.0
+                    cb = P_C64 + kk * m
+                    for j in range(m):
+                        t = float64(ldx(x, j * ld + i)) - ldx(p64, cb + j)
+                        d += t * t
+                    if kk == old:
+                        od_s[wib] = d  # the squared distance to the old centre
+                    if d < bd:
+                        bd = d
+                        bi = kk
+            bd_s[tid] = bd
+            bi_s[tid] = bi
+            cuda.syncthreads()
+            if f < nflag and lane == 0:
+                for q in range(1, 32):
+                    dq = bd_s[tid + q]
+                    iq = bi_s[tid + q]
+                    if dq < bd or (dq == bd and iq < bi):
+                        bd = dq
+                        bi = iq
+                if bi >= k:  # every distance NaN: label 0 and an infinite distance, as the CPU does
+                    bi = 0
+                    bd = F64_INF
+                bi_s[tid] = bi
+                bd_s[tid] = bd
+                if ASSIGN:
+                    labels[i] = bi
+                    dist2[i] = bd
+                else:
+                    wi = w[i] if WEIGHTED else 1.0
+                    old = labels[i]
+                    if old != bi:
+                        changed_w += 1
+                        labels[i] = bi
+                    if DELTA:
+                        if old != bi:
+                            sse_w += wi * (bd - (od_s[wib] if old >= 0 else 0.0))
+                            cuda.atomic.add(p64, P_CNT + bi, wi)
+                            if old >= 0:
+                                cuda.atomic.add(p64, P_CNT + old, -wi)
+                        else:
+                            bi_s[tid] = -1  # unchanged: the kept sums and SSE hold it already
+                        old_s[tid] = old
+                    else:
+                        sse_w += wi * bd
+                        cuda.atomic.add(p64, P_CNT + bi, wi)
+            cuda.syncthreads()
+            if not ASSIGN and f < nflag:
+                lab = bi_s[wib * 32]
+                old = old_s[wib * 32] if DELTA else -1
+                wi = w[i] if WEIGHTED else 1.0
+                if lab >= 0:
+                    for j in range(lane, m, 32):
+                        v = float64(ldx(x, j * ld + i))
+                        cuda.atomic.add(p64, P_SUMS + lab * m + j, wi * (v - ldx(p64, P_C64 + lab * m + j)))
+                        if old >= 0:
+                            cuda.atomic.add(p64, P_SUMS + old * m + j, -(wi * (v - ldx(p64, P_C64 + old * m + j))))
+            cuda.syncthreads()
+        if not ASSIGN and lane == 0:
+            if sse_w != 0.0:
+                cuda.atomic.add(p64, P_SSE, sse_w)
+            if changed_w != 0:
+                cuda.atomic.add(ctr, I_CHG, int64(changed_w))
+
+    return cuda.jit(km_recheck)

@@ -1,0 +1,277 @@
+"""Launching a step: the step buffer with its pinned host mirrors, and prepared kernel launches.
+
+Per step the host writes the centre data into a pinned buffer (:class:`Pack`),
+copies it to the device in one asynchronous copy (which also zeroes the outputs),
+launches the fused and the recheck kernels through parameter blocks marshalled
+once (:class:`Launch`), and copies the outputs back in one more copy.  Both
+copies and the launches are asynchronous; the caller synchronises once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+from numba import njit
+
+from .device import SIM, cuda
+from .plan import pack_layout
+
+log = logging.getLogger("mpikmeans.backends.gpu")
+
+
+def cu():
+    """The CUDA driver bindings (``cuda.bindings.driver``) that numba-cuda itself uses."""
+    from cuda.bindings import driver as cub
+
+    return cub
+
+
+def cucheck(res, what: str):
+    """Raise on a non-success ``CUresult``; return the call's other results."""
+    err = res[0]
+    if int(err) != 0:
+        raise RuntimeError(f"{what} failed: {err!r}")
+    return res[1:]
+
+
+def fast_launch_wanted(tune: dict) -> bool:
+    """Whether launches go through prepared parameter blocks (else Numba's dispatcher)."""
+    if SIM:
+        return False
+    mode = str(tune.get("launch", os.environ.get("MPIKMEANS_GPU_LAUNCH", "fast")))
+    return mode != "numba"
+
+
+def prepare(kernel, args, nbytes: int) -> int | None:
+    """Compile ``kernel`` for ``args``, allow ``nbytes`` of dynamic shared memory; return regs/thread.
+
+    Past 48 KB a kernel must opt in to more dynamic shared memory
+    (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``), which Numba does not do.
+    """
+    if SIM:
+        return None
+    argtypes = tuple(kernel.typeof_pyval(a) for a in args)
+    kobj = kernel.compile(argtypes)
+    try:
+        cufunc = kobj._codelibrary.get_cufunc()
+    except Exception:  # pragma: no cover - numba internals moved
+        return None
+    if nbytes > 48 * 1024:
+        from cuda.bindings import driver as cudrv
+        from numba.cuda.cudadrv.driver import driver
+
+        attr = cudrv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)
+    try:
+        return int(cufunc.attrs.regs)
+    except Exception:  # pragma: no cover
+        return None
+
+
+class Launch:
+    """One kernel launch whose arguments are marshalled once and replayed every step.
+
+    Numba's launch path types every argument, flattens every array into seven
+    parameters and hands them to ``cuda.core`` on each call: tens of microseconds for
+    a kernel with many array arguments.  The kernels of a step take the same device
+    buffers every step, so the parameter block is built once, with Numba's own
+    marshalling (``_Kernel._prepare_args``), checked against the compiled kernel's
+    parameter sizes (``cuFuncGetParamInfo``) and launched with one
+    ``cuLaunchKernel``.  If any of that is unavailable (simulator, changed Numba
+    internals, ``tune={"launch": "numba"}`` or ``MPIKMEANS_GPU_LAUNCH=numba``) the
+    launch goes through Numba's dispatcher as before.
+    """
+
+    def __init__(self, kern, args, grid: int, block: int, smem: int, stream, fast: bool):
+        self.kern = kern
+        self.args = args
+        self.grid = int(grid)
+        self.block = int(block)
+        self.smem = int(smem)
+        self.stream = stream
+        self.fast = False
+        if fast:
+            try:
+                self._build()
+                self.fast = True
+            except Exception as exc:  # pragma: no cover - depends on numba-cuda internals
+                log.info("GPU backend: Numba's launch path for %s (%s)", getattr(kern, "__name__", kern), exc)
+        if not self.fast and not SIM:
+            # compile now (warm-up), not at the first launch inside the timed loop
+            kern.compile(tuple(kern.typeof_pyval(a) for a in args))
+
+    def _build(self):
+        import ctypes
+
+        cub = cu()
+        kern = self.kern
+        argtypes = tuple(kern.typeof_pyval(a) for a in self.args)
+        kobj = kern.compile(argtypes)
+        kargs, retr = [], []
+        for t, v in zip(kobj.argument_types, self.args):
+            kobj._prepare_args(t, v, self.stream, retr, kargs)
+        if retr:
+            raise RuntimeError("an argument needs a copy back (host array)")
+        objs = []
+        for a in kargs:
+            if isinstance(a, ctypes._SimpleCData):
+                objs.append(a)
+            elif isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_)):
+                objs.append(ctypes.c_int64(int(a)))  # pointers and extents: intptr_t, as cuda.core passes them
+            else:
+                raise TypeError(f"unexpected kernel parameter {type(a).__name__}")
+        params = (ctypes.c_void_p * len(objs))(*[ctypes.addressof(o) for o in objs])
+        cufunc = kobj._codelibrary.get_cufunc()
+        handle = cufunc.handle
+        try:
+            (fn,) = cucheck(cub.cuKernelGetFunction(handle), "cuKernelGetFunction")
+        except Exception:
+            if isinstance(handle, cub.CUfunction):
+                fn = handle
+            else:
+                fn = cub.CUfunction(int(handle))
+        # the parameter block must match the compiled kernel, parameter by parameter
+        if hasattr(cub, "cuFuncGetParamInfo"):
+            for i, o in enumerate(objs):
+                _off, size = cucheck(cub.cuFuncGetParamInfo(fn, i), "cuFuncGetParamInfo")
+                if int(size) != ctypes.sizeof(o):
+                    raise RuntimeError(f"parameter {i}: kernel takes {size} bytes, block has {ctypes.sizeof(o)}")
+            if int(cub.cuFuncGetParamInfo(fn, len(objs))[0]) == 0:
+                raise RuntimeError("the kernel takes more parameters than Numba marshalled")
+        if self.smem > 48 * 1024:
+            attr = cub.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            cucheck(cub.cuFuncSetAttribute(fn, attr, self.smem), "cuFuncSetAttribute")
+        self._keep = (objs, params, kobj)
+        self._fn = fn
+        self._params = ctypes.addressof(params)
+        self._hstream = 0 if isinstance(self.stream, int) else int(self.stream.handle)
+        self._launch_kernel = cub.cuLaunchKernel
+
+    def __call__(self):
+        if self.fast:
+            err = self._launch_kernel(self._fn, self.grid, 1, 1, self.block, 1, 1, self.smem, self._hstream,
+                                      self._params, 0)[0]
+            if int(err) != 0:
+                raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+        else:
+            self.kern[self.grid, self.block, self.stream, self.smem](*self.args)
+
+
+def pinned(n: int, dtype) -> np.ndarray:
+    try:
+        return cuda.pinned_array(n, dtype=dtype)
+    except Exception:  # pragma: no cover - pinning refused: pageable (copies then block)
+        return np.empty(n, dtype=dtype)
+
+
+class Pack:
+    """The step buffer of one (k, plan) on the device, with pinned host mirrors.
+
+    ``hin`` mirrors the whole buffer: the centre data, written in place each step,
+    and zeros for the outputs, which are never written on the host.  Uploading it
+    therefore also clears the sums, counts, SSE and counters: no zeroing kernel.
+    ``hout`` receives the outputs.  Both copies are asynchronous on the legacy
+    default stream, so a step synchronises once.
+    """
+
+    def __init__(self, k: int, m: int, TC: int, nct: int, storage: str, nslots: int):
+        self.k, self.m, self.TC, self.nct = k, m, TC, nct
+        self.f32 = storage == "float32"
+        self.layout, self.out0, self.total = pack_layout(k, m, TC, nct, storage, nslots)
+        L = self.layout
+        words = self.total // 8
+        o = self.out0 // 8
+        self.nslots = max(1, nslots)
+        self.dev = cuda.device_array(words, dtype=np.float64)
+        self.p32 = self.dev.view(np.float32)
+        self.ctr = self.dev.view(np.int64)
+        self.dout = self.dev[o:]
+        self.hin = pinned(words, np.float64)
+        self.hin[:] = 0.0
+        self.hout = pinned(words - o, np.float64)
+        h32 = self.hin.view(np.float32)
+        kp = nct * TC
+        self.cm = h32[L.p32_cm: L.p32_cm + kp * m].reshape(nct, m, TC)
+        self.cc = h32[L.p32_cc: L.p32_cc + kp]
+        self.cc[:] = np.inf  # padding centres never win
+        self.sh = h32[L.p32_sh: L.p32_sh + m] if self.f32 else self.hin[L.p64_sh: L.p64_sh + m]
+        self.zl = h32[L.p32_zl: L.p32_zl + 1]
+        self.c64 = self.hin[L.p64_c64: L.p64_c64 + k * m].reshape(k, m)
+        # results: views of hout
+        self.r_sums = self.hout[L.p64_sums - o: L.p64_sums - o + k * m].reshape(k, m)
+        self.r_cnt = self.hout[L.p64_cnt - o: L.p64_cnt - o + k]
+        self.r_sse = L.p64_sse - o
+        self.r_ctr = self.hout.view(np.int64)[L.i64_chg - o: L.i64_chg - o + 1 + self.nslots]
+        if not SIM:
+            from numba.cuda.cudadrv.driver import device_pointer
+
+            self._dptr = int(device_pointer(self.dev))
+            self._hin_ptr = int(self.hin.ctypes.data)
+            self._hout_ptr = int(self.hout.ctypes.data)
+            cub = cu()
+            self._h2d = cub.cuMemcpyHtoDAsync
+            self._d2h = cub.cuMemcpyDtoHAsync
+
+    def fill(self, centres: np.ndarray) -> None:
+        """Write this step's centre data into the pinned input buffer (host only)."""
+        fill_centres(np.ascontiguousarray(centres, dtype=np.float64), self.f32, self.sh, self.cc, self.cm,
+                      self.c64, self.zl)
+
+    def upload(self) -> None:
+        """Inputs and zeroed outputs to the device: one asynchronous copy."""
+        if SIM:
+            self.dev.copy_to_device(self.hin)
+        else:
+            cucheck(self._h2d(self._dptr, self._hin_ptr, self.total, 0), "cuMemcpyHtoDAsync")
+
+    def download(self) -> None:
+        """Outputs to ``hout``: one asynchronous copy (the caller synchronises)."""
+        if SIM:
+            self.dout.copy_to_host(self.hout)
+        else:
+            cucheck(self._d2h(self._hout_ptr, self._dptr + self.out0, self.total - self.out0, 0),
+                     "cuMemcpyDtoHAsync")
+
+
+@njit(cache=True, nogil=True)
+def fill_centres(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
+    """The step buffer's centre data, in one compiled pass (numpy took ~0.1 ms a step).
+
+    ``sh`` (m,): ``s``, the mean of the centres (rounded to float32 first when the rows
+    are float32: the kernel subtracts exactly the value it is given); ``cm``
+    (tiles, m, TC): ``-2 z`` with ``z = float32(c - s)``; ``cc`` (k,): ``|z|^2``;
+    ``zl``: twice the largest ``|z|^2`` (the certification bound), infinite when a
+    centre is not finite (every row then takes the exact path); ``c64``: the centres.
+    Padding centres keep what the buffer was set up with (``cc`` infinite, ``cm`` 0).
+    """
+    k, m = centres.shape
+    TC = cm.shape[2]
+    shift = np.empty(m)
+    for j in range(m):
+        t = 0.0
+        for i in range(k):
+            t += centres[i, j]
+        t /= k
+        if f32:
+            t = np.float64(np.float32(t))
+        shift[j] = t
+        sh[j] = t
+    finite = True
+    zmax = 0.0
+    for i in range(k):
+        tile = i // TC
+        c = i - tile * TC
+        norm = 0.0
+        for j in range(m):
+            v = centres[i, j]
+            c64[i, j] = v
+            finite = finite and np.isfinite(v)
+            z = np.float32(v - shift[j])
+            norm += np.float64(z) * np.float64(z)
+            cm[tile, j, c] = z * np.float32(-2.0)
+        cc[i] = norm
+        if norm > zmax:
+            zmax = norm
+    zl[0] = min(2.0 * zmax * (1.0 + 1e-6), 3.0e38) if finite else np.inf

@@ -1,0 +1,298 @@
+"""Launch plans: tiles, block size, summing mode and the two memory layouts of a step.
+
+A :class:`Plan` is chosen once per (K, M, dtype, device) from the shared memory a
+block may use and a few measured rules (``bench/GPU_NOTES.md``), and fixes
+everything the fused kernel is specialised on.  Two layouts are computed here,
+with one piece of arithmetic (:class:`_Arena`):
+
+* :class:`SharedLayout`: where each region of a block's dynamic shared memory
+  starts (centres, their norms, the shift, partial sums and counts, the
+  counting-sort arrays, the staged tile), in units of each region's dtype;
+* :class:`PackLayout`: the one device buffer a step copies in and out (centre
+  data first, then sums, counts, SSE and counters), as element offsets into its
+  float32, float64 and int64 views.
+
+Nothing here touches a device: the plan is pure arithmetic on K, M, the dtype
+and the device's limits, so it is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .device import SIM
+
+# modes of the fused kernel
+MODE_STEP_SHARED = 0  # step, per-block partial sums in shared memory
+MODE_STEP_GLOBAL = 1  # step, sums straight into global memory with atomics
+MODE_ASSIGN = 2  # labels and exact squared distances only
+MODE_STEP_DELTA = 3  # step, only the changes of the sums (rows whose label changed)
+
+
+def round_up(a: int, b: int) -> int:
+    """``a`` rounded up to a multiple of ``b``."""
+    return (a + b - 1) // b * b
+
+
+class _Arena:
+    """Consecutive regions of one buffer: each starts at an aligned byte offset."""
+
+    def __init__(self):
+        self.end = 0
+
+    def take(self, nbytes: int, align: int = 16) -> int:
+        """Byte offset of a new region of ``nbytes`` (0 bytes: a zero-length region)."""
+        start = round_up(self.end, align)
+        self.end = start + nbytes
+        return start
+
+    def total(self, align: int = 16) -> int:
+        """Bytes of the whole buffer, rounded up to ``align``."""
+        return round_up(self.end, align)
+
+
+class SharedLayout(NamedTuple):
+    """Offsets into a block's dynamic shared memory, in units of each view's dtype.
+
+    ``cm`` (float32) centre data ``-2 z`` per tile; ``cc`` (float32) their norms;
+    ``sh`` (storage dtype) the shift; ``sums``/``cnt`` (float64) per-block partial
+    sums and counts; ``hist``/``start``/``perm``/``slab``/``lab`` (int32) the
+    counting sort of a tile's rows by label; ``w`` (float64) the tile's weights;
+    ``xs`` (storage dtype) the staged attributes; ``red`` (float64) and ``tmp``
+    (int32) the block's SSE and change count.  Not offsets: ``jc``, attributes
+    staged per pass-2 chunk, and ``brp``, the staged tile's row pitch.
+    """
+
+    cm: int
+    cc: int
+    sh: int
+    sums: int
+    cnt: int
+    hist: int
+    start: int
+    perm: int
+    slab: int
+    lab: int
+    w: int
+    xs: int
+    red: int
+    jc: int
+    brp: int
+    tmp: int
+
+
+class PackLayout(NamedTuple):
+    """Element offsets into the float32 (``p32_*``), float64 (``p64_*``) and int64 (``i64_*``)
+    views of a step's device buffer (see :func:`pack_layout`)."""
+
+    p32_cm: int
+    p32_cc: int
+    p32_sh: int
+    p32_zl: int
+    p64_c64: int
+    p64_sh: int
+    p64_sums: int
+    p64_cnt: int
+    p64_sse: int
+    i64_chg: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One kernel configuration and its shared-memory layout.
+
+    Attributes
+    ----------
+    mode : int
+        One of the ``MODE_*`` constants.
+    R, TC, NT : int
+        Rows per thread, centres per register tile, threads per block.
+    nct : int
+        Centre tiles (``ceil(K / TC)``).
+    centres_shared : bool
+        Whether the centre data sit in shared memory (else they are read from global).
+    offs : SharedLayout
+    smem : int
+        Dynamic shared memory per block, bytes.
+    maxreg : int
+        Register cap per thread (0: the compiler's choice).
+    """
+
+    mode: int
+    R: int
+    TC: int
+    NT: int
+    nct: int
+    centres_shared: bool
+    offs: SharedLayout
+    smem: int
+    maxreg: int = 0
+
+
+def shared_layout(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: int,
+                  centres_shared: bool, weighted: bool, jc: int | None = None,
+                  target: int | None = None) -> tuple[SharedLayout, int]:
+    """Byte layout of the dynamic shared memory; offsets in units of each view's dtype.
+
+    ``jc`` attributes are staged per pass-2 chunk; when not given, the widest chunk
+    (at most 32) that keeps the block within ``target`` bytes, so that the wanted
+    number of blocks stays resident on a multiprocessor.
+
+    Returns
+    -------
+    layout : SharedLayout
+    smem : int
+        Bytes, a multiple of 16.
+    """
+    if jc is None:
+        nchunks = max(1, -(-m // 32))
+        while True:
+            jc = -(-m // nchunks)
+            offs, smem = shared_layout(k, m, storage, mode, R, TC, NT, centres_shared, weighted, jc)
+            if target is None or smem <= target or jc == 1 or mode != MODE_STEP_SHARED:
+                return offs, smem
+            nchunks += 1
+    # pass 2 maps a warp's lanes to the staged attributes: at most one per lane
+    jc = max(1, min(int(jc), 32, NT))
+    dsize = 8 if storage == "float64" else 4
+    kp = round_up(k, TC)
+    BR = NT * R
+    brp = BR + 1
+    a = _Arena()
+    cm = a.take(kp * m * 4 if centres_shared else 0)
+    cc = a.take(kp * 4)
+    sh = a.take(m * dsize)
+    red = a.take(16)
+    tmp = a.take(16)
+    sums = cnt = hist = start = perm = slab = w = xs = 0
+    if mode == MODE_STEP_SHARED:
+        sums = a.take(k * m * 8)
+        cnt = a.take(k * 8)
+        hist = a.take(k * 4)
+        start = a.take((k + 1) * 4)
+        perm = a.take(BR * 4)
+        slab = a.take(BR * 4)
+        w = a.take(BR * 8 if weighted else 0)
+        xs = a.take(jc * brp * dsize)
+    layout = SharedLayout(cm=cm // 4, cc=cc // 4, sh=sh // dsize, sums=sums // 8, cnt=cnt // 8, hist=hist // 4,
+                          start=start // 4, perm=perm // 4, slab=slab // 4, lab=0, w=w // 8, xs=xs // dsize,
+                          red=red // 8, jc=jc, brp=brp, tmp=tmp // 4)
+    return layout, a.total()
+
+
+def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
+                smem_limit: int, tune: dict, smem_sm: int = 228 * 1024, delta: bool = False) -> Plan:
+    """Pick rows per thread, centre tile, block size and the summing mode.
+
+    Registers: each thread keeps ``R * TC`` float32 running distances; about 128 keeps
+    the kernel near 170 registers.  ``K <= 64``: one tile of all centres.  Larger K:
+    tiles of 32 or 64 centres with the rows re-read (from L1) per tile.
+
+    Parameters
+    ----------
+    k, m : int
+    storage : {"float64", "float32"}
+    assign : bool
+        A plan for the assignment only (no sums).
+    weighted : bool
+    smem_limit : int
+        Dynamic shared memory a block may use, bytes.
+    tune : dict
+        Overrides (see :class:`~mpikmeans.backends.gpu.GPUBackend`).
+    smem_sm : int
+        Shared memory per multiprocessor, bytes.
+    delta : bool
+        A plan for incremental steps.
+
+    Returns
+    -------
+    Plan
+    """
+    kp4 = round_up(max(k, 1), 4)
+    if "TC" in tune:
+        TC = int(tune["TC"])
+    elif kp4 <= 64:
+        TC = kp4
+    elif k <= 256:
+        TC = 32
+    else:
+        TC = 64
+    nct = -(-k // TC)
+    if "R" in tune:
+        R = int(tune["R"])
+    else:
+        # two rows per thread measured best for K = 16, 50 and 1000 (bench/GPU_NOTES.md)
+        R = max(1, min(2, 128 // TC))
+    NT = int(tune.get("NT", 256 if TC >= 64 else 128))
+    if SIM:
+        NT = int(tune.get("NT", 32))
+    if NT % 32:
+        raise ValueError(f"GPU tune NT={NT}: threads per block must be a multiple of 32")
+    budget = int(tune.get("smem_budget", smem_limit))
+    maxreg = int(tune.get("maxreg", 0))
+    want_cs = tune.get("centres_shared")
+    sum_mode = tune.get("sum_mode")
+    if assign:
+        modes = [MODE_ASSIGN]
+    elif sum_mode == "global":
+        modes = [MODE_STEP_GLOBAL]
+    elif sum_mode == "walk":
+        modes = [MODE_STEP_SHARED, MODE_STEP_GLOBAL]
+    elif delta:
+        modes = [MODE_STEP_DELTA]
+    else:
+        modes = [MODE_STEP_SHARED, MODE_STEP_GLOBAL]
+    blocks = int(tune.get("blocks", 2))
+    target = None
+    if not SIM:
+        target = min(budget, smem_sm // blocks - 1024)
+    jc = int(tune["JC"]) if "JC" in tune else None
+    for mode in modes:
+        for cs in ([want_cs] if want_cs is not None else [True, False]):
+            offs, smem = shared_layout(k, m, storage, mode, R, TC, NT, cs, weighted, jc, target)
+            if smem <= budget:
+                return Plan(mode, R, TC, NT, nct, cs, offs, smem, maxreg)
+    # the last resort always fits: no centres, no sums in shared memory
+    mode = MODE_ASSIGN if assign else MODE_STEP_GLOBAL
+    offs, smem = shared_layout(k, m, storage, mode, R, TC, NT, False, weighted)
+    return Plan(mode, R, TC, NT, nct, False, offs, smem, maxreg)
+
+
+def pack_layout(k: int, m: int, TC: int, nct: int, storage: str, nslots: int) -> tuple[PackLayout, int, int]:
+    """Layout of the per-step device buffer: inputs (centre data) first, then outputs.
+
+    One allocation holds everything a step moves between host and device, so a step
+    is one host-to-device copy (the inputs, and zeros for the outputs) and one
+    device-to-host copy (the outputs).  The kernels get three views of it (float32,
+    float64, int64) and compile-time offsets into them.
+
+    Returns
+    -------
+    layout : PackLayout
+        Element offsets.  The int64 counters are last: ``changed`` at ``i64_chg``, then
+        ``nslots`` flagged-row counters (one per chunk), so ``layout`` does not
+        depend on ``nslots``.
+    out0 : int
+        Byte offset of the outputs (sums, counts, SSE, counters).
+    total : int
+        Bytes of the whole buffer (a multiple of 16).
+    """
+    kp = nct * TC
+    f32 = storage == "float32"
+    a = _Arena()
+    cm = a.take(kp * m * 4)  # 16-byte aligned: read with 16-byte vector loads
+    cc = a.take(kp * 4)
+    sh32 = a.take(m * 4 if f32 else 0)
+    zl = a.take(4)
+    c64 = a.take(k * m * 8)
+    sh64 = a.take(0 if f32 else m * 8)
+    out0 = a.take(0)
+    sums = a.take(k * m * 8, 8)
+    cnt = a.take(k * 8, 8)
+    sse = a.take(8, 8)
+    ctr = a.take((1 + max(1, nslots)) * 8, 8)
+    layout = PackLayout(p32_cm=cm // 4, p32_cc=cc // 4, p32_sh=sh32 // 4, p32_zl=zl // 4, p64_c64=c64 // 8,
+                        p64_sh=sh64 // 8, p64_sums=sums // 8, p64_cnt=cnt // 8, p64_sse=sse // 8,
+                        i64_chg=ctr // 8)
+    return layout, out0, a.total()
