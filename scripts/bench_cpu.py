@@ -40,7 +40,7 @@ import tempfile
 import time
 from datetime import date
 
-from mpikmeans.bench import default_launcher, mpi_env
+from mpikmeans.bench.sweeps import default_launcher, mpi_env
 
 
 def mpirun(np_: int, args: list) -> tuple:

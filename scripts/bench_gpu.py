@@ -247,7 +247,7 @@ def main(argv=None):
     torch.cuda.set_device(args.device)
 
     from mpikmeans.backends.gpu import GPUBackend
-    from mpikmeans.references import torch_iteration
+    from mpikmeans.bench.references import torch_iteration
 
     props = torch.cuda.get_device_properties(args.device)
     devname = props.name

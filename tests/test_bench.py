@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from mpikmeans import bench
+from mpikmeans.bench import sweeps as bench
 from mpikmeans.io.arff import read_arff
 from mpikmeans.comm import SerialComm
 from mpikmeans.io.gen import GenSpec, write_blobs

@@ -147,7 +147,7 @@ def test_output_dir_from_yaml_is_a_path(tmp_path):
 
 def test_cli_option_for_every_key():
     # the YAML keys are the long option names of 'mpikmeans run'
-    from mpikmeans.cli import run
+    from mpikmeans.cli.run import run
 
     opts = {o for p in run.params for o in getattr(p, "opts", [])}
     for key in option_keys():

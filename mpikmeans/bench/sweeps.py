@@ -5,7 +5,7 @@ reads the timings from its ``summary.json``: ``read_s`` and ``per_iteration_s``
 (the Lloyd loop's wall time over its iterations, Allreduce included, JIT and data
 upload excluded).  Each point is repeated; the median and the spread are kept.
 The tools a user would pick instead run on the same data in the same run
-(:mod:`mpikmeans.references`): scikit-learn for the CPU series, the PyTorch
+(:mod:`mpikmeans.bench.references`): scikit-learn for the CPU series, the PyTorch
 GEMM form for the GPU series.
 
 Sweeps:
@@ -22,7 +22,7 @@ Sweeps:
 
 All series of a point start from the same centres (K rows of the data, written to
 a file and given with ``--init``) and run the same number of iterations with
-``tol=0``; the tool runs with ``--empty-cluster farthest``, scikit-learn's policy.  Results go to one CSV per sweep plus ``meta.json``; :mod:`mpikmeans.plots`
+``tol=0``; the tool runs with ``--empty-cluster farthest``, scikit-learn's policy.  Results go to one CSV per sweep plus ``meta.json``; :mod:`mpikmeans.bench.plots`
 draws them.
 """
 
@@ -44,10 +44,10 @@ from typing import Callable
 
 import numpy as np
 
-from . import __version__
-from .errors import RunError, UsageError
-from .io.gen import BLOCK_ROWS, GenSpec, blob_centres, generate_block
-from .io.output import centres_csv, write_atomic
+from .. import __version__
+from ..errors import RunError, UsageError
+from ..io.gen import BLOCK_ROWS, GenSpec, blob_centres, generate_block
+from ..io.output import centres_csv, write_atomic
 
 SWEEPS = ("procs", "n", "m", "k")
 
@@ -239,7 +239,7 @@ def run_tool(settings: BenchSettings, data: str, k: int, init_csv: str, backend:
 
 
 def run_reference(settings: BenchSettings, tool: str, data: str, init_npy: str, threads: int | None = None) -> dict:
-    """One reference measurement in its own process (see :mod:`mpikmeans.references`)."""
+    """One reference measurement in its own process (see :mod:`mpikmeans.bench.references`)."""
     args = ["bench", "reference", tool, "--data", data, "--init", init_npy, "--iterations", settings.iterations,
             "--repeats", settings.repeats, "--dtype", settings.dtype]
     env = {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from .bench import SWEEPS, read_csv
+from .sweeps import SWEEPS, read_csv
 
 #: Colour and marker per series, the same in every figure.
 STYLE = {
@@ -99,11 +99,11 @@ def plot_sweep(rows: list, meta: dict, sweep: str, out_dir: str) -> list:
     Parameters
     ----------
     rows : list of dict
-        The sweep's CSV rows (:func:`mpikmeans.bench.read_csv`).
+        The sweep's CSV rows (:func:`mpikmeans.bench.sweeps.read_csv`).
     meta : dict
         ``meta.json`` of the run (machine, settings, command).
     sweep : str
-        One of :data:`mpikmeans.bench.SWEEPS`.
+        One of :data:`mpikmeans.bench.sweeps.SWEEPS`.
     out_dir : str
 
     Returns

@@ -1,0 +1,51 @@
+"""``mpikmeans info``: every rank's host, node-local rank, threads and GPU, and the MPI library."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from . import _guarded, main
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def info(as_json):
+    """Show every rank: host, node-local rank, GPUs, MPI library, chosen backend."""
+
+    def body(comm):
+        from ..runner import gpu_possible, rank_threads
+
+        gpus, auto = [], "cpu"
+        try:
+            if gpu_possible():  # else skip importing numba-cuda (slow) on a CPU node
+                from ..backends.gpu import device_descriptions, gpu_available
+
+                if gpu_available():
+                    gpus = device_descriptions()
+                    auto = "gpu"
+        except ImportError:
+            pass
+        mine = {"rank": comm.rank, "host": comm.host, "node_rank": comm.node_rank, "node_size": comm.node_size,
+                "cpus": os.cpu_count(), "threads": rank_threads(comm), "gpus": gpus,
+                "auto_backend": auto,
+                "gpu_for_rank": (comm.node_rank % len(gpus)) if gpus else None}
+        rows = comm.allgather(mine)
+        if comm.rank == 0:
+            if as_json:
+                click.echo(json.dumps({"mpi_library": comm.library(), "ranks": rows}, indent=2))
+            else:
+                click.echo(f"MPI library: {comm.library()}")
+                click.echo(f"{'rank':>4} {'host':<20} {'node rank':>9} {'cpus':>5} {'threads':>7} {'auto':>5}  gpu")
+                for r in rows:
+                    gpu = "-"
+                    if r["gpus"]:
+                        g = r["gpus"][r["gpu_for_rank"]]
+                        gpu = f"{g['index']}: {g['name']} ({g['total_memory'] / 2**30:.0f} GiB)"
+                    click.echo(f"{r['rank']:>4} {r['host']:<20} {r['node_rank']:>5}/{r['node_size']:<3} "
+                               f"{r['cpus']:>5} {r['threads']:>7} {r['auto_backend']:>5}  {gpu}")
+        return 0
+
+    _guarded(0, False, body)
