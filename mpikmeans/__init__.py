@@ -7,6 +7,11 @@ mpikmeans`` (and ``mpikmeans --help``) stays cheap: no numba, no mpi4py.
 
 __version__ = "0.1.0"
 
+from . import cache as _cache  # noqa: E402
+
+# before numba is imported: compiled kernels are cached per source version (see cache.py)
+_cache.configure()
+
 __all__ = ["KMeans", "__version__"]
 
 

@@ -146,23 +146,41 @@ def fixed_potential(d2, dist, w, use_w, f1, f2):  # pragma: no cover - compiled
     return hi, lo, vmax
 
 
-def _cumulative_limbs(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return np.cumsum(q >> LIMB, dtype=np.int64), np.cumsum(q & LIMB_MASK, dtype=np.int64)
+class HostFixed:
+    """Fixed-point weights of this rank's rows held in host memory: exact total and prefix search.
+
+    Parameters
+    ----------
+    q : ndarray, shape (n_local,), int64
+        :func:`to_fixed` values, ``0 <= q <= 2**53``.
+
+    Attributes
+    ----------
+    total : int
+        ``sum(q)``, exactly.
+    """
+
+    def __init__(self, q: np.ndarray):
+        self.q = q
+        self.total = local_total(q)
+        self._prefix = None
+
+    def find(self, t: int) -> int:
+        """The first local row whose exact inclusive prefix sum exceeds ``t`` (``0 <= t < total``)."""
+        if self._prefix is None:
+            self._prefix = (np.cumsum(self.q >> LIMB, dtype=np.int64), np.cumsum(self.q & LIMB_MASK, dtype=np.int64))
+        hi_c, lo_c = self._prefix
+        lo, hi = 0, len(hi_c) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if limbs_to_int(hi_c[mid], lo_c[mid]) > t:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
 
-def _search_cumulative(hi_c: np.ndarray, lo_c: np.ndarray, t: int) -> int:
-    """First ``i`` whose exact inclusive prefix sum exceeds ``t`` (binary search)."""
-    lo, hi = 0, len(hi_c) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if limbs_to_int(hi_c[mid], lo_c[mid]) > t:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def draw_rows(comm, x: np.ndarray, row_offset: int, q: np.ndarray, r53) -> tuple[np.ndarray, np.ndarray]:
+def draw_rows(comm, x: np.ndarray, row_offset: int, q, r53) -> tuple[np.ndarray, np.ndarray]:
     """Draw global rows with probability ``q_i / sum(q)``, identically for any split (collective).
 
     Every rank holds the same ``r53``; target ``t = floor(r * Q / 2**53)`` for the
@@ -176,8 +194,10 @@ def draw_rows(comm, x: np.ndarray, row_offset: int, q: np.ndarray, r53) -> tuple
     x : ndarray, shape (n_local, m), float64
     row_offset : int
         Global index of ``x[0]``; ranks hold consecutive rows in rank order.
-    q : ndarray, shape (n_local,), int64
-        Fixed-point weights (:func:`to_fixed`), not all zero over the ranks.
+    q : ndarray, shape (n_local,), int64, or an object with ``total`` and ``find(t)``
+        Fixed-point weights (:func:`to_fixed`), not all zero over the ranks; or
+        their exact total and prefix search kept where the weights are
+        (:class:`HostFixed`, or a backend's, e.g. on a GPU).
     r53 : sequence of int
         Uniform integers in ``[0, 2**53)``, one per draw, the same on every rank.
 
@@ -187,23 +207,19 @@ def draw_rows(comm, x: np.ndarray, row_offset: int, q: np.ndarray, r53) -> tuple
         Global row indices.
     rows : ndarray, shape (len(r53), m), float64
     """
-    totals = comm.allgather(local_total(q))
+    fixed = HostFixed(q) if isinstance(q, np.ndarray) else q
+    totals = comm.allgather(fixed.total)
     ends = list(itertools.accumulate(totals))
     total = ends[-1]
     if total <= 0:
         raise ValueError("draw_rows needs a positive total weight")
     m = x.shape[1]
     buf = np.zeros((len(r53), m + 1), dtype=np.float64)
-    mine = []
     for j, r in enumerate(r53):
         t = (int(r) * total) >> FIXED_BITS
         owner = bisect.bisect_right(ends, t)
         if owner == comm.rank:
-            mine.append((j, t - (ends[owner] - totals[owner])))
-    if mine:
-        hi_c, lo_c = _cumulative_limbs(q)
-        for j, t in mine:
-            i = _search_cumulative(hi_c, lo_c, t)
+            i = fixed.find(t - (ends[owner] - totals[owner]))
             buf[j, 0] = row_offset + i
             buf[j, 1:] = x[i]
     buf += 0.0  # -0.0 -> +0.0, as the other ranks' zeros would make it: the same bytes at any -np

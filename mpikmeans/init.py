@@ -197,7 +197,7 @@ def init_kmeanspp(comm, k: int, x: np.ndarray, row_offset: int, n: int, seed: in
     centres = np.empty((k, x.shape[1]), dtype=np.float64)
     centres[0] = _first_centre(comm, x, row_offset, n, rng, weights)
     d2 = rows.dist2_to(centres[0])
-    vmax = global_max(comm, _weighted(d2, weights))
+    vmax = global_max(comm, np.array([rows.d2_max(d2, weights)]))
     for c in range(1, k):
         if vmax == 0.0:
             # every row sits on a centre (fewer distinct rows than k): nothing
@@ -206,7 +206,7 @@ def init_kmeanspp(comm, k: int, x: np.ndarray, row_offset: int, n: int, seed: in
             centres[c] = gather_rows(comm, x, row_offset, np.array([int(rng.integers(n))]))[0]
             continue
         s = fixed_scale(vmax)
-        _, cand = draw_rows(comm, x, row_offset, to_fixed(_weighted(d2, weights), s), uniform53(rng, trials))
+        _, cand = draw_rows(comm, x, row_offset, rows.d2_fixed(d2, weights, s), uniform53(rng, trials))
         # the potential of each candidate (exact at scale s: a choice that
         # does not depend on the split), and the largest w * D² it would leave,
         # which gives the next step's scale without another collective
@@ -295,7 +295,7 @@ def init_kmeans_parallel(comm, k: int, x: np.ndarray, row_offset: int, n: int, s
     first = _first_centre(comm, x, row_offset, n, rng, weights)
     local_seed = int(rng.integers(1 << 62))
     cands = [first[None, :]]
-    d2 = rows.dist2_to(first)
+    d2 = rows.d2_host(rows.dist2_to(first))  # the rounds' sampling works on the host
     for r in range(rounds):
         v = _weighted(d2, weights)
         vmax = global_max(comm, v)

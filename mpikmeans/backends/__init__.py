@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..exact import fixed_potential, limbs_to_int, scale_factors
+from ..exact import HostFixed, fixed_potential, limbs_to_int, scale_factors, to_fixed
 
 
 @dataclass
@@ -59,9 +59,14 @@ class RowDistances(abc.ABC):
 
     Only :meth:`assign` must be written; the others are built on it, and a
     backend overrides them where it can do better (one pass over the rows for
-    all candidates, no temporary arrays).  Every squared distance sums its m
-    terms in attribute order, as the Lloyd step does, so all give bit-identical
-    results.
+    all candidates, no temporary arrays, the distances kept on the GPU).  Every
+    squared distance sums its m terms in attribute order, each product and sum
+    rounded once (no FMA), as the CPU's Lloyd step does, so all give
+    bit-identical results and the initial centres do not depend on the backend.
+
+    "D²" (the squared distance of each row to its nearest centre so far) is
+    whatever :meth:`dist2_to` returns: a host array here, a device array on a
+    GPU; only these methods look into it (:meth:`d2_host` copies it out).
     """
 
     @abc.abstractmethod
@@ -104,6 +109,28 @@ class RowDistances(abc.ABC):
         ndarray, shape (n_local,), float64
         """
         return np.minimum(d2, self.dist2_to(centre))
+
+    def d2_host(self, d2) -> np.ndarray:
+        """D² as a host array, shape (n_local,), float64."""
+        return d2
+
+    def d2_max(self, d2, weights: np.ndarray | None) -> float:
+        """The largest ``w * D²`` of this rank's rows (0 without rows)."""
+        d2 = self.d2_host(d2)
+        if not d2.size:
+            return 0.0
+        return float((d2 if weights is None else d2 * weights).max())
+
+    def d2_fixed(self, d2, weights: np.ndarray | None, s: int):
+        """The fixed-point weights ``to_fixed(w * D², s)`` of this rank's rows, for :func:`mpikmeans.exact.draw_rows`.
+
+        Returns
+        -------
+        object with ``total`` (the exact local sum, int) and ``find(t)`` (the local row
+        whose exact inclusive prefix sum first exceeds ``t``)
+        """
+        d2 = self.d2_host(d2)
+        return HostFixed(to_fixed(d2 if weights is None else d2 * weights, s))
 
     def potentials(self, d2: np.ndarray, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
         """Per candidate: the exact fixed-point potential of this rank's rows and the largest value.

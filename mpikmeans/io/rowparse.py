@@ -103,7 +103,10 @@ def _scan_token(p, i, n, quoted_ok):
     return ts, te, i, True
 
 
-@njit(cache=True, inline="always")
+# not inlined (unlike the helpers around it): only quoted, missing and malformed
+# tokens get here, and each inlined copy of the number parser costs the caller's
+# first compile tens of seconds (Numba's IR inlining copies it whole)
+@njit(cache=True)
 def _value(p, ts, te, kind, missing_mode):
     """Parse one token of a kept attribute: ``(value, error code)``."""
     if te == ts:
@@ -145,7 +148,7 @@ def _kept_token(p, i, n, missing_mode):
     return v, err, ts, te, k
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)  # rare (weighted rows only), and not inlined for the same reason as _value
 def _weight(p, i, n):
     """Parse ``{w}`` at ``i``: ``(weight, next, error code, ts, te)``."""
     i += 1  # past '{'

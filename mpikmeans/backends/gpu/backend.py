@@ -9,6 +9,8 @@ centres on the host.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -18,7 +20,10 @@ from numba import njit
 from .. import Backend, BackendInfo, BackendUnavailable, StepResult
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
 from .kernels import RC_WARPS, fused_kernel, recheck_kernel
-from .launch import Launch, Pack, cu, cucheck, fast_launch_wanted, prepare
+from ...exact import HostFixed, limbs_to_int, scale_factors, to_fixed
+from . import initk
+from .compiled import compiled
+from .launch import Launch, Pack, cu, cucheck, fast_launch_wanted, launch_once, prepare
 from .plan import Plan, choose_plan, round_up
 from .rows import DeviceRows
 
@@ -77,6 +82,28 @@ class _Kept:
         move = self.centres - centres
         sse = self.sse + 2.0 * float(np.vdot(move, self.dev)) + float(self.counts @ np.einsum("km,km->k", move, move))
         return sse, self.dev + self.counts[:, None] * move, self.counts.copy()
+
+
+class _DeviceFixed:
+    """Fixed-point weights ``to_fixed(w * D², s)`` whose D² is on the device (see :func:`mpikmeans.exact.draw_rows`).
+
+    The exact totals of ``nb`` consecutive row blocks come from the device; a draw
+    finds its block by their exact prefix sums, then copies that block's D² (a few
+    thousand values) to the host and finds the row there, with the same integers.
+    """
+
+    def __init__(self, d2, weights, s: int, n: int, nb: int, block_totals: list):
+        self.d2, self.weights, self.s, self.n, self.nb = d2, weights, s, n, nb
+        self.ends = list(itertools.accumulate(block_totals))
+        self.total = self.ends[-1] if self.ends else 0
+
+    def find(self, t: int) -> int:
+        b = bisect.bisect_right(self.ends, t)
+        a, z = self.n * b // self.nb, self.n * (b + 1) // self.nb
+        v = self.d2[a:z].copy_to_host()
+        if self.weights is not None:
+            v = v * self.weights[a:z]
+        return a + HostFixed(to_fixed(v, self.s)).find(t - (self.ends[b - 1] if b else 0))
 
 
 @dataclass
@@ -224,21 +251,20 @@ class GPUBackend(Backend):
         self.rows.load_device(x_soa, w)
 
     # ------------------------------------------------------------------ plans and launches
-    def _blocks_per_sm(self, kern, plan: Plan, args) -> int:
-        """Resident blocks per multiprocessor (registers, shared memory, threads), cached."""
-        key = (id(kern), plan)
-        if key not in self._occupancy:
-            if SIM:
-                self._occupancy[key] = 1
+    def _blocks_per_sm(self, compiled, spec: tuple, plan: Plan) -> int:
+        """Resident blocks per multiprocessor (registers, shared memory, threads), cached per kernel."""
+        if spec not in self._occupancy:
+            if compiled is None:  # the simulator
+                self._occupancy[spec] = 1
             else:
-                regs = prepare(kern, args, plan.smem) or 128
+                regs = prepare(compiled, plan.smem) or 128
                 self.last_regs = regs
                 regs_alloc = round_up(regs, 8) * plan.NT
                 by_regs = self.limits.regs_sm // max(1, regs_alloc)
                 by_smem = self.limits.smem_sm // max(1, plan.smem + 1024)
                 by_thr = 2048 // plan.NT
-                self._occupancy[key] = max(1, min(by_regs, by_smem, by_thr, 32))
-        return self._occupancy[key]
+                self._occupancy[spec] = max(1, min(by_regs, by_smem, by_thr, 32))
+        return self._occupancy[spec]
 
     def _plan(self, k: int, assign: bool, delta: bool = False) -> Plan:
         key = (k, assign, delta)
@@ -250,28 +276,32 @@ class GPUBackend(Backend):
             self._plans[key] = plan
         return plan
 
-    def kernel_for(self, plan: Plan, pack: Pack, k: int):
-        """The fused kernel this backend launches for ``plan`` (also what ``bench regs`` compiles)."""
+    def fused_spec(self, plan: Plan, pack: Pack, k: int) -> tuple:
+        """Everything the fused kernel for ``plan`` is specialised on (:func:`.kernels.fused_kernel`'s arguments)."""
         idx32 = self.m * self.rows.ld < 2**31 and not self.tune.get("idx64")
-        return fused_kernel(self.dtype, plan.R, plan.TC, plan.NT, self.rows.weighted, plan.mode,
-                            plan.centres_shared, plan.maxreg, k, self.m, plan.nct, plan.offs, pack.layout, idx32,
-                            bool(self.tune.get("diag_skip_pass2")), bool(self.tune.get("lineinfo")))
+        return (self.dtype, plan.R, plan.TC, plan.NT, self.rows.weighted, plan.mode, plan.centres_shared,
+                plan.maxreg, k, self.m, plan.nct, tuple(plan.offs), tuple(pack.layout), idx32,
+                bool(self.tune.get("diag_skip_pass2")), bool(self.tune.get("lineinfo")))
 
     def _launches(self, plan: Plan, pack: Pack, k: int, assign: bool, x, rows: int, labels, flags, w,
                   dist2, fslot: int, stream, delta: bool = False):
         """The prepared (fused, recheck) pair for one block of rows."""
-        kern = self.kernel_for(plan, pack, k)
+        spec = self.fused_spec(plan, pack, k)
+        kern = fused_kernel(*spec)
         args = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
-        per_sm = self._blocks_per_sm(kern, plan, args)
+        kobj = compiled("fused", spec, kern, args)
+        per_sm = self._blocks_per_sm(kobj, spec, plan)
         ntiles = -(-rows // (plan.NT * plan.R))
         grid = max(1, min(ntiles, 2 if SIM else per_sm * self.limits.sm_count))
         self.last_grid = grid
-        fused = Launch(kern, args, grid, plan.NT, plan.smem, stream, self._fast)
-        rk = recheck_kernel(self.dtype, self.rows.weighted, assign, k, self.m, pack.layout, delta)
+        fused = Launch(kern, kobj, args, grid, plan.NT, plan.smem, stream, self._fast)
+        rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta)
+        rk = recheck_kernel(*rspec)
         rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
         # one warp per flagged row; with none flagged each block reads the count and returns
         rgrid = 1 if SIM else max(1, min(2 * self.limits.sm_count, -(-rows // RC_WARPS)))
-        recheck = Launch(rk, rargs, rgrid, 32 * RC_WARPS, 0, stream, self._fast)
+        recheck = Launch(rk, compiled("recheck", rspec, rk, rargs), rargs, rgrid, 32 * RC_WARPS, 0, stream,
+                         self._fast)
         self.last_fast_launch = fused.fast and recheck.fast
         return fused, recheck
 
@@ -465,6 +495,87 @@ class GPUBackend(Backend):
         if self.n == 0:
             return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.float64)
         return self._run(np.asarray(centres, dtype=np.float64), assign=True)
+
+    # ------------------------------------------------------------------ the initialisations' passes
+    # D² stays on the device (n float64) while k-means++ chooses its centres: each
+    # choice is one pass for all candidates' potentials and one to lower D², with the
+    # CPU's arithmetic (see initk.py).  Streamed rows take the generic host path.
+
+    def _on_device(self, d2) -> bool:
+        return d2 is not None and not isinstance(d2, np.ndarray)
+
+    def _kernel(self, name: str, spec: tuple, kern, args: tuple, grid, block: int = initk.NT) -> None:
+        launch_once(kern, compiled(name, spec, kern, args), args, grid, block)
+
+    def _d2_pass(self, d2, centre: np.ndarray, lower: bool) -> None:
+        rows = self.rows
+        c = cuda.to_device(np.ascontiguousarray(centre, dtype=np.float64).ravel())
+        kern = initk.d2_kernel(lower)
+        self._kernel("d2", (lower,), kern, (rows.dx, self.n, rows.ld, self.m, c, d2), -(-self.n // initk.NT))
+
+    def dist2_to(self, centre: np.ndarray):
+        """D² to one point, kept on the device (see :meth:`RowDistances.dist2_to`)."""
+        if self.n == 0 or self.rows.streaming:
+            return super().dist2_to(centre)
+        d2 = cuda.device_array(self.n, dtype=np.float64)
+        self._d2_pass(d2, centre, lower=False)
+        return d2
+
+    def lower_d2(self, d2, centre: np.ndarray):
+        """``min(D², squared distance to centre)``, in place on the device."""
+        if not self._on_device(d2):
+            return super().lower_d2(d2, centre)
+        self._d2_pass(d2, centre, lower=True)
+        return d2
+
+    def d2_host(self, d2) -> np.ndarray:
+        return d2.copy_to_host() if self._on_device(d2) else d2
+
+    def _fixed_blocks(self, d2, weights, s: int):
+        """Exact limb sums and the largest ``w * D²`` of consecutive row blocks, on the host."""
+        rows = self.rows
+        nb = max(1, min(1024, -(-self.n // initk.NT)))
+        hi = cuda.device_array(nb, dtype=np.int64)
+        lo = cuda.device_array(nb, dtype=np.int64)
+        vmax = cuda.device_array(nb, dtype=np.float64)
+        f1, f2 = scale_factors(s)
+        weighted = weights is not None
+        w = rows.dw if weighted else d2
+        kern = initk.fixed_blocks_kernel(weighted)
+        self._kernel("fixed_blocks", (weighted,), kern, (d2, w, self.n, nb, f1, f2, hi, lo, vmax), nb)
+        return nb, hi.copy_to_host(), lo.copy_to_host(), vmax.copy_to_host()
+
+    def d2_max(self, d2, weights: np.ndarray | None) -> float:
+        if not self._on_device(d2):
+            return super().d2_max(d2, weights)
+        return float(self._fixed_blocks(d2, weights, 0)[3].max())
+
+    def d2_fixed(self, d2, weights: np.ndarray | None, s: int):
+        """Exact block totals on the device; a draw refines one block on the host (:class:`_DeviceFixed`)."""
+        if not self._on_device(d2):
+            return super().d2_fixed(d2, weights, s)
+        nb, hi, lo, _ = self._fixed_blocks(d2, weights, s)
+        return _DeviceFixed(d2, weights, s, self.n, nb, [limbs_to_int(h, l_) for h, l_ in zip(hi, lo)])
+
+    def potentials(self, d2, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
+        """All candidates' exact potentials in one pass over the rows on the device."""
+        if not self._on_device(d2):
+            return super().potentials(d2, cands, weights, s)
+        rows = self.rows
+        t = len(cands)
+        dc = cuda.to_device(np.ascontiguousarray(cands, dtype=np.float64).ravel())
+        hi = cuda.to_device(np.zeros(t, dtype=np.int64))
+        lo = cuda.to_device(np.zeros(t, dtype=np.int64))
+        vmax = cuda.to_device(np.zeros(t, dtype=np.float64))
+        f1, f2 = scale_factors(s)
+        weighted = weights is not None
+        w = rows.dw if weighted else d2
+        kern = initk.potentials_kernel(t, weighted)
+        grid = 2 if SIM else max(1, min(-(-self.n // initk.NT), 8 * self.limits.sm_count))
+        self._kernel("potentials", (t, weighted), kern,
+                     (rows.dx, self.n, rows.ld, self.m, dc, d2, w, f1, f2, hi, lo, vmax), grid)
+        h, l_, v = hi.copy_to_host(), lo.copy_to_host(), vmax.copy_to_host()
+        return [(limbs_to_int(h[j], l_[j]), float(v[j])) for j in range(t)]
 
     def info(self) -> BackendInfo:
         d = next((d for d in self._desc if d["index"] == self.device_index), None)

@@ -4,10 +4,14 @@ On a real GPU these are ``@intrinsic`` functions that write LLVM IR directly: a
 16-byte vector load of four centre values (:func:`ld4`), array accesses without
 Numba's negative-index wraparound select (:func:`ldx`, :func:`stx`), and
 column-major loads with 32- or 64-bit index arithmetic (:func:`ldc32`,
-:func:`ldc64`).  Under the CUDA simulator they are plain Python with bound checks.
+:func:`ldc64`), and float64 arithmetic that is never contracted into an FMA
+(:func:`dmul_rn`, :func:`dadd_rn`).  Under the CUDA simulator they are plain
+Python with bound checks.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from .device import HAVE_NUMBA_CUDA, SIM
 
@@ -119,7 +123,25 @@ if HAVE_NUMBA_CUDA and not SIM:
 
         return sig, codegen
 
+    from numba.cuda import libdevice
+
+    # IEEE float64 product and sum, each rounded once: never contracted into an FMA
+    # (NVVM contracts a * b + c by default), so a distance summed with them is the
+    # CPU's to the last bit
+    dmul_rn = libdevice.dmul_rn
+    dadd_rn = libdevice.dadd_rn
+    rint = libdevice.rint  # round half to even, as numpy.rint
+
 else:
+
+    def dmul_rn(x, y):
+        return x * y
+
+    def dadd_rn(x, y):
+        return x + y
+
+    def rint(x):
+        return float(np.rint(x))
 
     def ld4(arr, idx):
         return arr[idx], arr[idx + 1], arr[idx + 2], arr[idx + 3]

@@ -44,18 +44,22 @@ def fast_launch_wanted(tune: dict) -> bool:
     return mode != "numba"
 
 
-def prepare(kernel, args, nbytes: int) -> int | None:
-    """Compile ``kernel`` for ``args``, allow ``nbytes`` of dynamic shared memory; return regs/thread.
+def prepare(kernel, nbytes: int) -> int | None:
+    """Allow a compiled kernel ``nbytes`` of dynamic shared memory; return its registers per thread.
 
     Past 48 KB a kernel must opt in to more dynamic shared memory
     (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``), which Numba does not do.
+
+    Parameters
+    ----------
+    kernel : numba.cuda ``_Kernel`` or None
+        None under the simulator (nothing to do).
+    nbytes : int
     """
-    if SIM:
+    if kernel is None:
         return None
-    argtypes = tuple(kernel.typeof_pyval(a) for a in args)
-    kobj = kernel.compile(argtypes)
     try:
-        cufunc = kobj._codelibrary.get_cufunc()
+        cufunc = kernel._codelibrary.get_cufunc()
     except Exception:  # pragma: no cover - numba internals moved
         return None
     if nbytes > 48 * 1024:
@@ -70,6 +74,33 @@ def prepare(kernel, args, nbytes: int) -> int | None:
         return None
 
 
+def _dim3(d) -> tuple:
+    d = tuple(d) if isinstance(d, tuple) else (int(d),)
+    return d + (1,) * (3 - len(d))
+
+
+def launch_once(kern, compiled, args: tuple, grid, block, stream=0, smem: int = 0) -> None:
+    """One launch through Numba's launch path (types and marshals ``args`` every call).
+
+    Parameters
+    ----------
+    kern : numba.cuda dispatcher
+        Used under the simulator, where there is no compiled kernel.
+    compiled : numba.cuda ``_Kernel`` or None
+    args : tuple
+    grid, block : int or tuple of int
+    stream : numba.cuda stream or 0
+    smem : int
+        Dynamic shared memory, bytes.
+    """
+    if compiled is None:
+        kern[grid, block, stream, smem](*args)
+        return
+    from numba.cuda.cudadrv import driver
+
+    compiled.launch(args, _dim3(grid), _dim3(block), driver._to_core_stream(stream), smem)
+
+
 class Launch:
     """One kernel launch whose arguments are marshalled once and replayed every step.
 
@@ -79,36 +110,44 @@ class Launch:
     buffers every step, so the parameter block is built once, with Numba's own
     marshalling (``_Kernel._prepare_args``), checked against the compiled kernel's
     parameter sizes (``cuFuncGetParamInfo``) and launched with one
-    ``cuLaunchKernel``.  If any of that is unavailable (simulator, changed Numba
-    internals, ``tune={"launch": "numba"}`` or ``MPIKMEANS_GPU_LAUNCH=numba``) the
-    launch goes through Numba's dispatcher as before.
+    ``cuLaunchKernel``.  If any of that is unavailable (changed Numba internals,
+    ``tune={"launch": "numba"}`` or ``MPIKMEANS_GPU_LAUNCH=numba``) the compiled kernel
+    is launched through Numba's launch path; under the simulator, through the
+    dispatcher.
+
+    Parameters
+    ----------
+    kern : numba.cuda dispatcher
+    compiled : numba.cuda ``_Kernel`` or None
+        ``kern`` compiled for ``args`` (:func:`.compiled.compiled`); None under the simulator.
+    args : tuple
+    grid, block, smem : int
+    stream : numba.cuda stream or 0
+    fast : bool
+        Try the prepared parameter block.
     """
 
-    def __init__(self, kern, args, grid: int, block: int, smem: int, stream, fast: bool):
+    def __init__(self, kern, compiled, args, grid: int, block: int, smem: int, stream, fast: bool):
         self.kern = kern
+        self.compiled = compiled
         self.args = args
         self.grid = int(grid)
         self.block = int(block)
         self.smem = int(smem)
         self.stream = stream
         self.fast = False
-        if fast:
+        if fast and compiled is not None:
             try:
                 self._build()
                 self.fast = True
             except Exception as exc:  # pragma: no cover - depends on numba-cuda internals
                 log.info("GPU backend: Numba's launch path for %s (%s)", getattr(kern, "__name__", kern), exc)
-        if not self.fast and not SIM:
-            # compile now (warm-up), not at the first launch inside the timed loop
-            kern.compile(tuple(kern.typeof_pyval(a) for a in args))
 
     def _build(self):
         import ctypes
 
         cub = cu()
-        kern = self.kern
-        argtypes = tuple(kern.typeof_pyval(a) for a in self.args)
-        kobj = kern.compile(argtypes)
+        kobj = self.compiled
         kargs, retr = [], []
         for t, v in zip(kobj.argument_types, self.args):
             kobj._prepare_args(t, v, self.stream, retr, kargs)
@@ -156,7 +195,7 @@ class Launch:
             if int(err) != 0:
                 raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
         else:
-            self.kern[self.grid, self.block, self.stream, self.smem](*self.args)
+            launch_once(self.kern, self.compiled, self.args, self.grid, self.block, self.stream, self.smem)
 
 
 def pinned(n: int, dtype) -> np.ndarray:

@@ -16,8 +16,9 @@ import logging
 
 import numpy as np
 
+from .compiled import compiled
 from .device import DeviceLimits, cuda
-from .launch import pinned
+from .launch import launch_once, pinned
 from .plan import round_up
 
 log = logging.getLogger("mpikmeans.backends.gpu")
@@ -143,12 +144,13 @@ class DeviceRows:
         block_rows = max(32, min(n, (32 << 20) // max(1, m * 8)))
         stage = cuda.device_array(block_rows * m, dtype=np.float64, stream=stream)
         tk = transpose_kernel(self.dtype)
+        kobj = compiled("transpose", (self.dtype,), tk, (stage, 0, m, dst, ld, row0))
         for a in range(0, n, block_rows):
             b = min(n, a + block_rows)
             rows = b - a
             stage[: rows * m].copy_to_device(x[a:b].ravel(), stream=stream)
             grid = (-(-rows // 32), -(-m // 32))
-            tk[grid, (32, 8), stream](stage, rows, m, dst, ld, row0 + a)
+            launch_once(tk, kobj, (stage, rows, m, dst, ld, row0 + a), grid, (32, 8), stream)
         if stream == 0:
             cuda.synchronize()
         else:

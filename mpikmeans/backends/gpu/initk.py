@@ -1,0 +1,158 @@
+"""The initialisations' kernels: D², candidate potentials and exact fixed-point block sums on the GPU.
+
+k-means++ passes over the rows about ``k * (trials + 1)`` times; on the host that
+was the largest part of a GPU run.  These kernels do the passes where the rows
+are, with the CPU's arithmetic to the last bit: every squared distance sums
+``(x_j - c_j)^2`` in attribute order with one rounding per product and per sum
+(:func:`~.intrinsics.dmul_rn`, :func:`~.intrinsics.dadd_rn`: no FMA), and every
+sum that decides a draw is an exact integer sum of ``rint(v * 2**s)`` split in
+two int64 limbs (:mod:`mpikmeans.exact`), so neither the grid nor the order of
+the atomics changes a result.  The rows are read column-major (coalesced), in
+the storage dtype, converted to float64 exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .device import cuda
+from .intrinsics import dadd_rn, dmul_rn, rint
+
+if cuda is not None:
+    from numba import float64, int64
+
+#: threads per block of every kernel here
+NT = 256
+_LIMB_MASK = (1 << 27) - 1
+
+
+@functools.lru_cache(maxsize=None)
+def d2_kernel(lower: bool):
+    """D² of every row to one point ``c`` (``lower``: ``D² = min(D², that)``).
+
+    Arguments: x (m * ld,), n, ld, m, c (m,) float64, d2 (n,) float64.
+    """
+    LOWER = lower
+
+    def km_d2(x, n, ld, m, c, d2):
+        i = cuda.grid(1)
+        if i < n:
+            d = 0.0
+            for j in range(m):
+                t = float64(x[j * ld + i]) - c[j]
+                d = dadd_rn(d, dmul_rn(t, t))
+            if LOWER:
+                if d < d2[i]:
+                    d2[i] = d
+            else:
+                d2[i] = d
+
+    return cuda.jit(km_d2)
+
+
+@functools.lru_cache(maxsize=None)
+def potentials_kernel(trials: int, weighted: bool):
+    """Per candidate: the exact fixed-point total of ``v = min(D², |x - c|²) (* w)`` and the largest ``v``.
+
+    Arguments: x, n, ld, m, cands (trials * m,) float64, d2 (n,), w (n,) or (1,),
+    f1, f2 (the scale ``2**s`` as two exact factors), hi, lo (trials,) int64 and
+    vmax (trials,) float64, accumulated (the caller zeroes them).  Each thread
+    keeps its rows' limbs per candidate in registers; a block adds them in
+    shared memory, then into the outputs: integer atomics, so the order never
+    matters.
+    """
+    T = int(trials)
+    WEIGHTED = weighted
+
+    def km_potentials(x, n, ld, m, cands, d2, w, f1, f2, hi, lo, vmax):
+        s_hi = cuda.shared.array(T, dtype=int64)
+        s_lo = cuda.shared.array(T, dtype=int64)
+        s_vm = cuda.shared.array(T, dtype=float64)
+        tid = cuda.threadIdx.x
+        if tid < T:
+            s_hi[tid] = 0
+            s_lo[tid] = 0
+            s_vm[tid] = 0.0
+        cuda.syncthreads()
+        dd = cuda.local.array(T, dtype=float64)
+        a_hi = cuda.local.array(T, dtype=int64)
+        a_lo = cuda.local.array(T, dtype=int64)
+        a_vm = cuda.local.array(T, dtype=float64)
+        for q in range(T):
+            a_hi[q] = 0
+            a_lo[q] = 0
+            a_vm[q] = 0.0
+        for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+            for q in range(T):
+                dd[q] = 0.0
+            for j in range(m):
+                xj = float64(x[j * ld + i])
+                for q in range(T):
+                    t = xj - cands[q * m + j]
+                    dd[q] = dadd_rn(dd[q], dmul_rn(t, t))
+            di = d2[i]
+            for q in range(T):
+                v = min(di, dd[q])
+                if WEIGHTED:
+                    v = v * w[i]
+                if v > a_vm[q]:
+                    a_vm[q] = v
+                iq = int64(rint(v * f1 * f2))
+                a_hi[q] += iq >> 27
+                a_lo[q] += iq & _LIMB_MASK
+        for q in range(T):
+            cuda.atomic.add(s_hi, q, a_hi[q])
+            cuda.atomic.add(s_lo, q, a_lo[q])
+            cuda.atomic.max(s_vm, q, a_vm[q])
+        cuda.syncthreads()
+        if tid < T:
+            cuda.atomic.add(hi, tid, s_hi[tid])
+            cuda.atomic.add(lo, tid, s_lo[tid])
+            cuda.atomic.max(vmax, tid, s_vm[tid])
+
+    return cuda.jit(km_potentials)
+
+
+@functools.lru_cache(maxsize=None)
+def fixed_blocks_kernel(weighted: bool):
+    """Exact fixed-point sums of ``rint(w * D² * 2**s)`` over ``nb`` consecutive blocks of rows.
+
+    Block ``b`` of rows is ``[n * b // nb, n * (b + 1) // nb)``, one CUDA block each
+    (grid ``nb``).  Arguments: d2 (n,), w (n,) or (1,), n, nb, f1, f2, hi, lo (nb,)
+    int64 (written).  Also the largest ``w * D²`` of each block into vmax (nb,).
+    """
+    WEIGHTED = weighted
+
+    def km_fixed_blocks(d2, w, n, nb, f1, f2, hi, lo, vmax):
+        s_hi = cuda.shared.array(1, dtype=int64)
+        s_lo = cuda.shared.array(1, dtype=int64)
+        s_vm = cuda.shared.array(1, dtype=float64)
+        b = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        if tid == 0:
+            s_hi[0] = 0
+            s_lo[0] = 0
+            s_vm[0] = 0.0
+        cuda.syncthreads()
+        a_hi = int64(0)
+        a_lo = int64(0)
+        a_vm = 0.0
+        for i in range(n * b // nb + tid, n * (b + 1) // nb, cuda.blockDim.x):
+            v = d2[i]
+            if WEIGHTED:
+                v = v * w[i]
+            if v > a_vm:
+                a_vm = v
+            iq = int64(rint(v * f1 * f2))
+            a_hi += iq >> 27
+            a_lo += iq & _LIMB_MASK
+        cuda.atomic.add(s_hi, 0, a_hi)
+        cuda.atomic.add(s_lo, 0, a_lo)
+        cuda.atomic.max(s_vm, 0, a_vm)
+        cuda.syncthreads()
+        if tid == 0:
+            hi[b] = s_hi[0]
+            lo[b] = s_lo[0]
+            vmax[b] = s_vm[0]
+
+    return cuda.jit(km_fixed_blocks)

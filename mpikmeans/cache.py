@@ -1,0 +1,262 @@
+"""Where compiled kernels are kept between runs, and the guarantees the cache gives.
+
+Compiling is the largest fixed cost of a run: the parser's CPU kernels take a
+minute on a fresh machine, the GPU kernels seconds per specialisation.  Both are
+compiled once per machine type and loaded afterwards:
+
+* CPU kernels: Numba's own cache (``@njit(cache=True)``), moved into
+  ``<root>/numba/<source hash>`` (``NUMBA_CACHE_DIR``) so that a change in any
+  kernel source, or in a module a kernel calls, never loads a stale entry (Numba
+  itself checks only the kernel's own file), and so that a read-only install
+  still caches.  :func:`harden_numba_cache` makes Numba treat an unreadable or
+  corrupt cache file as a miss (it is rebuilt) instead of an error.
+* GPU kernels: :class:`KernelStore`, entries keyed by everything that changes the
+  code (see :mod:`mpikmeans.backends.gpu.compiled`).
+
+``<root>`` is ``MPIKMEANS_CACHE_DIR``, else ``$XDG_CACHE_HOME/mpikmeans``, else
+``~/.cache/mpikmeans``.  Entries are written under a temporary name and renamed
+into place (atomic on POSIX, also on NFS for one directory), so many ranks and
+jobs may fill an empty cache at once: readers see a whole entry or none.  Every
+GPU entry carries a checksum; one that fails it, or does not unpickle, is
+removed and rebuilt, never trusted.
+
+This module imports neither Numba nor NumPy: :func:`configure` must run before
+Numba is imported to move its cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import struct
+import sys
+
+log = logging.getLogger("mpikmeans")
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+#: Text that marks a module holding compiled (Numba) code.
+_KERNEL_MARKERS = (b"njit", b"@intrinsic", b"cuda.jit", b"numba.jit")
+
+
+def cache_root() -> str:
+    """The directory of mpikmeans' caches (not created here)."""
+    explicit = os.environ.get("MPIKMEANS_CACHE_DIR")
+    if explicit:
+        return os.path.abspath(os.path.expanduser(explicit))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mpikmeans")
+
+
+def writable_dir(path: str) -> bool:
+    """Create ``path`` if needed; whether files can be written there."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".probe-{os.getpid()}-{os.urandom(6).hex()}")
+        with open(probe, "wb"):
+            pass
+        os.unlink(probe)
+        return True
+    except OSError:
+        return False
+
+
+def source_hash(files: list[str] | None = None) -> str:
+    """SHA-256 (16 hex digits) of the package's kernel sources.
+
+    Parameters
+    ----------
+    files : list of str, optional
+        Default: every module of the package that holds compiled code (it
+        mentions ``njit``, ``@intrinsic`` or ``cuda.jit``), so that an edit of
+        any kernel, or of a helper a kernel inlines from another module,
+        changes the hash.
+    """
+    if files is None:
+        files = []
+        for dirpath, dirs, names in os.walk(_PACKAGE):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            files += [os.path.join(dirpath, f) for f in sorted(names) if f.endswith(".py")]
+        files.remove(os.path.abspath(__file__))  # it names the markers, and holds no kernel
+    h = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            data = f.read()
+        if any(mark in data for mark in _KERNEL_MARKERS):
+            h.update(os.path.relpath(path, _PACKAGE).encode() + b"\0" + data + b"\0")
+    return h.hexdigest()[:16]
+
+
+def numba_cache_dir() -> str:
+    """Where Numba's cache of this package's kernels goes: ``<root>/numba/<source hash>``."""
+    return os.path.join(cache_root(), "numba", source_hash())
+
+
+def configure() -> str | None:
+    """Point Numba's cache at :func:`numba_cache_dir` (unless ``NUMBA_CACHE_DIR`` is set); harden it.
+
+    Call before Numba is imported (``mpikmeans/__init__.py`` does).  When Numba
+    is imported already, its configuration is reloaded so that kernels defined
+    afterwards (this package's) use the directory.
+
+    Returns
+    -------
+    str or None
+        The directory in use, or None when Numba's default (next to the
+        sources, else its own user cache) is kept: a ``NUMBA_CACHE_DIR`` set by
+        the user, or a cache root that cannot be written.
+    """
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        chosen = None
+    else:
+        path = numba_cache_dir()
+        chosen = path if writable_dir(path) else None
+        if chosen:
+            os.environ["NUMBA_CACHE_DIR"] = chosen
+            if "numba" in sys.modules:
+                from numba.core import config
+
+                config.reload_config()
+    if "numba" in sys.modules:
+        harden_numba_cache()
+    return chosen
+
+
+_hardened = False
+
+
+def harden_numba_cache() -> None:
+    """Make Numba treat a cache file it cannot read or unpickle as a miss.
+
+    Numba writes its cache atomically, but a file damaged later (a full disk, a
+    copy cut short, a bit flip) makes it raise from inside the first call of the
+    kernel.  With this, the entry is compiled again and rewritten instead.
+    """
+    global _hardened
+    if _hardened:
+        return
+    from numba.core import caching
+
+    cls = caching.IndexDataCacheFile
+    load_index, load_data = cls._load_index, cls._load_data
+
+    def _load_index(self):
+        try:
+            return load_index(self)
+        except Exception as exc:  # a damaged index: start it again
+            log.warning("Numba cache index %s is unreadable (%s): rebuilding it", self._index_path, exc)
+            return {}
+
+    def _load_data(self, name):
+        try:
+            return load_data(self, name)
+        except Exception as exc:  # a damaged entry: a miss, compiled again and overwritten
+            log.warning("Numba cache entry %s is unreadable (%s): compiling again", name, exc)
+            raise OSError(str(exc)) from None  # what IndexDataCacheFile.load treats as a miss
+
+    cls._load_index, cls._load_data = _load_index, _load_data
+    _hardened = True
+
+
+# ---------------------------------------------------------------------------------------- entries
+
+_MAGIC = b"MPIKMEANS-KERNEL-1\n"
+_HEAD = struct.Struct("<32sQ")  # sha256 of the payload, payload length
+
+
+class KernelStore:
+    """A directory of compiled kernels, one file per key, each checksummed.
+
+    Parameters
+    ----------
+    path : str
+        Created on first write; when it cannot be written, :meth:`put` does nothing.
+
+    Notes
+    -----
+    A key is a tuple of plain values (str, int, float, bool, tuples of them);
+    its SHA-256 names the file, so no two keys share an entry.  Values are any
+    picklable object.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._writable = None
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def digest(key: tuple) -> str:
+        """File name of ``key`` (its SHA-256, hex)."""
+        return hashlib.sha256(repr(key).encode()).hexdigest()
+
+    def file_of(self, key: tuple) -> str:
+        return os.path.join(self.path, self.digest(key) + ".kernel")
+
+    def get(self, key: tuple, loads=pickle.loads):
+        """The value stored for ``key``, or None (absent, damaged: a damaged file is removed).
+
+        ``loads`` turns the stored bytes back into the value (any exception: damaged).
+        """
+        path = self.file_of(key)
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except OSError:
+            self.misses += 1
+            return None
+        try:
+            if not blob.startswith(_MAGIC):
+                raise ValueError("not a kernel cache entry")
+            digest, size = _HEAD.unpack_from(blob, len(_MAGIC))
+            payload = blob[len(_MAGIC) + _HEAD.size:]
+            if len(payload) != size or hashlib.sha256(payload).digest() != digest:
+                raise ValueError(f"checksum mismatch ({len(payload)} of {size} bytes)")
+            value = loads(payload)
+        except Exception as exc:
+            log.warning("kernel cache entry %s is damaged (%s): compiling again", path, exc)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            self.misses += 1
+            return None
+        self.hits += 1
+        return value
+
+    def put(self, key: tuple, value, dumps=pickle.dumps) -> bool:
+        """Store ``value`` for ``key`` atomically; False when the directory cannot be written.
+
+        ``dumps`` turns the value into bytes (default: the standard pickle).
+        """
+        if self._writable is None:
+            self._writable = writable_dir(self.path)
+        if not self._writable:
+            return False
+        payload = dumps(value)
+        blob = _MAGIC + _HEAD.pack(hashlib.sha256(payload).digest(), len(payload)) + payload
+        path = self.file_of(key)
+        tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(6).hex()}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            return True
+        except OSError as exc:
+            log.warning("kernel cache %s cannot be written (%s): kernels are compiled every run", self.path, exc)
+            self._writable = False
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            return False
+
+    def entries(self) -> int:
+        """Entries in the store now."""
+        try:
+            return sum(1 for f in os.listdir(self.path) if f.endswith(".kernel"))
+        except OSError:
+            return 0
