@@ -36,8 +36,8 @@ import sys
 log = logging.getLogger("mpikmeans")
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
-#: Text that marks a module holding compiled (Numba) code.
-_KERNEL_MARKERS = (b"njit", b"@intrinsic", b"cuda.jit", b"numba.jit")
+#: Text that marks a module holding CPU kernels (Numba's cache; the GPU kernels have their own keys).
+_KERNEL_MARKERS = (b"njit", b"numba.jit")
 
 
 def cache_root() -> str:
@@ -68,10 +68,9 @@ def source_hash(files: list[str] | None = None) -> str:
     Parameters
     ----------
     files : list of str, optional
-        Default: every module of the package that holds compiled code (it
-        mentions ``njit``, ``@intrinsic`` or ``cuda.jit``), so that an edit of
-        any kernel, or of a helper a kernel inlines from another module,
-        changes the hash.
+        Default: every module of the package that holds CPU kernels (it
+        mentions ``njit``), so that an edit of any kernel, or of a helper a
+        kernel inlines from another module, changes the hash.
     """
     if files is None:
         files = []

@@ -311,9 +311,9 @@ def init_kmeans_parallel(comm, k: int, x: np.ndarray, row_offset: int, n: int, s
         new = np.concatenate([p[1] for p in picked]).reshape(-1, x.shape[1])[np.argsort(idx, kind="stable")]
         if len(new):
             cands.append(new)
-            d2 = np.minimum(d2, rows.assign(new)[1])
+            d2 = np.minimum(d2, rows.nearest(new)[1])
     cands = np.ascontiguousarray(np.vstack(cands))
-    cw = exact_label_sums(comm, rows.assign(cands)[0], weights, len(cands))
+    cw = exact_label_sums(comm, rows.nearest(cands)[0], weights, len(cands))
     if int((cw > 0).sum()) < k:
         log.warning("k-means||: %d distinct candidates for k = %d; using k-means++ instead", int((cw > 0).sum()), k)
         return init_kmeanspp(comm, k, x, row_offset, n, seed, weights=weights, backend=backend)

@@ -83,6 +83,23 @@ class RowDistances(abc.ABC):
         dist2 : ndarray, shape (n_local,), float64
         """
 
+    def nearest(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`assign` to a set of points whose number changes from call to call (candidates).
+
+        The same result as :meth:`assign`; a backend whose Lloyd kernels are
+        specialised on the number of centres answers it with a generic kernel.
+
+        Parameters
+        ----------
+        points : ndarray, shape (p, m), float64
+
+        Returns
+        -------
+        labels : ndarray, shape (n_local,), int32
+        dist2 : ndarray, shape (n_local,), float64
+        """
+        return self.assign(points)
+
     def dist2_to(self, centre: np.ndarray) -> np.ndarray:
         """Squared distance of every local row to one point.
 

@@ -54,9 +54,9 @@ the rows on the device.
 """
 
 
-from .backend import GPUBackend, add_step
+from .backend import GPUBackend
 from .device import SIM, device_descriptions, gpu_available, gpu_count, select_device_for
-from .launch import fill_centres
+from .hostk import add_step, fill_centres
 
 __all__ = ["GPUBackend", "SIM", "add_step", "device_descriptions", "fill_centres", "gpu_available", "gpu_count",
            "select_device_for"]

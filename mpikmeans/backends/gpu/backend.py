@@ -15,14 +15,14 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
-from .. import Backend, BackendInfo, BackendUnavailable, StepResult
-from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
-from .kernels import RC_WARPS, fused_kernel, recheck_kernel
 from ...exact import HostFixed, limbs_to_int, scale_factors, to_fixed
+from .. import Backend, BackendInfo, BackendUnavailable, StepResult
 from . import initk
 from .compiled import compiled
+from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
+from .hostk import add_step
+from .kernels import RC_WARPS, fused_kernel, recheck_kernel
 from .launch import Launch, Pack, cu, cucheck, fast_launch_wanted, launch_once, prepare
 from .plan import Plan, choose_plan, round_up
 from .rows import DeviceRows
@@ -41,21 +41,6 @@ DELTA_REFRESH = 32
 MOVE_NS = 10.5
 MOVE_NS_PER_ELEM = 0.0031
 PASS2_NS_PER_ELEM = 0.004
-
-
-@njit(cache=True, nogil=True)
-def add_step(dev, counts, d_dev, d_counts, centres):  # pragma: no cover - compiled
-    """``dev += d_dev``, ``counts += d_counts``; return the raw sums ``dev + counts c`` (k, m)."""
-    k, m = dev.shape
-    sums = np.empty((k, m))
-    for i in range(k):
-        n = counts[i] + d_counts[i]
-        counts[i] = n
-        for j in range(m):
-            d = dev[i, j] + d_dev[i, j]
-            dev[i, j] = d
-            sums[i, j] = d + n * centres[i, j]
-    return sums
 
 
 @dataclass
@@ -527,6 +512,19 @@ class GPUBackend(Backend):
             return super().lower_d2(d2, centre)
         self._d2_pass(d2, centre, lower=True)
         return d2
+
+    def nearest(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Nearest candidate with a kernel not specialised on their number (see :meth:`RowDistances.nearest`)."""
+        if self.n == 0 or self.rows.streaming:
+            return super().nearest(points)
+        rows = self.rows
+        pts = np.ascontiguousarray(points, dtype=np.float64)
+        labels = cuda.device_array(self.n, dtype=np.int32)
+        dist2 = cuda.device_array(self.n, dtype=np.float64)
+        kern = initk.nearest_kernel()
+        self._kernel("nearest", (), kern, (rows.dx, self.n, rows.ld, self.m, cuda.to_device(pts.ravel()), len(pts),
+                                           labels, dist2), -(-self.n // initk.NT))
+        return labels.copy_to_host(), dist2.copy_to_host()
 
     def d2_host(self, d2) -> np.ndarray:
         return d2.copy_to_host() if self._on_device(d2) else d2

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import functools
 
-from .device import cuda
+from .device import SIM, cuda
 from .intrinsics import dadd_rn, dmul_rn, rint
 
 if cuda is not None:
     from numba import float64, int64
 
 #: threads per block of every kernel here
-NT = 256
+NT = 32 if SIM else 256
 _LIMB_MASK = (1 << 27) - 1
 
 
@@ -156,3 +156,32 @@ def fixed_blocks_kernel(weighted: bool):
             vmax[b] = s_vm[0]
 
     return cuda.jit(km_fixed_blocks)
+
+
+@functools.lru_cache(maxsize=None)
+def nearest_kernel():
+    """Nearest of ``p`` points (any number: not specialised on it) and the squared distance to it.
+
+    For the initialisations' candidate sets, whose size changes from run to run:
+    a kernel specialised on it (as the Lloyd step's) would be compiled every run.
+    Ties go to the lowest index, as everywhere.  Arguments: x, n, ld, m, pts (p * m,)
+    float64, p, labels (n,) int32, dist2 (n,) float64 (written).
+    """
+
+    def km_nearest(x, n, ld, m, pts, p, labels, dist2):
+        i = cuda.grid(1)
+        if i < n:
+            best = 0
+            best_d = 0.0
+            for q in range(p):
+                d = 0.0
+                for j in range(m):
+                    t = float64(x[j * ld + i]) - pts[q * m + j]
+                    d = dadd_rn(d, dmul_rn(t, t))
+                if q == 0 or d < best_d:
+                    best_d = d
+                    best = q
+            labels[i] = best
+            dist2[i] = best_d
+
+    return cuda.jit(km_nearest)

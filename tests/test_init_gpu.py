@@ -1,0 +1,95 @@
+"""The initialisations on the GPU backend give the CPU's centres, bit for bit, at any rank count.
+
+k-means++ and k-means|| keep D² on the device and run their passes there
+(mpikmeans/backends/gpu/initk.py); the CPU backend runs its own kernels.  Each
+rank count runs once under ``mpirun`` with the CUDA simulator (every rank its own
+process, the real communicator); every rank computes the centres with both
+backends, and rank 0 prints them.  The tests compare the two backends, and the
+rank counts with each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import _env, mpirun_path
+
+pytestmark = pytest.mark.mpi
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_PROGRAM = textwrap.dedent(
+    r"""
+    import json
+    import numpy as np
+    from mpikmeans.backends.cpu import CPUBackend
+    from mpikmeans.backends.gpu import SIM, GPUBackend
+    from mpikmeans.comm import world
+    from mpikmeans.init import initial_centres
+
+    assert SIM
+    comm = world()
+    r = np.random.default_rng(3)
+    n, m, k = 240, 5, 6
+    centres = r.uniform(-10, 10, size=(k, m))
+    x = centres[r.integers(0, k, n)] + r.normal(size=(n, m))
+    w = r.uniform(0.5, 2.0, n)
+    lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
+    out = {}
+    for method in ("k-means++", "k-means||"):
+        for weighted in (False, True):
+            wl = w[lo:hi] if weighted else None
+            got = {}
+            for name, backend in (("cpu", CPUBackend(threads=1)), ("gpu", GPUBackend())):
+                backend.load(x[lo:hi], wl)
+                c = initial_centres(comm, method, k, x[lo:hi], lo, n, 11, weights=wl, backend=backend, rounds=2)
+                got[name] = c.tobytes().hex()
+                backend.close()
+            out[f"{method} weighted={weighted}"] = got
+    if comm.rank == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Centres per rank count: {ranks: {case: {"cpu": hex, "gpu": hex}}}."""
+    mpirun = mpirun_path()
+    if mpirun is None:
+        pytest.skip("mpirun not found")
+    pytest.importorskip("numba.cuda")
+    env = _env()
+    env["NUMBA_ENABLE_CUDASIM"] = "1"
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    out = {}
+    for ranks in (1, 2, 3):
+        cmd = [mpirun, "-np", str(ranks), "--oversubscribe", "--bind-to", "none", sys.executable, "-c", _PROGRAM]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
+                           start_new_session=True)
+        assert p.returncode == 0, p.stderr[-3000:]
+        line = next(ln for ln in p.stdout.splitlines() if ln.startswith("RESULT "))
+        out[ranks] = json.loads(line[len("RESULT "):])
+    return out
+
+
+def test_gpu_init_equals_cpu_init(runs):
+    for ranks, cases in runs.items():
+        for case, got in cases.items():
+            assert got["gpu"] == got["cpu"], (ranks, case)
+
+
+def test_init_centres_do_not_depend_on_the_rank_count(runs):
+    for case in runs[1]:
+        for ranks in (2, 3):
+            assert runs[ranks][case] == runs[1][case], (ranks, case)
+    c = np.frombuffer(bytes.fromhex(runs[1]["k-means++ weighted=False"]["gpu"]), dtype=np.float64)
+    assert c.shape == (30,) and np.isfinite(c).all()
