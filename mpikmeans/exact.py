@@ -27,7 +27,7 @@ import itertools
 import math
 
 import numpy as np
-from numba import njit
+from .jit import njit
 
 from .errors import InputError
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange
+from ..jit import njit, prange
 
 from ..cpus import process_threads
 from ..exact import limbs_to_int, scale_factors

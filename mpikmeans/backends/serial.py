@@ -12,7 +12,7 @@ both give bit-identical D²; being serial, several may run at once.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ..jit import njit
 
 from . import RowDistances
 

@@ -114,7 +114,7 @@ def entry() -> None:
 
 
 # the commands register themselves on ``main``
-from . import bench, data, info, run  # noqa: E402,F401
+from . import bench, data, info, run, warmup  # noqa: E402,F401
 
 if __name__ == "__main__":  # pragma: no cover
     entry()

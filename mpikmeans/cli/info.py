@@ -34,10 +34,16 @@ def info(as_json):
                 "gpu_for_rank": (comm.node_rank % len(gpus)) if gpus else None}
         rows = comm.allgather(mine)
         if comm.rank == 0:
+            from ..warmup import cache_status
+
+            cache = cache_status()
             if as_json:
-                click.echo(json.dumps({"mpi_library": comm.library(), "ranks": rows}, indent=2))
+                click.echo(json.dumps({"mpi_library": comm.library(), "cache": cache, "ranks": rows}, indent=2))
             else:
                 click.echo(f"MPI library: {comm.library()}")
+                warm = "warm" if cache["cpu_kernels_cached"] == cache["cpu_kernels"] else "cold (mpikmeans warmup)"
+                click.echo(f"kernel cache: {cache['root']}: CPU kernels {warm}, {cache['cpu_kernels_cached']} of "
+                           f"{cache['cpu_kernels']} main ones compiled; {cache['gpu_kernels']} GPU kernels stored")
                 click.echo(f"{'rank':>4} {'host':<20} {'node rank':>9} {'cpus':>5} {'threads':>7} {'auto':>5}  gpu")
                 for r in rows:
                     gpu = "-"

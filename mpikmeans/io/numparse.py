@@ -111,6 +111,8 @@ import numpy as np
 from numba.core import types
 from numba.extending import intrinsic
 
+from .. import jit  # noqa: F401  (hardens Numba's cache before the kernels below are defined)
+
 __all__ = [
     "PARSE_EMPTY",
     "PARSE_OK",

@@ -16,7 +16,7 @@ and tabs around values; CRLF line ends.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from ..jit import njit, prange
 
 from .numparse import (
     PARSE_OK,

@@ -9,9 +9,10 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
 
+from ..jit import njit
 from .numparse import data_pointer
 
 #: Widest field: sign, 19 digits of an int64, a decimal point, a separator.

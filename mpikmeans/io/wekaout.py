@@ -15,7 +15,7 @@ import os
 import re
 
 import numpy as np
-from numba import njit
+from ..jit import njit
 
 from .output import write_parallel
 

@@ -8,7 +8,7 @@ kernels, see :mod:`mpikmeans.cache`).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ...jit import njit
 
 
 @njit(cache=True, nogil=True)

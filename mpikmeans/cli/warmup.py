@@ -1,0 +1,87 @@
+"""``mpikmeans warmup``: compile every kernel a run needs before the run (a job prologue, ``make run``)."""
+
+from __future__ import annotations
+
+import click
+
+from ..config import DTYPES
+from ..errors import UsageError
+from . import _guarded, main
+
+
+@main.command()
+@click.argument("data", required=False, type=click.Path(dir_okay=False, exists=True))
+@click.option("-k", "k", type=click.IntRange(min=1), help="Clusters of the coming run (needed for --gpu).")
+@click.option("-m", "m", type=click.IntRange(min=1), help="Attributes clustered  [default: DATA's numeric ones]")
+@click.option("--gpu/--no-gpu", "gpu", default=None,
+              help="Also compile the GPU kernels for -k and -m  [default: when a GPU is usable and -k is given]")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float64", show_default=True,
+              help="Precision of the data on the GPU.")
+@click.option("--rows", type=click.IntRange(min=1),
+              help="Rows of the largest rank of the coming run (above 2**31 / M they need other GPU kernels) "
+                   "[default: DATA's rows, else 1]")
+@click.option("-q", "--quiet", is_flag=True)
+def warmup(data, k, m, gpu, dtype, rows, quiet):
+    """Compile (or check the caches hold) every kernel a run will need.
+
+    \b
+    CPU kernels (reader, writers, CPU backend, initialisations) are compiled
+    whatever the arguments; the GPU kernels depend on the shape of the run:
+      mpikmeans warmup                          # CPU kernels
+      mpikmeans warmup data.arff -k 50 --gpu    # and the GPU kernels for data.arff's M
+      mpikmeans warmup -k 50 -m 100 --dtype float32
+    Under mpirun one rank per node compiles; the others wait.
+    """
+
+    def body(comm):
+        from ..runner import gpu_possible, rank_threads
+        from ..warmup import cache_status, warm_cpu, warm_gpu
+
+        use_gpu = gpu
+        if use_gpu is None:
+            use_gpu = k is not None and gpu_possible()
+        shape = _shape(comm, data, m, rows) if use_gpu else None
+        if use_gpu and k is None:
+            raise UsageError("--gpu needs -k (the GPU kernels are compiled for K centres)", collective=True)
+        report = {}
+        if comm.node_rank == 0:
+            report["cpu_s"] = warm_cpu(rank_threads(comm))
+            if use_gpu:
+                from ..backends.gpu import gpu_available, select_device_for
+
+                if not gpu_available():
+                    raise UsageError("--gpu: no usable CUDA GPU here", collective=True)
+                device = select_device_for(0, 1, False)
+                report["gpu_s"] = warm_gpu(k, shape[0], dtype, shape[1], device)
+        comm.barrier()
+        if comm.rank == 0 and not quiet:
+            cache = cache_status()
+            line = f"warm: CPU kernels in {report.get('cpu_s', 0.0):.1f} s"
+            if use_gpu:
+                line += f", GPU kernels for k={k}, m={shape[0]}, {dtype} in {report['gpu_s']:.1f} s"
+            click.echo(line)
+            click.echo(f"cache: {cache['root']} ({cache['cpu_kernels_cached']} of {cache['cpu_kernels']} main CPU "
+                       f"kernels, {cache['gpu_kernels']} GPU kernels)")
+        return 0
+
+    _guarded(0, quiet, body)
+
+
+def _shape(comm, data, m, rows) -> tuple:
+    """(M, rows) of the coming run: from the options, else from DATA's header (or .npy shape)."""
+    if data is not None and (m is None or rows is None):
+        if data.endswith(".npy"):
+            import numpy as np
+
+            n_data, m_data = np.load(data, mmap_mode="r").shape
+        else:
+            from ..io.arff import plan_local, shared_header
+
+            header = shared_header(data, comm)
+            m_data = sum(1 for a in header.attributes if a.kind == "numeric")
+            n_data = plan_local(data, header, 0, 1)["rows"]
+        m = m or m_data
+        rows = rows or n_data
+    if m is None:
+        raise UsageError("the GPU kernels need M: give DATA or -m", collective=True)
+    return m, rows or 1

@@ -1,0 +1,235 @@
+"""Tests for :mod:`mpikmeans.cache`: where compiled kernels are kept and what a damaged entry does.
+
+- the cache root follows MPIKMEANS_CACHE_DIR, else XDG_CACHE_HOME, else ~/.cache;
+- Numba's cache lands in ``<root>/numba/<source hash>``, and the hash changes
+  with any kernel module's source;
+- a KernelStore entry that is truncated, flipped or not a pickle is refused,
+  removed and rebuilt; entries never mix keys;
+- many processes filling an empty store, or an empty Numba cache, at once (two
+  jobs of four ranks) all succeed, and every entry left behind is whole;
+- a Numba cache index or entry damaged on disk is compiled again, not an error.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mpikmeans import cache as C
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "MPIKMEANS_CACHE_DIR")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("MPIKMEANS_CACHE_DIR", str(tmp_path / "mine"))
+    assert C.cache_root() == str(tmp_path / "mine")
+    monkeypatch.delenv("MPIKMEANS_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert C.cache_root() == str(tmp_path / "xdg" / "mpikmeans")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert C.cache_root() == str(tmp_path / "home" / ".cache" / "mpikmeans")
+
+
+def test_numba_cache_dir_is_keyed_by_the_kernel_sources(tmp_path):
+    a = tmp_path / "a.py"
+    b = tmp_path / "b.py"
+    a.write_text("from numba import njit\n@njit(cache=True)\ndef f(x):\n    return x + 1\n")
+    b.write_text("def g():\n    return 1\n")
+    h1 = C.source_hash([str(a), str(b)])
+    b.write_text("def g():\n    return 2\n")  # no kernel in b: the hash stays
+    assert C.source_hash([str(a), str(b)]) == h1
+    a.write_text(a.read_text().replace("x + 1", "x + 2"))
+    assert C.source_hash([str(a), str(b)]) != h1
+    assert len(C.source_hash()) == 16
+
+
+def test_a_process_uses_the_configured_numba_cache(tmp_path):
+    code = "import mpikmeans, os; from numba.core import config; print(config.CACHE_DIR)"
+    out = subprocess.run([sys.executable, "-c", code], env=_env(MPIKMEANS_CACHE_DIR=tmp_path / "c"),
+                         capture_output=True, text=True, timeout=120, check=True).stdout.strip()
+    assert out == os.path.join(str(tmp_path / "c"), "numba", C.source_hash())
+    # a NUMBA_CACHE_DIR set by the user is left alone
+    out = subprocess.run([sys.executable, "-c", code], env=_env(MPIKMEANS_CACHE_DIR=tmp_path / "c",
+                                                                   NUMBA_CACHE_DIR=tmp_path / "theirs"),
+                         capture_output=True, text=True, timeout=120, check=True).stdout.strip()
+    assert out == str(tmp_path / "theirs")
+
+
+def test_an_unwritable_root_keeps_numbas_default(tmp_path):
+    root = tmp_path / "ro"
+    root.mkdir()
+    root.chmod(0o500)
+    try:
+        if os.access(root, os.W_OK):
+            pytest.skip("running as a user that may write anywhere")
+        code = "import os, mpikmeans; print(os.environ.get('NUMBA_CACHE_DIR', ''))"
+        out = subprocess.run([sys.executable, "-c", code], env=_env(MPIKMEANS_CACHE_DIR=root),
+                             capture_output=True, text=True, timeout=120, check=True).stdout.strip()
+        assert out == ""
+    finally:
+        root.chmod(0o700)
+
+
+# ---------------------------------------------------------------------------------------- KernelStore
+
+def test_store_round_trip_and_keys_do_not_mix(tmp_path):
+    store = C.KernelStore(str(tmp_path / "k"))
+    assert store.get(("a", 1)) is None and store.misses == 1
+    assert store.put(("a", 1), {"code": b"\x00\x01"})
+    assert store.put(("a", 2), {"code": b"\x02"})
+    assert store.get(("a", 1)) == {"code": b"\x00\x01"}
+    assert store.get(("a", 2)) == {"code": b"\x02"}
+    assert store.entries() == 2 and store.hits == 2
+    assert not [f for f in os.listdir(store.path) if ".tmp-" in f]  # no temporary left behind
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "garbage", "not_a_pickle"])
+def test_a_damaged_entry_is_refused_and_rebuilt(tmp_path, damage):
+    store = C.KernelStore(str(tmp_path / "k"))
+    key = ("fused", (50, 100, "float32"))
+    store.put(key, list(range(1000)))
+    path = store.file_of(key)
+    blob = open(path, "rb").read()
+    if damage == "truncate":
+        blob = blob[: len(blob) // 2]
+    elif damage == "flip":
+        blob = blob[:-10] + bytes([blob[-10] ^ 0xFF]) + blob[-9:]
+    elif damage == "empty":
+        blob = b""
+    elif damage == "garbage":
+        blob = os.urandom(len(blob))
+    if damage == "not_a_pickle":
+        store.put(key, b"payload", dumps=lambda v: b"this is not a pickle")
+    else:
+        open(path, "wb").write(blob)
+    assert store.get(key) is None
+    assert not os.path.exists(path)  # removed, so the next run compiles and stores again
+    store.put(key, [1, 2, 3])
+    assert store.get(key) == [1, 2, 3]
+
+
+def test_a_store_that_cannot_be_written_is_not_an_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the directory should go")
+    store = C.KernelStore(str(blocker / "k"))
+    assert store.put(("a",), 1) is False
+    assert store.get(("a",)) is None
+
+
+_FILL = textwrap.dedent(
+    r"""
+    import sys, time
+    from mpikmeans.cache import KernelStore
+    store = KernelStore(sys.argv[1])
+    job, rank = sys.argv[2], sys.argv[3]
+    for i in range(40):
+        key = ("kernel", i % 7)
+        value = store.get(key)
+        if value is None:
+            time.sleep(0.002)  # "compiling"
+            value = {"i": i % 7, "code": bytes(range(256)) * 64}
+            store.put(key, value)
+        assert value["i"] == i % 7 and len(value["code"]) == 256 * 64, (job, rank, i)
+    print("ok", job, rank)
+    """
+)
+
+
+def test_two_jobs_of_four_ranks_fill_an_empty_store_at_once(tmp_path):
+    path = tmp_path / "store"
+    procs = [subprocess.Popen([sys.executable, "-c", _FILL, str(path), str(j), str(r)], env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for j in range(2) for r in range(4)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    store = C.KernelStore(str(path))
+    assert store.entries() == 7
+    for i in range(7):
+        assert store.get(("kernel", i))["i"] == i
+    assert not [f for f in os.listdir(path) if ".tmp-" in f]
+
+
+# ---------------------------------------------------------------------------------------- Numba's cache
+
+_KERNELS = textwrap.dedent(
+    """
+    import numpy as np
+    from numba import njit
+
+    @njit(cache=True)
+    def total(x):
+        s = 0.0
+        for v in x:
+            s += v * v
+        return s
+
+    @njit(cache=True)
+    def shifted(x, c):
+        return x - c
+    """
+)
+
+_USE = textwrap.dedent(
+    r"""
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import mpikmeans.jit  # hardens Numba's cache (what every kernel module of the package imports)
+    import numpy as np
+    import kernels_for_cache_test as K
+    x = np.arange(10.0)
+    assert K.total(x) == 285.0 and K.shifted(x, 1.0)[0] == -1.0
+    print("hits", sum(d.stats.cache_hits.get(s, 0) for d in (K.total, K.shifted) for s in d.signatures))
+    """
+)
+
+
+def _run_kernels(tmp_path, cache_dir):
+    mod = tmp_path / "mod"
+    mod.mkdir(exist_ok=True)
+    (mod / "kernels_for_cache_test.py").write_text(_KERNELS)
+    return subprocess.Popen([sys.executable, "-c", _USE, str(mod)], env=_env(NUMBA_CACHE_DIR=cache_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_concurrent_processes_fill_an_empty_numba_cache(tmp_path):
+    cache_dir = tmp_path / "numba"
+    procs = [_run_kernels(tmp_path, cache_dir) for _ in range(8)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    p = _run_kernels(tmp_path, cache_dir)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    assert out.split()[-1] == "2"  # both kernels loaded from the cache
+
+
+@pytest.mark.parametrize("which", ["index", "data"])
+def test_a_damaged_numba_cache_file_is_compiled_again(tmp_path, which):
+    cache_dir = tmp_path / "numba"
+    p = _run_kernels(tmp_path, cache_dir)
+    assert p.wait(timeout=300) == 0
+    files = [f for f in cache_dir.rglob("*") if f.is_file() and f.suffix == (".nbi" if which == "index" else ".nbc")]
+    assert files
+    for f in files:
+        f.write_bytes(f.read_bytes()[:7])  # truncated
+    p = _run_kernels(tmp_path, cache_dir)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    assert "compiling again" in err or "rebuilding" in err
+    p = _run_kernels(tmp_path, cache_dir)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0 and out.split()[-1] == "2", err  # rewritten whole: loaded again
