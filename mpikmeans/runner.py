@@ -195,7 +195,11 @@ def prepare_read(comm, data: str, threads: int) -> None:
     Collective: ends with a barrier, so the read that follows starts on every
     rank at once and its time is the reading alone (see :func:`run_job`).
     """
-    if not data.endswith(".npy"):
+    if data.endswith(".npy"):
+        from .io.binary import warm_up as warm_up_npy
+
+        warm_up_npy(threads)
+    else:
         warm_up(threads)
     comm.barrier()
 
@@ -211,7 +215,7 @@ def read_input(comm, data: str, cfg, threads: int):
         if cfg.ignore or cfg.missing != "error" or cfg.write_arff:
             raise UsageError("--ignore, --missing and --write-arff need the ARFF file, not a .npy cache",
                              collective=True)
-        return read_npy(data, comm)
+        return read_npy(data, comm, threads)
     header = shared_header(data, comm)
     check_memory(data, header, comm)
     numba.set_num_threads(threads)

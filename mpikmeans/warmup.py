@@ -50,7 +50,10 @@ def warm_cpu(threads: int = 1) -> float:
             cfg = RunConfig(k=3, init=init, backend="cpu", threads=threads, output_dir=os.path.join(tmp, init),
                             overwrite=True, write_arff=write_arff).validate()
             run_job(comm, data, cfg)
-        convert(comm, data, os.path.join(tmp, "warm.npy"))
+        convert(comm, data, os.path.join(tmp, "warm.npy"), threads=threads)
+        cfg = RunConfig(k=3, backend="cpu", threads=threads, output_dir=os.path.join(tmp, "npy"),
+                        overwrite=True).validate()
+        run_job(comm, os.path.join(tmp, "warm.npy"), cfg)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return time.perf_counter() - t0

@@ -60,11 +60,17 @@ def convert(source, target, ignore, missing, quiet):
     def body(comm):
         if not target.endswith(".npy"):
             raise UsageError(f"{target}: the target must end in .npy", collective=True)
+        from ..runner import prepare_read, rank_threads
+
         t0 = time.perf_counter()
-        local = convert_file(comm, source, target, ignore=ignore, missing=missing)
-        dt = time.perf_counter() - t0
+        threads = rank_threads(comm)
+        prepare_read(comm, source, threads)  # the reader's one-time start-up, reported apart
+        t_ready = time.perf_counter()
+        local = convert_file(comm, source, target, ignore=ignore, missing=missing, threads=threads)
+        dt = time.perf_counter() - t_ready
         if comm.rank == 0 and not quiet:
             click.echo(f"wrote {target}: {local.n} rows x {local.m} attributes in {dt:.2f} s "
+                       f"(start-up {t_ready - t0:.2f} s) "
                        f"(names in {target}.json); run it with: mpikmeans run {target} -k K")
         return 0
 
