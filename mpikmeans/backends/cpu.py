@@ -45,8 +45,106 @@ def _tile_rows(m: int) -> int:
 _PAD = 8
 
 
+@njit(cache=True, fastmath=False, inline="always")
+def _load_tile(x, t0, rt, xt):  # pragma: no cover - compiled
+    """Rows ``t0 .. t0+rt-1`` of ``x`` into the transposed scratch ``xt`` (m, >= T)."""
+    m = x.shape[1]
+    for r in range(rt):
+        for j in range(m):
+            xt[j, r] = x[t0 + r, j]
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _four_dists(xt, rv, cen, c0, c1, c2, c3, acc):  # pragma: no cover - compiled
+    """Squared distances of the tile's rows to centres ``c0..c3`` into ``acc[0..3, :rv]``.
+
+    Every distance is the sum of ``(x[i, j] - cen[c, j])**2`` over ``j = 0 ..
+    m-1`` in that order, in float64, one rounding per operation (no fastmath,
+    so no FMA and no reassociation): the same number the GPU kernels and a
+    plain loop compute.  What changes is only which sums run side by side: the
+    innermost loop runs over the rows of the tile (LLVM vectorises it, one lane
+    per row), four centres share each load of an attribute, and four
+    attributes are added in a row (in order) before the partial sum goes back
+    to memory, so that the loop is bound by arithmetic, not by loads and stores.
+    """
+    m = xt.shape[0]
+    a0 = acc[0]
+    a1 = acc[1]
+    a2 = acc[2]
+    a3 = acc[3]
+    m4 = m - m % 4
+    for r in range(rv):
+        a0[r] = 0.0
+        a1[r] = 0.0
+        a2[r] = 0.0
+        a3[r] = 0.0
+    for j in range(0, m4, 4):
+        p0 = cen[c0, j]
+        p1 = cen[c1, j]
+        p2 = cen[c2, j]
+        p3 = cen[c3, j]
+        q0 = cen[c0, j + 1]
+        q1 = cen[c1, j + 1]
+        q2 = cen[c2, j + 1]
+        q3 = cen[c3, j + 1]
+        u0 = cen[c0, j + 2]
+        u1 = cen[c1, j + 2]
+        u2 = cen[c2, j + 2]
+        u3 = cen[c3, j + 2]
+        v0 = cen[c0, j + 3]
+        v1 = cen[c1, j + 3]
+        v2 = cen[c2, j + 3]
+        v3 = cen[c3, j + 3]
+        xp = xt[j]
+        xq = xt[j + 1]
+        xu = xt[j + 2]
+        xv = xt[j + 3]
+        for r in range(rv):
+            e = xp[r]
+            f = xq[r]
+            g = xu[r]
+            h = xv[r]
+            # (((d + t_j^2) + t_j+1^2) + t_j+2^2) + t_j+3^2: attribute order
+            tp = e - p0
+            tq = f - q0
+            tu = g - u0
+            tv = h - v0
+            a0[r] = (((a0[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
+            tp = e - p1
+            tq = f - q1
+            tu = g - u1
+            tv = h - v1
+            a1[r] = (((a1[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
+            tp = e - p2
+            tq = f - q2
+            tu = g - u2
+            tv = h - v2
+            a2[r] = (((a2[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
+            tp = e - p3
+            tq = f - q3
+            tu = g - u3
+            tv = h - v3
+            a3[r] = (((a3[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
+    for j in range(m4, m):
+        p0 = cen[c0, j]
+        p1 = cen[c1, j]
+        p2 = cen[c2, j]
+        p3 = cen[c3, j]
+        xp = xt[j]
+        for r in range(rv):
+            e = xp[r]
+            tp = e - p0
+            a0[r] += tp * tp
+            tp = e - p1
+            a1[r] += tp * tp
+            tp = e - p2
+            a2[r] += tp * tp
+            tp = e - p3
+            a3[r] += tp * tp
+
+
 @njit(cache=True, fastmath=False)
-def _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best):
+def _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best):  # pragma: no cover - compiled
     """Nearest centre for rows ``t0 .. t0+rt-1`` of ``x``.
 
     Parameters
@@ -66,103 +164,19 @@ def _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best):
 
     Notes
     -----
-    Every distance is the sum of ``(x[i, j] - cen[c, j])**2`` over ``j = 0 ..
-    m-1`` in that order, in float64, one rounding per operation (no fastmath,
-    so no FMA and no reassociation): the same number the GPU kernels and a
-    plain loop compute.  What changes is only which sums run side by side: the
-    innermost loop runs over the rows of the tile (LLVM vectorises it, one lane
-    per row), four centres share each load of an attribute, and four
-    attributes are added in a row (in order) before the partial sum goes back
-    to memory, so that the loop is bound by arithmetic, not by loads and stores.
+    The distances are :func:`_four_dists`' (exact float64, attribute order).
     """
-    m = x.shape[1]
     k = cen.shape[0]
     # whole 8-wide vectors: the extra columns of xt hold zeros or rows of an
     # earlier tile, finite numbers whose distances are never read
     rv = min(best_d.shape[0], (rt + 7) // 8 * 8)
-    for r in range(rt):
-        for j in range(m):
-            xt[j, r] = x[t0 + r, j]
-    a0 = acc[0]
-    a1 = acc[1]
-    a2 = acc[2]
-    a3 = acc[3]
-    m4 = m - m % 4
+    _load_tile(x, t0, rt, xt)
     for c0 in range(0, k, _GROUP):
         # a short last group repeats the last centre; the copies are not compared
-        c1 = min(c0 + 1, k - 1)
-        c2 = min(c0 + 2, k - 1)
-        c3 = min(c0 + 3, k - 1)
-        for r in range(rv):
-            a0[r] = 0.0
-            a1[r] = 0.0
-            a2[r] = 0.0
-            a3[r] = 0.0
-        for j in range(0, m4, 4):
-            p0 = cen[c0, j]
-            p1 = cen[c1, j]
-            p2 = cen[c2, j]
-            p3 = cen[c3, j]
-            q0 = cen[c0, j + 1]
-            q1 = cen[c1, j + 1]
-            q2 = cen[c2, j + 1]
-            q3 = cen[c3, j + 1]
-            u0 = cen[c0, j + 2]
-            u1 = cen[c1, j + 2]
-            u2 = cen[c2, j + 2]
-            u3 = cen[c3, j + 2]
-            v0 = cen[c0, j + 3]
-            v1 = cen[c1, j + 3]
-            v2 = cen[c2, j + 3]
-            v3 = cen[c3, j + 3]
-            xp = xt[j]
-            xq = xt[j + 1]
-            xu = xt[j + 2]
-            xv = xt[j + 3]
-            for r in range(rv):
-                e = xp[r]
-                f = xq[r]
-                g = xu[r]
-                h = xv[r]
-                # (((d + t_j^2) + t_j+1^2) + t_j+2^2) + t_j+3^2: attribute order
-                tp = e - p0
-                tq = f - q0
-                tu = g - u0
-                tv = h - v0
-                a0[r] = (((a0[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
-                tp = e - p1
-                tq = f - q1
-                tu = g - u1
-                tv = h - v1
-                a1[r] = (((a1[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
-                tp = e - p2
-                tq = f - q2
-                tu = g - u2
-                tv = h - v2
-                a2[r] = (((a2[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
-                tp = e - p3
-                tq = f - q3
-                tu = g - u3
-                tv = h - v3
-                a3[r] = (((a3[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
-        for j in range(m4, m):
-            p0 = cen[c0, j]
-            p1 = cen[c1, j]
-            p2 = cen[c2, j]
-            p3 = cen[c3, j]
-            xp = xt[j]
-            for r in range(rv):
-                e = xp[r]
-                tp = e - p0
-                a0[r] += tp * tp
-                tp = e - p1
-                a1[r] += tp * tp
-                tp = e - p2
-                a2[r] += tp * tp
-                tp = e - p3
-                a3[r] += tp * tp
+        _four_dists(xt, rv, cen, c0, min(c0 + 1, k - 1), min(c0 + 2, k - 1), min(c0 + 3, k - 1), acc)
         first = 0
         if c0 == 0:
+            a0 = acc[0]
             for r in range(rv):
                 best_d[r] = a0[r]
                 best[r] = 0
@@ -254,50 +268,70 @@ def _reduce_blocks(part_sums, part_counts, part_sse, part_changed):
     return sums, counts, sse, changed
 
 
-@njit(parallel=True, cache=True)
-def _greedy_potentials(x, cands, d2, w, use_w, f1, f2, hi, lo, vmax):
-    # the greedy step of k-means++ in one pass over the rows for all candidates
-    # (the rows are read once, not once per candidate); each squared distance
-    # adds its m terms in attribute order, as the backends do, and the
-    # per-block sums are integers, so neither the threads nor the blocks
-    # change the result
+@njit(parallel=True, cache=True, fastmath=False)
+def _tile_potentials(x, cands, d2, w, use_w, f1, f2, tile, dists, hi, lo, vmax):  # pragma: no cover - compiled
+    """The greedy step of k-means++ in one pass over the rows for all candidates.
+
+    Per candidate ``c`` and row block ``b``: the exact fixed-point total of
+    ``v = min(D², |x - c|²) (* w)`` (``hi``, ``lo`` (blocks, t): the integers of
+    :func:`mpikmeans.exact.fixed_potential`) and the largest ``v`` (``vmax``); and
+    every row's distance to every candidate into ``dists`` (t, n), so that lowering
+    D² with the chosen one needs no second pass.  The distances are
+    :func:`_four_dists`' (the tile form of the Lloyd step, exact, attribute order);
+    the per-block sums are integers, so neither the threads nor the blocks change
+    the result.
+    """
     n, m = x.shape
-    trials = cands.shape[0]
+    t = cands.shape[0]
     nb = hi.shape[0]
     for b in prange(nb):
-        dd = np.empty(trials)
-        for i in range(n * b // nb, n * (b + 1) // nb):
-            for j in range(trials):
-                dd[j] = 0.0
-            for a in range(m):
-                xa = x[i, a]
-                for j in range(trials):
-                    t = xa - cands[j, a]
-                    dd[j] += t * t
-            for j in range(trials):
-                v = min(d2[i], dd[j])
-                if use_w:
-                    v *= w[i]
-                if v > vmax[b, j]:
-                    vmax[b, j] = v
-                q = np.int64(np.rint(v * f1 * f2))
-                hi[b, j] += q >> 27
-                lo[b, j] += q & 134217727
+        xt = np.zeros((m, tile + _PAD), dtype=np.float64)
+        acc = np.empty((_GROUP, tile), dtype=np.float64)
+        hi_b = hi[b]
+        lo_b = lo[b]
+        vm_b = vmax[b]
+        end = n * (b + 1) // nb
+        for t0 in range(n * b // nb, end, tile):
+            rt = min(tile, end - t0)
+            rv = (rt + 7) // 8 * 8 if rt + 7 < tile else tile
+            _load_tile(x, t0, rt, xt)
+            for c0 in range(0, t, _GROUP):
+                _four_dists(xt, rv, cands, c0, min(c0 + 1, t - 1), min(c0 + 2, t - 1), min(c0 + 3, t - 1), acc)
+                for g in range(min(_GROUP, t - c0)):
+                    c = c0 + g
+                    a = acc[g]
+                    dc = dists[c]
+                    for r in range(rt):
+                        i = t0 + r
+                        dd = a[r]
+                        dc[i] = dd
+                        v = min(d2[i], dd)
+                        if use_w:
+                            v *= w[i]
+                        if v > vm_b[c]:
+                            vm_b[c] = v
+                        q = np.int64(np.rint(v * f1 * f2))
+                        hi_b[c] += q >> 27
+                        lo_b[c] += q & 134217727
 
 
-@njit(parallel=True, cache=True)
-def _lower_d2(x, c, d2):
-    # D² <- min(D², |x - c|²) in place, the distance in attribute order as everywhere
+@njit(parallel=True, cache=True, fastmath=False)
+def _tile_dist2(x, c, tile, out):  # pragma: no cover - compiled
+    """Every row's exact squared distance to one point ``c`` (1, m), the tile form, into ``out`` (n,)."""
     n, m = x.shape
     nb = min(n, 256)
     for b in prange(nb):
-        for i in range(n * b // nb, n * (b + 1) // nb):
-            d = 0.0
-            for a in range(m):
-                t = x[i, a] - c[a]
-                d += t * t
-            if d < d2[i]:
-                d2[i] = d
+        xt = np.zeros((m, tile + _PAD), dtype=np.float64)
+        acc = np.empty((_GROUP, tile), dtype=np.float64)
+        end = n * (b + 1) // nb
+        for t0 in range(n * b // nb, end, tile):
+            rt = min(tile, end - t0)
+            rv = (rt + 7) // 8 * 8 if rt + 7 < tile else tile
+            _load_tile(x, t0, rt, xt)
+            _four_dists(xt, rv, c, 0, 0, 0, 0, acc)
+            a = acc[0]
+            for r in range(rt):
+                out[t0 + r] = a[r]
 
 
 class CPUBackend(Backend):
@@ -322,6 +356,7 @@ class CPUBackend(Backend):
         self._x = None
         self._labels = None
         self._weights = None
+        self._cand_dists = None  # (candidates, their distances): what lower_d2 may reuse
 
     def load(self, x: np.ndarray, weights: np.ndarray | None = None) -> None:
         """Keep this rank's rows (see :meth:`Backend.load`).
@@ -333,6 +368,7 @@ class CPUBackend(Backend):
             Instance weights; all ones when omitted.
         """
         self._x = np.ascontiguousarray(x, dtype=np.float64)
+        self._cand_dists = None
         n = self._x.shape[0]
         self._labels = np.full(n, -1, dtype=np.int32)
         if weights is None:
@@ -361,26 +397,47 @@ class CPUBackend(Backend):
         _assign_pass(self._x, centres, _tile_rows(centres.shape[1]), labels, dist2)
         return labels, dist2
 
+    def dist2_to(self, centre: np.ndarray) -> np.ndarray:
+        """Squared distance to one point: the tile kernel (see :meth:`Backend.dist2_to`)."""
+        n = self._x.shape[0]
+        out = np.empty(n, dtype=np.float64)
+        if n:
+            c = np.ascontiguousarray(centre, dtype=np.float64).reshape(1, -1)
+            _tile_dist2(self._x, c, _tile_rows(c.shape[1]), out)
+        return out
+
     def lower_d2(self, d2: np.ndarray, centre: np.ndarray) -> np.ndarray:
-        """``min(D², squared distance to centre)``: one threaded pass (see :meth:`Backend.lower_d2`)."""
-        if not len(self._x):
-            return super().lower_d2(d2, centre)
-        d2 = d2.copy()
-        _lower_d2(self._x, np.ascontiguousarray(centre, dtype=np.float64), d2)
-        return d2
+        """``min(D², squared distance to centre)`` (see :meth:`Backend.lower_d2`).
+
+        A centre just chosen among the last :meth:`potentials` candidates costs no
+        pass over the rows: their distances were kept.
+        """
+        centre = np.ascontiguousarray(centre, dtype=np.float64).ravel()
+        kept = self._cand_dists
+        if kept is not None:
+            cands, dists = kept
+            for j in range(len(cands)):
+                if cands[j].tobytes() == centre.tobytes():
+                    return np.minimum(d2, dists[j])
+        return np.minimum(d2, self.dist2_to(centre))
 
     def potentials(self, d2: np.ndarray, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
         """Every candidate's exact potential in one threaded pass over the rows (see :meth:`Backend.potentials`)."""
-        if not len(self._x):
+        n = len(self._x)
+        if not n:
             return super().potentials(d2, cands, weights, s)
         f1, f2 = scale_factors(s)
         w = weights if weights is not None else d2[:0]
-        nb = min(len(self._x), 256)
+        cands = np.ascontiguousarray(cands, dtype=np.float64)
+        nb = min(n, 256)
         t = len(cands)
         hi = np.zeros((nb, t), dtype=np.int64)
         lo = np.zeros((nb, t), dtype=np.int64)
         vmax = np.zeros((nb, t))
-        _greedy_potentials(self._x, np.ascontiguousarray(cands), d2, w, weights is not None, f1, f2, hi, lo, vmax)
+        dists = np.empty((t, n))
+        _tile_potentials(self._x, cands, d2, w, weights is not None, f1, f2, _tile_rows(cands.shape[1]), dists,
+                         hi, lo, vmax)
+        self._cand_dists = (cands, dists)
         his, los = hi.sum(axis=0), lo.sum(axis=0)
         return [(limbs_to_int(his[j], los[j]), float(vmax[:, j].max())) for j in range(t)]
 
@@ -397,3 +454,4 @@ class CPUBackend(Backend):
     def close(self) -> None:
         self._x = None
         self._labels = None
+        self._cand_dists = None
