@@ -143,6 +143,37 @@ def _four_dists(xt, rv, cen, c0, c1, c2, c3, acc):  # pragma: no cover - compile
             a3[r] += tp * tp
 
 
+@njit(cache=True, fastmath=False, inline="always")
+def _one_dist(xt, rv, cen, c0, acc):  # pragma: no cover - compiled
+    """:func:`_four_dists` for one centre, into ``acc[0, :rv]``: the same operations, so the same bits."""
+    m = xt.shape[0]
+    a0 = acc[0]
+    m4 = m - m % 4
+    for r in range(rv):
+        a0[r] = 0.0
+    for j in range(0, m4, 4):
+        p0 = cen[c0, j]
+        q0 = cen[c0, j + 1]
+        u0 = cen[c0, j + 2]
+        v0 = cen[c0, j + 3]
+        xp = xt[j]
+        xq = xt[j + 1]
+        xu = xt[j + 2]
+        xv = xt[j + 3]
+        for r in range(rv):
+            tp = xp[r] - p0
+            tq = xq[r] - q0
+            tu = xu[r] - u0
+            tv = xv[r] - v0
+            a0[r] = (((a0[r] + tp * tp) + tq * tq) + tu * tu) + tv * tv
+    for j in range(m4, m):
+        p0 = cen[c0, j]
+        xp = xt[j]
+        for r in range(rv):
+            tp = xp[r] - p0
+            a0[r] += tp * tp
+
+
 @njit(cache=True, fastmath=False)
 def _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best):  # pragma: no cover - compiled
     """Nearest centre for rows ``t0 .. t0+rt-1`` of ``x``.
@@ -296,7 +327,11 @@ def _tile_potentials(x, cands, d2, w, use_w, f1, f2, tile, dists, hi, lo, vmax):
             rv = (rt + 7) // 8 * 8 if rt + 7 < tile else tile
             _load_tile(x, t0, rt, xt)
             for c0 in range(0, t, _GROUP):
-                _four_dists(xt, rv, cands, c0, min(c0 + 1, t - 1), min(c0 + 2, t - 1), min(c0 + 3, t - 1), acc)
+                if t - c0 >= _GROUP:
+                    _four_dists(xt, rv, cands, c0, c0 + 1, c0 + 2, c0 + 3, acc)
+                else:  # the last few one at a time: no distances computed only to be dropped
+                    for g in range(t - c0):
+                        _one_dist(xt, rv, cands, c0 + g, acc[g:])
                 for g in range(min(_GROUP, t - c0)):
                     c = c0 + g
                     a = acc[g]
@@ -328,7 +363,7 @@ def _tile_dist2(x, c, tile, out):  # pragma: no cover - compiled
             rt = min(tile, end - t0)
             rv = (rt + 7) // 8 * 8 if rt + 7 < tile else tile
             _load_tile(x, t0, rt, xt)
-            _four_dists(xt, rv, c, 0, 0, 0, 0, acc)
+            _one_dist(xt, rv, c, 0, acc)
             a = acc[0]
             for r in range(rt):
                 out[t0 + r] = a[r]
