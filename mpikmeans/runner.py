@@ -17,7 +17,9 @@ import numba
 import numpy as np
 
 from . import __version__
-from .io.arff import check_memory, read_arff, shared_header, warm_up
+from .io.arff import read_arff, warm_up
+from .io.header import shared_header
+from .io.split import check_memory
 from .backends import BackendUnavailable, make_backend
 from .checkpoint import Checkpointer, check_compatible, load
 from .comm import default_threads
@@ -155,7 +157,7 @@ def dry_run(comm, data: str, cfg) -> list:
         One per rank: rank, host, byte range, bytes, estimated rows, host
         memory and device memory estimates, available memory.
     """
-    from .io.arff import available_memory, plan_local
+    from .io.split import available_memory, plan_local
 
     header = shared_header(data, comm)
     plan = plan_local(data, header, comm.rank, comm.size)

@@ -18,14 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from threadcomm import run_ranks  # noqa: E402
 
 from mpikmeans.io import arff  # noqa: E402
-from mpikmeans.io.arff import (  # noqa: E402
-    byte_ranges,
-    first_line_start,
-    header_text,
-    parse_header,
-    read_arff,
-    read_header,
-)
+from mpikmeans.io.arff import read_arff  # noqa: E402
+from mpikmeans.io.header import header_text, parse_header, read_header  # noqa: E402
+from mpikmeans.io.split import byte_ranges, first_line_start  # noqa: E402
 from mpikmeans.errors import InputError  # noqa: E402
 
 NAMES = ["a", "b b", "c"]

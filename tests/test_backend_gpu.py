@@ -677,9 +677,20 @@ def test_gpu_zero_rows_and_info():
     assert desc and desc[0]["total_memory"] > 0
 
 
+@pytest.fixture
+def empty_store(tmp_path, monkeypatch):
+    """A kernel store of its own, empty: GPU kernels are compiled, not loaded."""
+    from mpikmeans.backends.gpu import compiled
+    from mpikmeans.cache import KernelStore
+
+    store = KernelStore(str(tmp_path / "cuda"))
+    monkeypatch.setattr(compiled, "_store", lambda: store)
+    return store
+
+
 @pytest.mark.gpu
 @needs_gpu
-def test_gpu_warmup_takes_the_compiler_out_of_the_loop():
+def test_gpu_warmup_takes_the_compiler_out_of_the_loop(empty_store):
     # warmup builds (compiles) the step's and the final assignment's kernels, so the
     # first step and assign after it take milliseconds, not the seconds of a JIT
     import time
@@ -696,3 +707,58 @@ def test_gpu_warmup_takes_the_compiler_out_of_the_loop():
     gpu.assign(c)
     after = time.perf_counter() - t0
     assert after < 0.5 and after < jit / 4, (jit, after)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_kernels_load_from_the_store_and_a_damaged_entry_is_rebuilt(empty_store):
+    import os
+    import time
+
+    G = _real_gpu()
+    x, c = _blobs(40_000, 23, 9, seed=6)
+    results, times = [], []
+    for attempt in range(3):
+        if attempt == 2:  # damage every entry: each is refused, compiled again and rewritten
+            for f in os.listdir(empty_store.path):
+                path = os.path.join(empty_store.path, f)
+                blob = open(path, "rb").read()
+                open(path, "wb").write(blob[: len(blob) // 2])
+        misses = empty_store.misses
+        gpu = G.GPUBackend(dtype="float64")
+        gpu.load(x)
+        t0 = time.perf_counter()
+        gpu.warmup(9, 23)
+        times.append(time.perf_counter() - t0)
+        results.append(gpu.step(c))
+        gpu.close()
+        if attempt == 1:
+            assert empty_store.misses == misses, "a warm store compiled nothing"
+        else:
+            assert empty_store.misses > misses
+    assert times[1] < times[0] / 5, times
+    for r in results[1:]:
+        assert np.array_equal(r.sums, results[0].sums) and np.array_equal(r.counts, results[0].counts)
+        assert r.sse == results[0].sse
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("method", ["k-means++", "k-means||"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gpu_init_equals_cpu_init(method, weighted):
+    """On the device the initialisations' passes give the CPU's centres, bit for bit (no FMA)."""
+    from mpikmeans.backends.cpu import CPUBackend
+    from mpikmeans.comm import SerialComm
+    from mpikmeans.init import initial_centres
+
+    G = _real_gpu()
+    x, _ = _blobs(120_000, 20, 16, seed=7, offset=50.0)
+    w = np.random.default_rng(8).uniform(0.5, 2.0, len(x)) if weighted else None
+    got = []
+    for backend in (CPUBackend(), G.GPUBackend()):
+        backend.load(x, w)
+        got.append(initial_centres(SerialComm(), method, 16, x, 0, len(x), 3, weights=w, backend=backend))
+        backend.close()
+    assert got[0].tobytes() == got[1].tobytes()
+

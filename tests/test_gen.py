@@ -185,7 +185,7 @@ def test_validate_accepts_sensible_settings():
 
 def reference_text(spec: GenSpec) -> bytes:
     """The file as the first implementation wrote it: numpy ticks of each block, then format_fixed."""
-    from mpikmeans.io.arff import header_text
+    from mpikmeans.io.header import header_text
     from mpikmeans.io.textfmt import format_fixed
 
     centres = blob_centres(spec)

@@ -20,7 +20,7 @@ import numba
 import numpy as np
 import pytest
 
-from mpikmeans.io import numparse
+from mpikmeans.io import lemire, numparse
 from mpikmeans.io.numparse import (
     PARSE_EMPTY,
     PARSE_OK,
@@ -195,7 +195,7 @@ SYNTAX_TOKENS = [
 # ---------------------------------------------------------------------------
 def test_pow5_table_spot_values():
     """Entries published in the fast_float/Lemire table."""
-    hi, lo = numparse._POW5_HI, numparse._POW5_LO
+    hi, lo = lemire._POW5_HI, lemire._POW5_LO
     assert hi.shape == lo.shape == (651,)
     spots = {
         -342: (0xEEF453D6923BD65A, 0x113FAA2906A13B3F),

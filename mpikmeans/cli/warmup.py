@@ -75,7 +75,8 @@ def _shape(comm, data, m, rows) -> tuple:
 
             n_data, m_data = np.load(data, mmap_mode="r").shape
         else:
-            from ..io.arff import plan_local, shared_header
+            from ..io.header import shared_header
+            from ..io.split import plan_local
 
             header = shared_header(data, comm)
             m_data = sum(1 for a in header.attributes if a.kind == "numeric")

@@ -1,13 +1,11 @@
-"""ARFF input: header parsing, byte-range split with line alignment, exact parsing.
+"""Reading an ARFF file in parallel: every rank its own lines, parsed exactly, on its threads.
 
 The reading scheme is the specification's §5.6 (shared/DESIGN.md, "Reading ARFF
-in parallel"): rank 0 parses the header and broadcasts it; the data section of
-S bytes is cut into equal byte ranges, one per rank; a rank owns exactly the
-lines whose first byte lies in its range, so it skips a partial first line and
-finishes the line that crosses its end.  Every line is read by one rank and no
-rank sends rows to another.  Row and line counts are then exchanged so that
-each rank knows the global index of its first row (labels are written in input
-order) and the line number of any bad row.
+in parallel"): rank 0 parses the header and broadcasts it (:mod:`.header`); the
+data section is cut into byte ranges aligned to whole lines (:mod:`.split`); each
+rank reads and parses its own range here.  Row and line counts are then
+exchanged so that each rank knows the global index of its first row (labels are
+written in input order) and the line number of any bad row.
 
 Data lines are parsed by :mod:`mpikmeans.io.rowparse` (compiled; numbers
 bit-identical to Python's ``float()``).
@@ -18,18 +16,14 @@ This module never imports mpi4py: the communicator is passed in.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import rowparse
 from ..errors import InputError, UsageError
-
-NUMERIC_TYPES = ("numeric", "real", "integer")
-
-#: Most bytes of text parsed at a time by one rank (bounds the text buffer's memory).
-READ_PIECE = 64 << 20
+from . import rowparse
+from .header import Header, shared_header
+from .split import READ_PIECE, byte_ranges, first_line_start
 
 #: Bytes of text per parsing thread in one piece.  A rank with few threads (many
 #: ranks per node) then fills a smaller buffer: less memory touched for the first
@@ -39,42 +33,6 @@ READ_PIECE = 64 << 20
 PIECE_PER_THREAD = 8 << 20
 
 _NL = 10
-
-
-@dataclass
-class Attribute:
-    """One ``@attribute`` line."""
-
-    name: str
-    kind: str  # numeric | nominal | string | date | relational | unknown
-    line: int
-
-
-@dataclass
-class Header:
-    """What rank 0 learned from the header; broadcast to every rank.
-
-    Attributes
-    ----------
-    relation : str
-    attributes : list of Attribute
-    data_offset : int
-        Byte offset of the first byte after the ``@data`` line.
-    data_line : int
-        1-based line number of the line that starts at ``data_offset``.
-    file_size : int
-    """
-
-    relation: str
-    attributes: list
-    data_offset: int
-    data_line: int
-    file_size: int
-    path: str = ""
-
-    @property
-    def names(self) -> list:
-        return [a.name for a in self.attributes]
 
 
 @dataclass
@@ -129,301 +87,6 @@ class LocalData:
     @property
     def m(self) -> int:
         return self.x.shape[1]
-
-
-# --------------------------------------------------------------------------- header
-
-_QUOTED = re.compile(r"""\s*('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s{]+)\s*(.*)$""", re.S)
-
-
-def _unquote(token: str) -> str:
-    if len(token) >= 2 and token[0] == token[-1] and token[0] in "'\"":
-        return re.sub(r"\\(.)", r"\1", token[1:-1])
-    return token
-
-
-def _attribute_kind(type_text: str) -> str:
-    t = type_text.strip()
-    low = t.lower()
-    if low in NUMERIC_TYPES:
-        return "numeric"
-    if t.startswith("{"):
-        return "nominal"
-    if low == "string":
-        return "string"
-    if low.startswith("date"):
-        return "date"
-    if low.startswith("relational"):
-        return "relational"
-    return "unknown"
-
-
-class _NeedMore(Exception):
-    """The bytes given end before the ``@data`` line."""
-
-
-def _strip_comment(text: str) -> str:
-    """Drop a ``%`` comment that is not inside quotes (Weka allows one anywhere)."""
-    quote = None
-    for i, c in enumerate(text):
-        if quote:
-            if c == "\\":
-                continue
-            if c == quote:
-                quote = None
-        elif c in "'\"":
-            quote = c
-        elif c == "%":
-            return text[:i].rstrip()
-    return text
-
-
-def parse_header(path: str, head: bytes, complete: bool = True) -> Header:
-    """Parse the header at the start of an ARFF file.
-
-    Parameters
-    ----------
-    path : str
-        For error messages.
-    head : bytes
-        The file's first bytes, at least through the ``@data`` line.
-    complete : bool
-        ``head`` is the whole file.  When False and ``head`` ends before the
-        ``@data`` line, :class:`_NeedMore` is raised so the caller reads on.
-
-    Raises
-    ------
-    InputError
-        A malformed or unsupported header; the message names the file and line.
-    """
-    file_size = os.path.getsize(path)
-    offset = 0
-    if head.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
-        offset = 3
-    relation = None
-    attributes: list[Attribute] = []
-    seen: dict[str, int] = {}
-    line_no = 0
-    while True:
-        nl = head.find(b"\n", offset)
-        if nl < 0:
-            if not complete:
-                raise _NeedMore
-            if head[offset:].strip():  # a last line without its newline
-                head += b"\n"
-                continue
-            raise InputError(f"{path}: no @data line: the header never ends ({len(head)} bytes read)")
-        raw = head[offset:nl]
-        offset = nl + 1
-        line_no += 1
-        try:
-            text = raw.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            raise InputError(f"{path}:{line_no}: the header line is not UTF-8 text") from None
-        text = _strip_comment(text)
-        if not text:
-            continue
-        keyword, _, rest = text.partition(" ")
-        if "\t" in keyword:
-            keyword, _, more = keyword.partition("\t")
-            rest = more + " " + rest
-        kw = keyword.lower()
-        if kw == "@relation":
-            relation = _unquote(rest.strip())
-        elif kw == "@attribute":
-            match = _QUOTED.match(rest)
-            if not match or not match.group(2).strip():
-                raise InputError(f"{path}:{line_no}: @attribute needs a name and a type: {text!r}")
-            name = _unquote(match.group(1))
-            kind = _attribute_kind(match.group(2))
-            if kind == "unknown":
-                raise InputError(f"{path}:{line_no}: attribute {name!r} has an unknown type {match.group(2).strip()!r}")
-            if name in seen:
-                raise InputError(f"{path}:{line_no}: attribute {name!r} is declared twice (first on line {seen[name]})")
-            seen[name] = line_no
-            attributes.append(Attribute(name, kind, line_no))
-        elif kw == "@data":
-            break
-        else:
-            raise InputError(f"{path}:{line_no}: expected @relation, @attribute or @data, found {text[:40]!r}")
-    if relation is None:
-        raise InputError(f"{path}: no @relation line before @data")
-    if not attributes:
-        raise InputError(f"{path}: no @attribute lines before @data")
-    for a in attributes:
-        if a.kind == "relational":
-            raise InputError(f"{path}:{a.line}: attribute {a.name!r} is relational (multi-instance data); "
-                             "flatten it to numeric attributes first")
-    return Header(relation, attributes, min(offset, file_size), line_no + 1, file_size, path)
-
-
-def read_header(path: str) -> Header:
-    """Read and parse the header of ``path`` (see :func:`parse_header`)."""
-    if path.endswith(".gz"):
-        raise InputError(f"{path}: compressed input cannot be split by byte offsets; decompress it first")
-    try:
-        with open(path, "rb") as f:
-            head = b""
-            block = 1 << 16
-            while True:
-                more = f.read(block)
-                head += more
-                try:
-                    return parse_header(path, head, complete=not more)
-                except _NeedMore:
-                    block = min(block * 2, 1 << 24)
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not an ARFF file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
-
-
-# --------------------------------------------------------------------------- split
-
-def byte_ranges(data_offset: int, file_size: int, ranks: int) -> list:
-    """Equal byte ranges of the data section, one per rank (before alignment).
-
-    Returns
-    -------
-    list of (int, int)
-        ``[(b_0, b_1), (b_1, b_2), ...]`` with ``b_0 = data_offset`` and
-        ``b_ranks = file_size``.
-    """
-    size = file_size - data_offset
-    cuts = [data_offset + size * r // ranks for r in range(ranks + 1)]
-    return list(zip(cuts[:-1], cuts[1:]))
-
-
-def first_line_start(f, pos: int, data_offset: int, file_size: int) -> tuple:
-    """The first line start at or after ``pos``.
-
-    A line starts at ``data_offset`` or right after a ``\\n``.  Every rank
-    applies this to both ends of its range, so the end of rank r and the start
-    of rank r+1 agree and each line has exactly one owner.
-
-    Returns
-    -------
-    (int, int)
-        The offset, and the bytes read to find it.
-    """
-    if pos <= data_offset:
-        return data_offset, 0
-    if pos >= file_size:
-        return file_size, 0
-    read = 0
-    at = pos - 1
-    block = 1 << 16
-    while at < file_size:
-        chunk = os.pread(f, block, at)
-        read += len(chunk)
-        nl = chunk.find(b"\n")
-        if nl >= 0:
-            return at + nl + 1, read
-        at += len(chunk)
-        block = min(block * 2, 1 << 24)
-    return file_size, read
-
-
-def plan_local(path: str, header: Header, rank: int, size: int) -> dict:
-    """Estimate what rank ``rank`` of ``size`` will read, without parsing.
-
-    Aligns the rank's byte range to whole lines and counts newlines in a
-    sample of it to estimate its rows.
-
-    Returns
-    -------
-    dict
-        ``start``, ``end`` (owned bytes), ``bytes``, ``rows`` (estimate),
-        ``host_bytes`` (peak memory for the parsed rows and text buffers).
-    """
-    lo, hi = byte_ranges(header.data_offset, header.file_size, size)[rank]
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        start, _ = first_line_start(fd, lo, header.data_offset, header.file_size)
-        end, _ = first_line_start(fd, hi, header.data_offset, header.file_size)
-        end = max(start, end)
-        sample = os.pread(fd, min(end - start, 1 << 20), start)
-    finally:
-        os.close(fd)
-    n_bytes = end - start
-    if sample:
-        lines = sample.count(b"\n") + (0 if sample.endswith(b"\n") else 1)
-        rows = int(round(n_bytes * lines / len(sample)))
-    else:
-        rows = 0
-    m = len(header.attributes)
-    # the rows array, with room for one copy should it have to grow past its first
-    # estimate, and the one text buffer
-    host = 2 * rows * m * 8 + min(READ_PIECE, n_bytes)
-    return {"start": start, "end": end, "bytes": n_bytes, "rows": rows, "host_bytes": host}
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this node can give the job, if known.
-
-    The smallest of: ``MemAvailable``; the cgroup's limit (a batch system
-    often confines a job below the node's memory, and ``MemAvailable`` does
-    not show it); ``MPIKMEANS_MEMORY_LIMIT`` (bytes, set by the user).
-    """
-    limits = []
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    limits.append(int(line.split()[1]) * 1024)
-    except OSError:
-        pass
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-            if text.isdigit() and int(text) < 1 << 60:
-                limits.append(int(text))
-        except OSError:
-            pass
-    user = os.environ.get("MPIKMEANS_MEMORY_LIMIT", "")
-    if user.isdigit():
-        limits.append(int(user))
-    return min(limits) if limits else None
-
-
-def check_memory(path: str, header: Header, comm) -> dict:
-    """Refuse, before reading, a share of the data that cannot fit in memory (collective).
-
-    Each node's available memory is shared by its ranks.
-
-    Returns
-    -------
-    dict
-        This rank's :func:`plan_local`.
-
-    Raises
-    ------
-    RunError
-        On every rank: the estimate, what is available, and how many ranks
-        would fit.
-    """
-    from ..errors import RunError
-
-    try:
-        plan = plan_local(path, header, comm.rank, comm.size)
-    except OSError as exc:
-        plan, error = None, InputError(f"{path}: cannot read on {comm.host}: {exc.strerror}")
-    else:
-        error = None
-    avail = available_memory()
-    if plan is not None and avail is not None:
-        per_rank = avail // max(1, comm.node_size)
-        if plan["host_bytes"] > per_rank:
-            need_ranks = int(np.ceil(plan["host_bytes"] * comm.size / per_rank))
-            error = RunError(
-                f"{path}: rank {comm.rank} on {comm.host} needs about {plan['host_bytes'] / 2**30:.1f} GiB "
-                f"for its {plan['rows']} rows, but {comm.node_size} rank(s) share "
-                f"{avail / 2**30:.1f} GiB available on that node ({per_rank / 2**30:.1f} GiB each): "
-                f"use at least {need_ranks} ranks spread over more nodes (same ranks per node)"
-            )
-    comm.agree(error)
-    return plan
 
 
 # --------------------------------------------------------------------------- parse
@@ -846,11 +509,6 @@ def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, path: 
     return np.ascontiguousarray(x), weights, None, count
 
 
-def shared_header(path: str, comm) -> Header:
-    """Rank 0 parses the header and broadcasts it; every rank gets it or the same error (collective)."""
-    return comm.from_root(lambda: read_header(path))
-
-
 def read_arff(path: str, comm, header: Header | None = None, ignore: str | None = None,
               missing: str = "error", threads: int = 1) -> LocalData:
     """Read an ARFF file in parallel: header on rank 0, rows on every rank.
@@ -864,19 +522,3 @@ def read_arff(path: str, comm, header: Header | None = None, ignore: str | None 
     except (UsageError, InputError) as exc:
         exc.collective = True  # select_attributes decides the same on every rank
         raise
-
-
-# --------------------------------------------------------------------------- write
-
-def header_text(relation: str, names: list) -> bytes:
-    """The header of an ARFF file in the specification's appendix-2 layout."""
-
-    def quote(name: str) -> str:
-        if re.fullmatch(r"[A-Za-z_][\w.\-]*", name):
-            return name
-        return "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-    lines = [f"@relation {quote(relation)}"]
-    lines += [f"@attribute {quote(n)} numeric" for n in names]
-    lines.append("@data")
-    return ("\n".join(lines) + "\n").encode("utf-8")

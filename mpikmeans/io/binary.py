@@ -212,7 +212,8 @@ def read_npy(path: str, comm, threads: int = 1) -> LocalData:
     InputError
         Not a 2-D float64 ``.npy``, or non-finite values.
     """
-    from .arff import Header, Selection
+    from .arff import Selection
+    from .header import Header
 
     shape, dtype, offset = npy_layout(path)
     if len(shape) != 2 or dtype != np.dtype("<f8") or shape[0] == 0:

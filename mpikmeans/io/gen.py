@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arff import header_text
+from .header import header_text
 from ..errors import RunError
 from .output import _tmp_name, publish, pwrite_all, remove_quietly
 from .textfmt import MAX_FIELD, format_blob_rows, rows_text_bytes

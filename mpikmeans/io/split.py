@@ -1,0 +1,167 @@
+"""Splitting the data section over the ranks (the specification's §5.6), and what a rank will need.
+
+The data section of S bytes is cut into equal byte ranges, one per rank; a rank
+owns exactly the lines whose first byte lies in its range, so it skips a partial
+first line and finishes the line that crosses its end: every line is read by one
+rank and no rank sends rows to another.  Before reading, every rank checks that
+its share fits the memory it may use.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import InputError, RunError
+from .header import Header
+
+#: Most bytes of text parsed at a time by one rank (bounds the text buffer's memory).
+READ_PIECE = 64 << 20
+
+_NL = 10
+
+
+def byte_ranges(data_offset: int, file_size: int, ranks: int) -> list:
+    """Equal byte ranges of the data section, one per rank (before alignment).
+
+    Returns
+    -------
+    list of (int, int)
+        ``[(b_0, b_1), (b_1, b_2), ...]`` with ``b_0 = data_offset`` and
+        ``b_ranks = file_size``.
+    """
+    size = file_size - data_offset
+    cuts = [data_offset + size * r // ranks for r in range(ranks + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def first_line_start(f, pos: int, data_offset: int, file_size: int) -> tuple:
+    """The first line start at or after ``pos``.
+
+    A line starts at ``data_offset`` or right after a ``\\n``.  Every rank
+    applies this to both ends of its range, so the end of rank r and the start
+    of rank r+1 agree and each line has exactly one owner.
+
+    Returns
+    -------
+    (int, int)
+        The offset, and the bytes read to find it.
+    """
+    if pos <= data_offset:
+        return data_offset, 0
+    if pos >= file_size:
+        return file_size, 0
+    read = 0
+    at = pos - 1
+    block = 1 << 16
+    while at < file_size:
+        chunk = os.pread(f, block, at)
+        read += len(chunk)
+        nl = chunk.find(b"\n")
+        if nl >= 0:
+            return at + nl + 1, read
+        at += len(chunk)
+        block = min(block * 2, 1 << 24)
+    return file_size, read
+
+
+def plan_local(path: str, header: Header, rank: int, size: int) -> dict:
+    """Estimate what rank ``rank`` of ``size`` will read, without parsing.
+
+    Aligns the rank's byte range to whole lines and counts newlines in a
+    sample of it to estimate its rows.
+
+    Returns
+    -------
+    dict
+        ``start``, ``end`` (owned bytes), ``bytes``, ``rows`` (estimate),
+        ``host_bytes`` (peak memory for the parsed rows and text buffers).
+    """
+    lo, hi = byte_ranges(header.data_offset, header.file_size, size)[rank]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        start, _ = first_line_start(fd, lo, header.data_offset, header.file_size)
+        end, _ = first_line_start(fd, hi, header.data_offset, header.file_size)
+        end = max(start, end)
+        sample = os.pread(fd, min(end - start, 1 << 20), start)
+    finally:
+        os.close(fd)
+    n_bytes = end - start
+    if sample:
+        lines = sample.count(b"\n") + (0 if sample.endswith(b"\n") else 1)
+        rows = int(round(n_bytes * lines / len(sample)))
+    else:
+        rows = 0
+    m = len(header.attributes)
+    # the rows array, with room for one copy should it have to grow past its first
+    # estimate, and the one text buffer
+    host = 2 * rows * m * 8 + min(READ_PIECE, n_bytes)
+    return {"start": start, "end": end, "bytes": n_bytes, "rows": rows, "host_bytes": host}
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this node can give the job, if known.
+
+    The smallest of: ``MemAvailable``; the cgroup's limit (a batch system
+    often confines a job below the node's memory, and ``MemAvailable`` does
+    not show it); ``MPIKMEANS_MEMORY_LIMIT`` (bytes, set by the user).
+    """
+    limits = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            if text.isdigit() and int(text) < 1 << 60:
+                limits.append(int(text))
+        except OSError:
+            pass
+    user = os.environ.get("MPIKMEANS_MEMORY_LIMIT", "")
+    if user.isdigit():
+        limits.append(int(user))
+    return min(limits) if limits else None
+
+
+def check_memory(path: str, header: Header, comm) -> dict:
+    """Refuse, before reading, a share of the data that cannot fit in memory (collective).
+
+    Each node's available memory is shared by its ranks.
+
+    Returns
+    -------
+    dict
+        This rank's :func:`plan_local`.
+
+    Raises
+    ------
+    RunError
+        On every rank: the estimate, what is available, and how many ranks
+        would fit.
+    """
+
+    try:
+        plan = plan_local(path, header, comm.rank, comm.size)
+    except OSError as exc:
+        plan, error = None, InputError(f"{path}: cannot read on {comm.host}: {exc.strerror}")
+    else:
+        error = None
+    avail = available_memory()
+    if plan is not None and avail is not None:
+        per_rank = avail // max(1, comm.node_size)
+        if plan["host_bytes"] > per_rank:
+            need_ranks = int(np.ceil(plan["host_bytes"] * comm.size / per_rank))
+            error = RunError(
+                f"{path}: rank {comm.rank} on {comm.host} needs about {plan['host_bytes'] / 2**30:.1f} GiB "
+                f"for its {plan['rows']} rows, but {comm.node_size} rank(s) share "
+                f"{avail / 2**30:.1f} GiB available on that node ({per_rank / 2**30:.1f} GiB each): "
+                f"use at least {need_ranks} ranks spread over more nodes (same ranks per node)"
+            )
+    comm.agree(error)
+    return plan
