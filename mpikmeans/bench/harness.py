@@ -143,7 +143,8 @@ class Launch:
     timeout_s : float
         Seconds allowed for any one command.
     env : dict
-        Added to :func:`mpi_env`; a ``PYTHONPATH`` here is passed on to the ranks.
+        Added to :func:`mpi_env`.  ``PYTHONPATH`` (here or in this environment)
+        is passed on to the ranks where the launcher is Open MPI's.
     cwd : str, optional
         Working directory of the commands (not a checkout whose package
         ``python -m`` would import before ``PYTHONPATH``'s).
@@ -165,7 +166,7 @@ class Launch:
     def mpi(self, ranks: int, *args) -> Ran:
         """``LAUNCHER -np RANKS python -m mpikmeans ARGS``."""
         forward = []
-        if "PYTHONPATH" in self.env and is_open_mpi(self.launcher[0]):
+        if (self.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")) and is_open_mpi(self.launcher[0]):
             forward = ["-x", "PYTHONPATH"]  # other nodes' ranks do not inherit the launcher's environment
         return run_command([*self.launcher, "-np", str(ranks), *forward, *tool_command(*args)], self.timeout_s,
                            self.env, self.cwd)
@@ -195,6 +196,32 @@ def warm_up(launch: Launch, directory: str, backends: list) -> float:
         launch.mpi(1, "run", arff, "-k", 2, "--max-iter", 2, "--backend", backend,
                    "-o", os.path.join(directory, backend), "--overwrite", "-q")
     return time.perf_counter() - t0
+
+
+@dataclass
+class GenRuns:
+    """Settings of a mode that runs the tool on a ``gen-data`` input: its size, rank counts and repeats."""
+
+    rows: int = 1_000_000
+    attrs: int = 16
+    k: int = 8
+    ranks: tuple = (1, 2)
+    repeats: int = 3
+
+    def check_runs(self, mode: str, positive: tuple = (), lists: tuple = ()) -> None:
+        """Raise :class:`UsageError` for a size, repeat or count below 1, or more blobs than rows.
+
+        ``positive`` and ``lists`` name the mode's own numbers and lists of counts to check too.
+        """
+        for name in ("rows", "attrs", "k", "repeats", *positive):
+            if getattr(self, name) < 1:
+                raise UsageError(f"bench {mode}: {name} must be at least 1")
+        if self.k > self.rows:
+            raise UsageError(f"bench {mode}: k={self.k} is more than the {self.rows} rows")
+        for name in ("ranks", *lists):
+            values = getattr(self, name)
+            if values is not None and (not values or min(values) < 1):
+                raise UsageError(f"bench {mode}: --{name.replace('_', '-')} must be counts of at least 1")
 
 
 # -- statistics and timing -----------------------------------------------------------------
