@@ -303,3 +303,9 @@ def test_bench_parity_errors(tmp_path):
     _clean_error(run_cli(["bench", "parity", tmp_path, "--run-args", "'unclosed"]), 2, "--run-args")
     _clean_error(run_cli(["bench", "parity", tmp_path, "-n", 2, "-k", 3]), 2, "-k 3 is more than the 2 rows")
 
+
+def test_scripts_keep_only_device_orchestration():
+    assert sorted(p.name for p in (REPO / "scripts").iterdir()) == ["device_gpu.sh", "start_local_slurm.sh"]
+    text = (REPO / "scripts" / "device_gpu.sh").read_text()
+    assert "python3 -m mpikmeans bench gpu" in text and "python3 -m mpikmeans bench cpu" in text
+    assert "regex:km_fused" in text and "scripts/bench_" not in text
