@@ -90,7 +90,7 @@ def _timeout_option(default: float = 1800):
 
 @main.group()
 def bench():
-    """Benchmarks of the tool, with references and plots (see BENCHMARKS.md).
+    """Benchmarks of the tool beside scikit-learn and PyTorch, with plots (see BENCHMARKS.md).
 
     \b
     Not run under mpirun (except mpi-gpu): each starts `mpirun -np P mpikmeans ...` itself.
