@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# One call on a GPU machine: GPU tests, CPU/GPU parity, benchmark, an ncu profile,
-# and optionally the CPU read/gen throughput and the BENCHMARKS.md sweeps.
+# One call on a GPU machine: GPU tests, benchmark, an ncu profile, and optionally the
+# CPU read/gen throughput and the BENCHMARKS.md sweeps. Device orchestration only: every
+# measurement is `python3 -m mpikmeans bench ...` (mpikmeans/bench/).
 #
 #   bash scripts/device_gpu.sh                  # env,tests,bench,ncu; results under $OUT
 #   STAGES=bench BENCH_ARGS="--cases A" BENCH_VARIANTS='[{}, {"blocks": 3}]' bash scripts/device_gpu.sh
 #   STAGES=cpu,sweeps SWEEPS=n,m,k bash scripts/device_gpu.sh
+#   STAGES=parity,mpigpu MPI_GPU_NP="1 2" bash scripts/device_gpu.sh   # 2 GPUs
 #
 # On the project's lent GPU machines (numpy 2.5 there breaks numba-cuda) carry a numpy
 # 2.4 wheel in .whl/ (see bench/GPU_NOTES.md); it is installed into /tmp/site first.
-# Writes env.txt, tests.log, bench.json, bench.log, ncu_*.txt under $OUT
+# Writes env.txt, tests.log, bench.json, bench.log, ncu_*.txt (and cpu.*, sweeps/, parity/,
+# mpi_gpu_np*.json with their logs for the optional stages) under $OUT
 # (default bench/results/device_<date>).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -24,13 +27,17 @@ else
 fi
 STAGES=${STAGES:-env,tests,bench,ncu}
 BENCH_ARGS=${BENCH_ARGS:-}
-BENCH_VARIANTS=${BENCH_VARIANTS:-'[{}]'}   # JSON, see scripts/bench_gpu.py --variants
+BENCH_VARIANTS=${BENCH_VARIANTS:-'[{}]'}   # JSON, see mpikmeans bench gpu --variants
 NCU_CASES=${NCU_CASES:-A:float32}
-NCU_VARIANTS=${NCU_VARIANTS:-'[{}]'}      # the tune profiled (bench_gpu.py --variants)
+NCU_VARIANTS=${NCU_VARIANTS:-'[{}]'}      # the tune profiled (mpikmeans bench gpu --variants)
 NCU_SOURCE=${NCU_SOURCE:-0}               # 1: per-line SASS sampling (lineinfo), ncu_*_source.csv
 SWEEPS=${SWEEPS:-procs,n,m,k}             # mpikmeans bench run --sweeps
 SWEEP_ARGS=${SWEEP_ARGS:-}
+# mpikmeans bench cpu options (lists as `--ranks 1 2 4` or `--ranks 1,2,4`)
 CPU_ARGS=${CPU_ARGS:---rows 5000000 --attrs 16 -k 8 --ranks 1 2 4 8 16 --gen-ranks 1 2 4 --repeats 3 --iterations 2 --references}
+PARITY_ARGS=${PARITY_ARGS:---np 2}        # mpikmeans bench parity options (one GPU per rank)
+MPI_GPU_NP=${MPI_GPU_NP:-1 2}             # mpikmeans bench mpi-gpu rank counts; the others are compared with the first
+MPI_GPU_ARGS=${MPI_GPU_ARGS:-}            # e.g. --iters 12
 rc=0
 
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -51,7 +58,7 @@ fi
 
 if has bench; then
     echo "== benchmark"
-    python3 scripts/bench_gpu.py --out "$OUT/bench.json" --variants "$BENCH_VARIANTS" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log"
+    python3 -m mpikmeans bench gpu --out "$OUT/bench.json" --variants "$BENCH_VARIANTS" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 fi
 
@@ -69,7 +76,7 @@ if has ncu && command -v ncu >/dev/null; then
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
             --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats \
             "${extra[@]}" \
-            python3 scripts/bench_gpu.py --cases "$c" --dtype "$d" --repeats 1 --iters 1 --no-torch \
+            python3 -m mpikmeans bench gpu --cases "$c" --dtype "$d" --repeats 1 --iters 1 --no-torch \
             --variants "$variants" --out /tmp/ncu_bench.json > "$OUT/ncu_${c}_${d}.txt" 2>&1 || rc=1
         if [[ $NCU_SOURCE == 1 ]]; then
             ncu -i /tmp/ncu_${c}_${d}.ncu-rep --page details --print-details all > "$OUT/ncu_${c}_${d}.txt" 2>&1
@@ -82,8 +89,29 @@ if has ncu && command -v ncu >/dev/null; then
 fi
 if has cpu; then
     echo "== CPU read / gen-data throughput"
-    python3 scripts/bench_cpu.py $CPU_ARGS --json "$OUT/cpu.json" 2>&1 | tee "$OUT/cpu.log"
+    python3 -m mpikmeans bench cpu $CPU_ARGS --json "$OUT/cpu.json" 2>&1 | tee "$OUT/cpu.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+fi
+
+if has parity; then
+    echo "== GPU against CPU through the command line"
+    python3 -m mpikmeans bench parity "$OUT/parity" $PARITY_ARGS 2>&1 | tee "$OUT/parity.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+fi
+
+if has mpigpu; then
+    echo "== GPUs under MPI: $MPI_GPU_NP ranks"
+    read -r -a nps <<< "$MPI_GPU_NP"
+    for np in "${nps[@]}"; do
+        mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" -x PYTHONPATH \
+            python3 -m mpikmeans bench mpi-gpu --out "$OUT/mpi_gpu_np$np.json" $MPI_GPU_ARGS 2>&1 | tee -a "$OUT/mpi_gpu.log"
+        [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+    done
+    for np in "${nps[@]:1}"; do
+        python3 -m mpikmeans bench mpi-gpu --compare "$OUT/mpi_gpu_np${nps[0]}.json" "$OUT/mpi_gpu_np$np.json" \
+            2>&1 | tee -a "$OUT/mpi_gpu.log"
+        [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+    done
 fi
 
 if has sweeps; then

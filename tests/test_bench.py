@@ -9,6 +9,8 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
+from mpikmeans.bench import data as bench_data
+from mpikmeans.bench import harness
 from mpikmeans.bench import sweeps as bench
 from mpikmeans.io.arff import read_arff
 from mpikmeans.comm import SerialComm
@@ -111,7 +113,7 @@ def test_blobs_npy_equals_the_generated_arff(tmp_path):
     arff = str(tmp_path / "g.arff")
     write_blobs(spec, arff, SerialComm())
     npy = str(tmp_path / "g.npy")
-    bench.write_blobs_npy(spec, npy, workers=3)
+    bench_data.write_blobs_npy(spec, npy, workers=3)
     parsed = read_arff(arff, SerialComm()).x
     assert np.array_equal(np.load(npy), parsed)
 
@@ -119,7 +121,7 @@ def test_blobs_npy_equals_the_generated_arff(tmp_path):
 def test_initial_centres_are_distinct_rows(tmp_path):
     x = np.arange(60, dtype=np.float64).reshape(20, 3)
     np.save(tmp_path / "x.npy", x)
-    csv_path, npy_path = bench.initial_centres(str(tmp_path / "x.npy"), 4, 0, str(tmp_path / "c"))
+    csv_path, npy_path = bench_data.initial_centres(str(tmp_path / "x.npy"), 4, 0, str(tmp_path / "c"))
     c = np.load(npy_path)
     assert c.shape == (4, 3) and len({tuple(r) for r in c}) == 4
     assert all(any((row == x).all(axis=1)) for row in c)
@@ -151,11 +153,11 @@ def test_count_gpus_reads_nvidia_smi_and_visible_devices(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert bench.count_gpus() == 4
+    assert harness.count_gpus() == 4
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
-    assert bench.count_gpus() == 2
+    assert harness.count_gpus() == 2
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")  # the simulator is no GPU to benchmark
-    assert bench.count_gpus() == 0
+    assert harness.count_gpus() == 0
 
 
 def test_unknown_sweep_is_a_usage_error(tmp_path):

@@ -231,6 +231,19 @@ def test_gen_data_reports_start_up_apart(tmp_path):
     assert r.code == 0 and r.out == ""
 
 
+def test_gen_data_report_is_json(tmp_path):
+    # benchmarks read gen-data's figures from --report, not from its printed line
+    out, report = tmp_path / "g.arff", tmp_path / "g.json"
+    r = run_cli(["gen-data", out, "-n", 1000, "-m", 3, "-k", 2, "--seed", 4, "--report", report, "-q"])
+    assert r.code == 0 and r.out == "", r.err
+    figures = json.loads(report.read_text())
+    assert figures["bytes"] == out.stat().st_size
+    assert figures["ranks"] == 1 and (figures["n"], figures["m"], figures["k"], figures["seed"]) == (1000, 3, 2, 4)
+    assert figures["write_s"] >= 0 and figures["startup_s"] > 0
+    r = run_cli(["gen-data", out, "-n", 10, "-m", 2, "-k", 2, "--report", tmp_path / "nodir" / "r.json"])
+    assert r.code == 1 and "cannot write" in r.err and "Traceback" not in r.err
+
+
 def test_help_works_without_starting_mpi():
     r = run_cli(["--help"])
     assert r.code == 0 and "gen-data" in r.out and "run" in r.out

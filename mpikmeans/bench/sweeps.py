@@ -22,8 +22,9 @@ Sweeps:
 
 All series of a point start from the same centres (K rows of the data, written to
 a file and given with ``--init``) and run the same number of iterations with
-``tol=0``; the tool runs with ``--empty-cluster farthest``, scikit-learn's policy.  Results go to one CSV per sweep plus ``meta.json``; :mod:`mpikmeans.bench.plots`
-draws them.
+``tol=0``; the tool runs with ``--empty-cluster farthest``, scikit-learn's policy.
+Results go to one CSV per sweep plus ``meta.json`` (the common result format of
+:mod:`mpikmeans.bench.harness`); :mod:`mpikmeans.bench.plots` draws them.
 """
 
 from __future__ import annotations
@@ -31,23 +32,18 @@ from __future__ import annotations
 import csv
 import json
 import os
-import platform
 import shutil
-import statistics
-import subprocess
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
-from typing import Callable
 
 import numpy as np
 
-from .. import __version__
 from ..errors import RunError, UsageError
-from ..io.gen import BLOCK_ROWS, GenSpec, blob_centres, generate_block
-from ..io.output import centres_csv, write_atomic
+from ..io.gen import GenSpec
+from ..io.output import write_atomic
+from .data import gen_arff, initial_centres, write_blobs_npy
+from .harness import (Launch, Progress, count_gpus, machine_description, quiet, result_document, stats, warm_up,
+                      write_result)
 
 SWEEPS = ("procs", "n", "m", "k")
 
@@ -91,6 +87,10 @@ class BenchSettings:
     keep_data: bool = False
     data_dir: str | None = None
 
+    def launch(self) -> Launch:
+        """How these settings start the tool."""
+        return Launch(self.launcher, self.timeout_s)
+
 
 def presets(mode: str, cores: int, gpus: int) -> list:
     """The sweeps of ``--quick`` (seconds, for CI) or the full mode (a GPU machine).
@@ -131,95 +131,6 @@ def presets(mode: str, cores: int, gpus: int) -> list:
             SweepSpec("k", "k", [8, 64, 512], 1_000_000, 32, 0)]
 
 
-def count_gpus() -> int:
-    """NVIDIA GPUs this process may use (``nvidia-smi -L``, narrowed by ``CUDA_VISIBLE_DEVICES``)."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    found = sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        found = min(found, len([v for v in visible.split(",") if v.strip()]))
-    return found
-
-
-def default_launcher() -> list:
-    """``mpirun`` (the one beside this Python first), ranks unbound: each sets its own threads."""
-    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    mpirun = shutil.which("mpirun", path=path) or shutil.which("mpiexec", path=path)
-    if mpirun is None:
-        raise UsageError("no mpirun found: install the 'mpi' extra or give --launcher")
-    return [mpirun, "--bind-to", "none"]
-
-
-def mpi_env(extra: dict | None = None) -> dict:
-    """This environment plus what Open MPI 4 and 5 need to run as root and oversubscribed."""
-    # root (containers, the lent GPU machines) and more ranks than cores must be allowed
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1", "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"}
-    env.update(extra or {})
-    return env
-
-
-def _call(cmd: list, timeout: float, env: dict | None = None) -> str:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(env))
-    except subprocess.TimeoutExpired:
-        raise RunError(f"bench: no result within {timeout:.0f} s from: {' '.join(cmd)}") from None
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-8:]
-        raise RunError(f"bench: exit {done.returncode} from: {' '.join(cmd)}\n" + "\n".join(tail))
-    return done.stdout
-
-
-def _tool(*args) -> list:
-    return [sys.executable, "-m", "mpikmeans", *[str(a) for a in args]]
-
-
-# -- data ---------------------------------------------------------------------------------
-
-
-def write_blobs_npy(spec: GenSpec, path: str, workers: int | None = None) -> None:
-    """The rows ``gen-data`` would write for ``spec``, as a float64 ``.npy``.
-
-    Values are the fixed-point ticks over ``10**decimals``: a correctly rounded
-    division of two exact doubles, so equal to parsing the text ``gen-data`` writes.
-    Blocks are independent random streams, generated on several threads.
-    """
-    spec.validate()
-    centres = blob_centres(spec)
-    out = np.lib.format.open_memmap(path + ".part", mode="w+", dtype=np.float64, shape=(spec.n, spec.m))
-    scale = 10.0 ** spec.decimals
-
-    def block(b):
-        ticks, _ = generate_block(spec, b, centres)
-        out[b * BLOCK_ROWS : b * BLOCK_ROWS + len(ticks)] = ticks / scale
-
-    blocks = (spec.n + BLOCK_ROWS - 1) // BLOCK_ROWS
-    with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
-        list(pool.map(block, range(blocks)))
-    out.flush()  # a rename leaves the mapping valid (POSIX), so no need to close it first
-    os.replace(path + ".part", path)
-
-
-def initial_centres(data: str, k: int, seed: int, prefix: str) -> tuple[str, str]:
-    """K distinct rows of ``data`` (.npy), as ``PREFIX.csv`` (for ``--init``) and ``PREFIX.npy``.
-
-    Returns
-    -------
-    (csv path, npy path)
-    """
-    x = np.load(data, mmap_mode="r")
-    rows = np.sort(np.random.default_rng(seed).choice(len(x), size=k, replace=False))
-    c = np.array(x[rows], dtype=np.float64)
-    np.save(prefix + ".npy", c)
-    write_atomic(prefix + ".csv", centres_csv(c, [f"X{j + 1}" for j in range(c.shape[1])]))
-    return prefix + ".csv", prefix + ".npy"
-
-
 # -- one point ----------------------------------------------------------------------------
 
 
@@ -233,7 +144,7 @@ def run_tool(settings: BenchSettings, data: str, k: int, init_csv: str, backend:
         args += ["--dtype", settings.dtype]
     if threads:
         args += ["--threads", threads]
-    _call([*settings.launcher, "-np", str(ranks), *_tool(*args)], settings.timeout_s)
+    settings.launch().mpi(ranks, *args)
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)
 
@@ -245,20 +156,21 @@ def run_reference(settings: BenchSettings, tool: str, data: str, init_npy: str, 
     env = {}
     if threads:
         env = {"OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    line = _call(_tool(*args), settings.timeout_s, env).strip().splitlines()[-1]
+    line = settings.launch().with_env(**env).alone(*args).stdout.strip().splitlines()[-1]
     return json.loads(line)
 
 
 def _row(sweep: str, series: str, tool: str, backend: str, ranks: int, threads, n: int, m: int, k: int,
          dtype: str, iterations: int, per_iter: list, reads: list | None, nbytes: int, inertia: float,
          devices: str = "") -> dict:
-    read = statistics.median(reads) if reads else None
+    it = stats(per_iter)
+    read = stats(reads) if reads else dict.fromkeys(("median", "min", "max"))
     return {"sweep": sweep, "series": series, "tool": tool, "backend": backend, "ranks": ranks,
             "threads": threads, "n": n, "m": m, "k": k, "dtype": dtype, "iterations": iterations,
-            "repeats": len(per_iter), "ms_per_iter": 1e3 * statistics.median(per_iter),
-            "ms_per_iter_min": 1e3 * min(per_iter), "ms_per_iter_max": 1e3 * max(per_iter),
-            "read_s": read, "read_s_min": min(reads) if reads else None, "read_s_max": max(reads) if reads else None,
-            "read_MB_per_s": nbytes / 1e6 / read if read else None, "inertia": inertia,
+            "repeats": len(per_iter), "ms_per_iter": 1e3 * it["median"],
+            "ms_per_iter_min": 1e3 * it["min"], "ms_per_iter_max": 1e3 * it["max"],
+            "read_s": read["median"], "read_s_min": read["min"], "read_s_max": read["max"],
+            "read_MB_per_s": nbytes / 1e6 / read["median"] if read["median"] else None, "inertia": inertia,
             "inertia_rel_diff_sklearn": None, "devices": devices}
 
 
@@ -315,7 +227,7 @@ def _compare_inertia(rows: list) -> None:
 
 
 def run_sweep(spec: SweepSpec, settings: BenchSettings, gpus: int, cores: int,
-              progress: Callable[[str], None] = lambda s: None) -> list:
+              progress: Progress = quiet) -> list:
     """Run one sweep; its rows (also written to ``OUT_DIR/NAME.csv``).
 
     Parameters
@@ -348,9 +260,8 @@ def run_sweep(spec: SweepSpec, settings: BenchSettings, gpus: int, cores: int,
         arff, npy = base + ".arff", base + ".npy"
         if not os.path.exists(arff):
             progress(f"{spec.name}: generating {arff}")
-            _call([*settings.launcher, "-np", str(max(1, min(cores, 16))),
-                   *_tool("gen-data", arff, "-n", spec.n, "-m", spec.m, "-k", spec.k, "--seed", settings.seed,
-                          "--decimals", 6, "-q")], settings.timeout_s)
+            gen_arff(settings.launch(), max(1, min(cores, 16)), arff, spec.n, spec.m, spec.k,
+                     "--seed", settings.seed, "--decimals", 6)
         if not os.path.exists(npy):
             write_blobs_npy(GenSpec(spec.n, spec.m, spec.k, seed=settings.seed, decimals=6), npy)
         init_csv, init_npy = initial_centres(npy, spec.k, settings.seed, base + f".init{spec.k}")
@@ -441,47 +352,9 @@ def read_csv(path: str) -> list:
     return rows
 
 
-def machine_description(gpus: int) -> dict:
-    """Host, cores, GPUs and library versions, for ``meta.json`` and the plots' captions."""
-    gpu_names = []
-    if gpus and shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=30).stdout
-            gpu_names = [line.strip() for line in out.splitlines() if line.strip()][:gpus]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    import numba
-
-    return {"host": platform.node(), "cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
-            "gpus": gpu_names, "python": platform.python_version(), "numpy": np.__version__,
-            "numba": numba.__version__, "mpikmeans": __version__}
-
-
-def warm_up(settings: BenchSettings, gpus: int) -> None:
-    """Run the tool once on a tiny input with each backend, so no timing includes compiling.
-
-    Numba caches the CPU and parser kernels on disk; the first run of a fresh
-    checkout compiles them (tens of seconds), which would land in one repeat's
-    ``read_s``.  GPU kernels are compiled per shape inside the run's warm-up and
-    are outside ``per_iteration_s`` anyway.
-    """
-    d = os.path.join(settings.out_dir, "warm")
-    os.makedirs(d, exist_ok=True)
-    arff = os.path.join(d, "warm.arff")
-    _call([*settings.launcher, "-np", "1", *_tool("gen-data", arff, "-n", 2000, "-m", 3, "-k", 2, "-q")],
-          settings.timeout_s)
-    backends = (["cpu"] if settings.cpu else []) + (["gpu"] if settings.gpu and gpus else [])
-    for backend in backends:
-        _call([*settings.launcher, "-np", "1", *_tool("run", arff, "-k", 2, "--backend", backend, "-o",
-                                                        os.path.join(d, backend), "--overwrite", "-q")],
-              settings.timeout_s)
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def run_benchmarks(mode: str, sweeps: list, settings: BenchSettings, gpus: int | None = None,
                    cores: int | None = None, command: str = "",
-                   progress: Callable[[str], None] = lambda s: None) -> dict:
+                   progress: Progress = quiet) -> dict:
     """Run the chosen sweeps of a preset; write the CSVs and ``meta.json``.
 
     Parameters
@@ -506,17 +379,16 @@ def run_benchmarks(mode: str, sweeps: list, settings: BenchSettings, gpus: int |
         raise UsageError(f"unknown sweep(s) {', '.join(unknown)}; choose from {', '.join(SWEEPS)}")
     cores = cores or os.cpu_count() or 1
     gpus = count_gpus() if gpus is None else gpus
-    if not settings.launcher:
-        settings.launcher = default_launcher()
+    settings.launcher = settings.launch().launcher
     os.makedirs(settings.out_dir, exist_ok=True)
-    meta = {"mode": mode, "date": datetime.now().isoformat(timespec="seconds"), "command": command,
-            "machine": machine_description(gpus), "settings": {k: v for k, v in asdict(settings).items()
-                                                               if k not in ("out_dir", "data_dir")},
-            "sweeps": {}}
+    meta = result_document("run", command, {k: v for k, v in asdict(settings).items()
+                                            if k not in ("out_dir", "data_dir")},
+                           {"mode": mode, "sweeps": {}}, machine_description(gpus))
     specs = {s.name: s for s in presets(mode, cores, gpus)}
-    t0 = time.perf_counter()
-    warm_up(settings, gpus)
-    meta["warm_up_s"] = time.perf_counter() - t0
+    warm = os.path.join(settings.out_dir, "warm")
+    meta["warm_up_s"] = warm_up(settings.launch(), warm,
+                                (["cpu"] if settings.cpu else []) + (["gpu"] if settings.gpu and gpus else []))
+    shutil.rmtree(warm, ignore_errors=True)
     progress(f"warm-up (Numba compiles, cached for the runs that follow): {meta['warm_up_s']:.1f} s")
     results = {}
     for name in sweeps:
@@ -524,7 +396,7 @@ def run_benchmarks(mode: str, sweeps: list, settings: BenchSettings, gpus: int |
         results[name] = run_sweep(specs[name], settings, gpus, cores, progress)
         meta["sweeps"][name] = {**asdict(specs[name]), "seconds": time.perf_counter() - t0}
         # after every sweep, so a run stopped by a time limit keeps what it finished
-        write_atomic(os.path.join(settings.out_dir, "meta.json"), (json.dumps(meta, indent=2) + "\n").encode())
+        write_result(os.path.join(settings.out_dir, "meta.json"), meta)
     if not settings.keep_data and settings.data_dir is None:
         shutil.rmtree(os.path.join(settings.out_dir, "data"), ignore_errors=True)
     shutil.rmtree(os.path.join(settings.out_dir, "runs"), ignore_errors=True)

@@ -113,8 +113,10 @@ def entry() -> None:
         sys.exit(130)
 
 
-# the commands register themselves on ``main``
-from . import bench, data, info, run, warmup  # noqa: E402,F401
+# the commands register themselves on ``main`` when imported
+from . import bench, data, info, run, warmup  # noqa: E402
+
+COMMANDS = (bench, data, info, run, warmup)
 
 if __name__ == "__main__":  # pragma: no cover
     entry()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 import click
@@ -20,11 +22,14 @@ from . import _guarded, main
 @click.option("--spread", type=float, default=1.0, show_default=True, help="Standard deviation of each blob.")
 @click.option("--decimals", type=click.IntRange(0, 14), default=10, show_default=True,
               help="Digits after the decimal point.")
+@click.option("--report", type=click.Path(dir_okay=False),
+              help="Also write the figures as JSON here: bytes, write_s, startup_s, ranks (for benchmarks).")
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
-def gen_data(out, n, m, k, seed, spread, decimals, verbose, quiet):
+def gen_data(out, n, m, k, seed, spread, decimals, report, verbose, quiet):
     """Write a synthetic ARFF file of Gaussian blobs (in parallel under mpirun)."""
     from ..io.gen import GenSpec, prepare, write_blobs
+    from ..io.output import write_atomic
 
     def body(comm):
         spec = GenSpec(n=n, m=m, k=k, seed=seed, spread=spread, decimals=decimals)
@@ -38,6 +43,11 @@ def gen_data(out, n, m, k, seed, spread, decimals, verbose, quiet):
         t_ready = time.perf_counter()
         size = write_blobs(spec, out, comm)
         dt = time.perf_counter() - t_ready
+        if report and comm.rank == 0:
+            # the benchmarks read these figures here, never from the line printed below
+            figures = {"path": os.path.abspath(out), "bytes": size, "write_s": dt, "startup_s": t_ready - t0,
+                       "ranks": comm.size, "n": n, "m": m, "k": k, "seed": seed, "decimals": decimals}
+            write_atomic(report, (json.dumps(figures, indent=1) + "\n").encode())
         if comm.rank == 0 and not quiet:
             click.echo(f"wrote {out}: {n} rows x {m} attributes, {k} blobs, {size / 1e6:.1f} MB "
                        f"in {dt:.2f} s ({size / 1e6 / dt:.0f} MB/s, {comm.size} rank{'s' if comm.size != 1 else ''}, "
