@@ -9,10 +9,9 @@ and the proof that no fallback is needed for 19-digit significands are Mushtak
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-from .. import jit  # noqa: F401  (hardens Numba's cache before the kernels below are defined)
+from ..jit import njit
 
 # ---------------------------------------------------------------------------
 # Constants.  Everything that meets a uint64 in the jitted code is itself a
@@ -115,13 +114,13 @@ _POW5_HI, _POW5_LO = _build_pow5_table()
 try:  # pragma: no cover - depends on the Numba version
     from numba.cpython.unsafe.numbers import leading_zeros as _ctlz
 
-    @numba.njit(cache=True, inline="always")
+    @njit(cache=True, inline="always")
     def _clz64(x):
         return np.int64(_ctlz(x))
 
 except ImportError:  # pragma: no cover
 
-    @numba.njit(cache=True)
+    @njit(cache=True)
     def _clz64(x):
         n = 0
         if x <= np.uint64(0x00000000FFFFFFFF):
@@ -144,7 +143,7 @@ except ImportError:  # pragma: no cover
         return np.int64(n)
 
 
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def _mul_64x64_128(a, b):
     """Full 64x64 -> 128-bit unsigned product as ``(high, low)``.
 
@@ -169,7 +168,7 @@ def _mul_64x64_128(a, b):
 # Deliberately not inline="always": inlining it (three call sites) was
 # measured at only 5-10% faster on 17-digit tokens but doubled the compile
 # time of every caller of parse_number.
-@numba.njit(cache=True)
+@njit(cache=True)
 def _eisel_lemire(w, q):
     """Correctly rounded binary64 for ``w * 10**q`` (``w`` > 0).
 
@@ -247,7 +246,7 @@ def _eisel_lemire(w, q):
     return mantissa, power2
 
 
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def _bits_to_float64(bits):
     """Reinterpret an IEEE-754 bit pattern (uint64) as float64."""
     # Numba only accepts the scalar ``.view`` on a freshly typed NumPy

@@ -111,7 +111,7 @@ import numpy as np
 from numba.core import types
 from numba.extending import intrinsic
 
-from .. import jit  # noqa: F401  (hardens Numba's cache before the kernels below are defined)
+from ..jit import njit
 from .lemire import (
     _BIT53,
     _DISGUISED_MAX_W,
@@ -230,7 +230,7 @@ _U16 = np.uint64(16)
 _TEN8 = np.uint64(10**8)
 
 
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def _is_eight_digits(word):
     """True if all 8 bytes of ``word`` are ASCII digits.
 
@@ -243,7 +243,7 @@ def _is_eight_digits(word):
     ) == _ALL_THREES
 
 
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def _eight_digits_value(word):
     """Value of 8 ASCII digits packed little-endian (first digit lowest).
 
@@ -260,7 +260,7 @@ def _eight_digits_value(word):
     return x
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _exact_fallback(address, length):
     """Python's exact ``float()`` on ``length`` bytes at ``address``.
 
@@ -276,7 +276,7 @@ def _exact_fallback(address, length):
     return v
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _long_significand(p, int_start, int_end, frac_start, frac_end):
     """Significand of more than 19 digits, truncated to 19 significant ones.
 
@@ -329,7 +329,7 @@ def _long_significand(p, int_start, int_end, frac_start, frac_end):
 # inline="always" makes Numba splice the body into each jitted caller at the
 # IR level: the per-token call overhead (arguments and a status word passed
 # through memory) is otherwise a sizeable part of parsing a short token.
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def _parse_at(p, start, stop):
     """The number that starts at ``p[start]``, read no further than ``stop``.
 
@@ -476,7 +476,7 @@ def _parse_at(p, start, stop):
 
 
 # Called from Python it behaves like any other jitted function.
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def parse_number(buf, start, end):
     """Parse the decimal number ``buf[start:end]`` exactly.
 
@@ -509,7 +509,7 @@ def parse_number(buf, start, end):
     return parse_number_ptr(_data_pointer(buf), start, end)
 
 
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def parse_number_ptr(p, start, end):
     """:func:`parse_number` on the bytes at a raw pointer (see :func:`data_pointer`).
 
@@ -529,7 +529,7 @@ def parse_number_ptr(p, start, end):
     return v, status
 
 
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def parse_prefix(buf, start, end):
     """Parse the number that starts at ``buf[start]``, stopping where it ends.
 
@@ -557,7 +557,7 @@ def parse_prefix(buf, start, end):
     return parse_prefix_ptr(_data_pointer(buf), start, end)
 
 
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def parse_prefix_ptr(p, start, end):
     """:func:`parse_prefix` on the bytes at a raw pointer (see :func:`parse_number_ptr`)."""
     i = np.int64(start)
