@@ -439,3 +439,46 @@ def bench_parity(result_dir, ranks, n, m, k, seed, data, run_args, share_gpus, c
         click.echo(r["line"])
     if not results["ok"]:
         _bench_failed(MpikmeansError("parity: the GPU runs differ from the CPU run (see above)"))
+
+
+@bench.command("tts")
+@click.option("--rows", type=click.IntRange(min=1), default=5_000_000, show_default=True)
+@click.option("--attrs", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("-k", "k", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--ranks", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks of every run.")
+@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True, help="Warm runs per input.")
+@click.option("--gen-ranks", type=click.IntRange(min=0), default=0, help="Ranks of gen-data  [default: the cores]")
+@click.option("--data-dir", type=click.Path(file_okay=False),
+              help="Where the input and caches go for the measurement  [default: /dev/shm, else the temp dir]")
+@click.option("--run-args", default="", help="More options of every run (quoted), e.g. '--dtype float32'.")
+@click.option("--no-sklearn", is_flag=True, help="Leave out scikit-learn's default fit.")
+@click.option("--no-cold", is_flag=True, help="Leave out the run on empty caches.")
+@click.option("--out", help="Result file  [default: bench/results/tts_<host>_<date>.json]")
+@_launcher_option
+@_timeout_option()
+def bench_tts(rows, attrs, k, ranks, repeats, gen_ranks, data_dir, run_args, no_sklearn, no_cold, out, launcher,
+              timeout_s):
+    """Time to solution with defaults: cold and warm caches, ARFF and .npy, scikit-learn beside.
+
+    \b
+    The specification's example (5e6 x 100, k=50) by default:
+      mpikmeans bench tts                               # on a GPU machine
+      mpikmeans bench tts --rows 200000 -k 50 --run-args '--backend cpu'
+    """
+    import platform
+    from datetime import date
+
+    from ..bench.tts import TtsSettings, time_to_solution, tts_table
+
+    settings = TtsSettings(rows=rows, attrs=attrs, k=k, ranks=ranks, repeats=repeats, gen_ranks=gen_ranks,
+                           data_dir=data_dir, run_args=tuple(shlex.split(run_args)), sklearn=not no_sklearn,
+                           cold=not no_cold)
+    out = out or f"bench/results/tts_{platform.node()}_{date.today()}.json"
+    try:
+        doc = _save(out, "tts", settings, time_to_solution(settings, _launch(launcher, timeout_s), click.echo))
+    except MpikmeansError as exc:
+        _bench_failed(exc)
+    click.echo()
+    for line in tts_table(doc):
+        click.echo(line)
+    click.echo(f"wrote {out}")
