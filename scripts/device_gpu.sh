@@ -7,6 +7,7 @@
 #   STAGES=bench BENCH_ARGS="--cases A" BENCH_VARIANTS='[{}, {"blocks": 3}]' bash scripts/device_gpu.sh
 #   STAGES=cpu,sweeps SWEEPS=n,m,k bash scripts/device_gpu.sh
 #   STAGES=parity,mpigpu MPI_GPU_NP="1 2" bash scripts/device_gpu.sh   # 2 GPUs
+#   STAGES=tts TTS_ARGS="--repeats 2" bash scripts/device_gpu.sh      # time to solution, spec example
 #
 # On the project's lent GPU machines (numpy 2.5 there breaks numba-cuda) carry a numpy
 # 2.4 wheel in .whl/ (see bench/GPU_NOTES.md); it is installed into /tmp/site first.
@@ -38,6 +39,7 @@ CPU_ARGS=${CPU_ARGS:---rows 5000000 --attrs 16 -k 8 --ranks 1 2 4 8 16 --gen-ran
 PARITY_ARGS=${PARITY_ARGS:---np 2}        # mpikmeans bench parity options (one GPU per rank)
 MPI_GPU_NP=${MPI_GPU_NP:-1 2}             # mpikmeans bench mpi-gpu rank counts; the others are compared with the first
 MPI_GPU_ARGS=${MPI_GPU_ARGS:-}            # e.g. --iters 12
+TTS_ARGS=${TTS_ARGS:-}                    # mpikmeans bench tts options
 rc=0
 
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -119,6 +121,11 @@ if has sweeps; then
     # plots are drawn where matplotlib is (mpikmeans bench plot DIR)
     python3 -m mpikmeans bench run --full --sweeps "$SWEEPS" -o "$OUT/sweeps" --no-plots \
         --data-dir /tmp/mpikmeans-bench-data $SWEEP_ARGS 2>&1 | tee "$OUT/sweeps.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+fi
+if has tts; then
+    echo "== time to solution"
+    python3 -m mpikmeans bench tts --out "$OUT/tts.json" $TTS_ARGS 2>&1 | tee "$OUT/tts.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 fi
 exit $rc
