@@ -27,7 +27,7 @@ import itertools
 import math
 
 import numpy as np
-from .jit import njit
+from .jit import njit, prange
 
 from .errors import InputError
 
@@ -144,6 +144,54 @@ def fixed_potential(d2, dist, w, use_w, f1, f2):  # pragma: no cover - compiled
         hi += q >> 27
         lo += q & 134217727
     return hi, lo, vmax
+
+
+@njit(parallel=True, cache=True)
+def _column_limbs(x, f1, f2, center, square, hi, lo):  # pragma: no cover - compiled
+    # one pass over the rows, row blocks on threads: per column the limbs of
+    # rint(v * 2**s), v = x or (x - center)**2 (the same float operations as
+    # NumPy's x - c and d * d); integer sums, so the blocks change nothing
+    n, m = x.shape
+    parts = hi.shape[0]
+    for t in prange(parts):
+        for i in range(n * t // parts, n * (t + 1) // parts):
+            for j in range(m):
+                v = x[i, j]
+                if square:
+                    d = v - center[j]
+                    v = d * d
+                q = np.int64(np.rint(v * f1[j] * f2[j]))
+                hi[t, j] += q >> 27
+                lo[t, j] += q & 134217727
+
+
+def column_limb_sums(x: np.ndarray, scales: np.ndarray, center: np.ndarray | None = None) -> tuple:
+    """Per column, the exact sum of ``to_fixed(v, s)`` as two int64 limbs, in one compiled pass.
+
+    Parameters
+    ----------
+    x : ndarray, shape (n, m), float64
+    scales : ndarray, shape (m,), int
+        Each column's fixed-point exponent (:func:`fixed_scale` of its largest ``|v|``).
+    center : ndarray, shape (m,), float64, optional
+        Sum ``(x - center)**2`` instead of ``x``.
+
+    Returns
+    -------
+    hi, lo : ndarray, shape (m,), int64
+        ``sum(to_fixed(v[:, j], s_j)) == hi[j] * 2**27 + lo[j]`` (:func:`limb_sums`' limbs).
+    """
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    m = x.shape[1]
+    f = np.array([scale_factors(int(s_)) for s_ in scales], dtype=np.float64).reshape(m, 2)
+    parts = max(1, min(len(x), 256))
+    hi = np.zeros((parts, m), dtype=np.int64)
+    lo = np.zeros((parts, m), dtype=np.int64)
+    square = center is not None
+    c = np.ascontiguousarray(center, dtype=np.float64) if square else np.zeros(m)
+    if len(x):
+        _column_limbs(x, np.ascontiguousarray(f[:, 0]), np.ascontiguousarray(f[:, 1]), c, square, hi, lo)
+    return hi.sum(axis=0), lo.sum(axis=0)
 
 
 class HostFixed:

@@ -259,9 +259,9 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         log.warning("missing values: %s %d %s", "dropped" if cfg.missing == "drop" else "replaced by the mean",
                     local.missing, "rows" if cfg.missing == "drop" else "values")
 
-    full_means = global_means(comm, local.x)
+    full_means = global_means(comm, local.x, local.mins, local.maxs)
     # scaled in place: no second copy of the rows (centres go back to data units at the end)
-    scaler = fit_scaler(comm, local.x, cfg.normalize)
+    scaler = fit_scaler(comm, local.x, cfg.normalize, local.mins, local.maxs)
     x = scaler.transform(local.x, out=local.x)
 
     backend, error = None, None

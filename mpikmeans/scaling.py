@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError, UsageError
-from .exact import fixed_scale, limb_sums, limbs_to_int, to_fixed
+from .exact import column_limb_sums, fixed_scale, limbs_to_int
 from .init import global_extent
 
 METHODS = ("none", "minmax", "zscore")
@@ -113,12 +113,17 @@ class Scaler:
                 "constant": [int(j) for j in np.flatnonzero(self.constant)]}
 
 
-def exact_column_sums(comm, v: np.ndarray) -> list:
+def exact_column_sums(comm, v: np.ndarray, vmax: np.ndarray | None = None, center: np.ndarray | None = None) -> list:
     """Per-column sums over all ranks as exact Python ints with their scales (collective).
 
     Parameters
     ----------
     v : ndarray, shape (n_local, m), float64
+    vmax : ndarray, shape (m,), optional
+        Each column's largest magnitude over all ranks, when known (the reader's
+        global min and max give it): saves a pass and a collective.
+    center : ndarray, shape (m,), optional
+        Sum ``(v - center)**2`` instead (``vmax`` then bounds those).
 
     Returns
     -------
@@ -128,19 +133,24 @@ def exact_column_sums(comm, v: np.ndarray) -> list:
         magnitude; exactly the same for any split of the rows.
     """
     m = v.shape[1]
-    vmax = comm.allreduce(np.abs(v).max(axis=0) if len(v) else np.zeros(m), "max")
+    if vmax is None:
+        local = np.zeros(m)
+        if len(v):
+            local = np.abs(v).max(axis=0) if center is None else ((v - center) ** 2).max(axis=0)
+        vmax = comm.allreduce(local, "max")
     scales = np.array([fixed_scale(float(a)) for a in vmax], dtype=np.int64)
-    hi, lo = limb_sums(to_fixed(v, scales[None, :]), axis=0)
+    hi, lo = column_limb_sums(v, scales, center)
     both = comm.allreduce(np.concatenate([hi, lo]).astype(np.int64), "sum")
     return [(limbs_to_int(both[j], both[m + j]), int(scales[j])) for j in range(m)]
 
 
-def _exact_means(comm, v: np.ndarray, n: int) -> np.ndarray:
+def _exact_means(comm, v: np.ndarray, n: int, vmax=None, center=None) -> np.ndarray:
     # Python's int / int is correctly rounded: one rounding, whatever the split
-    return np.array([math.ldexp(total / n, -s) if total else 0.0 for total, s in exact_column_sums(comm, v)])
+    sums = exact_column_sums(comm, v, vmax, center)
+    return np.array([math.ldexp(total / n, -s) if total else 0.0 for total, s in sums])
 
 
-def global_means(comm, x: np.ndarray) -> np.ndarray:
+def global_means(comm, x: np.ndarray, mins: np.ndarray | None = None, maxs: np.ndarray | None = None) -> np.ndarray:
     """Per-attribute mean of the rows of all ranks, the same bits for any split (collective).
 
     For instance Weka's "Full Data" column (unweighted).
@@ -148,6 +158,9 @@ def global_means(comm, x: np.ndarray) -> np.ndarray:
     Parameters
     ----------
     x : ndarray, shape (n_local, m), float64
+    mins, maxs : ndarray, shape (m,), optional
+        The global per-attribute extremes, when known: they bound the values, so
+        the sum is one compiled pass and one collective.
 
     Returns
     -------
@@ -156,13 +169,22 @@ def global_means(comm, x: np.ndarray) -> np.ndarray:
     """
     x = np.asarray(x, dtype=np.float64)
     n = int(comm.allreduce(np.array([len(x)], dtype=np.int64), "sum")[0])
+    vmax = _largest(mins, maxs)
     if n == 0:
-        exact_column_sums(comm, x)  # the same collectives as the other ranks
+        exact_column_sums(comm, x, vmax)  # the same collectives as the other ranks
         return np.full(x.shape[1], np.nan)
-    return _exact_means(comm, x, n)
+    return _exact_means(comm, x, n, vmax)
 
 
-def fit_scaler(comm, x: np.ndarray, method: str) -> Scaler:
+def _largest(mins, maxs):
+    """Each column's largest magnitude from its extremes (None when they are not given)."""
+    if mins is None or maxs is None:
+        return None
+    return np.maximum(np.abs(np.where(np.isfinite(mins), mins, 0.0)), np.abs(np.where(np.isfinite(maxs), maxs, 0.0)))
+
+
+def fit_scaler(comm, x: np.ndarray, method: str, mins: np.ndarray | None = None,
+               maxs: np.ndarray | None = None) -> Scaler:
     """Global scaling statistics of the rows of all ranks (collective).
 
     Parameters
@@ -171,6 +193,9 @@ def fit_scaler(comm, x: np.ndarray, method: str) -> Scaler:
     x : ndarray, shape (n_local, m), float64
         This rank's rows (may be empty).
     method : {"none", "minmax", "zscore"}
+    mins, maxs : ndarray, shape (m,), optional
+        The global per-attribute extremes, when known (the reader's): no pass
+        over the rows to find them.
 
     Returns
     -------
@@ -193,14 +218,16 @@ def fit_scaler(comm, x: np.ndarray, method: str) -> Scaler:
     n = int(comm.allreduce(np.array([len(x)], dtype=np.int64), "sum")[0])
     if n == 0:
         raise InputError("no rows to scale")
-    mins, maxs = global_extent(comm, x)
+    if mins is None or maxs is None:
+        mins, maxs = global_extent(comm, x)
     constant = mins == maxs
     if method == "minmax":
         width = np.where(constant, 1.0, maxs - mins)
         return Scaler("minmax", mins, width, constant)
-    mean = global_means(comm, x)
-    dev = x - mean
-    std = np.sqrt(_exact_means(comm, dev * dev, n))
+    mean = global_means(comm, x, mins, maxs)
+    # (x - mean)**2 is largest at an extreme (rounding is monotone): its bound needs no pass
+    dev2_max = np.maximum((maxs - mean) ** 2, (mins - mean) ** 2)
+    std = np.sqrt(_exact_means(comm, x, n, dev2_max, center=mean))
     # exact means make a constant column's deviations exactly 0; min == max
     # says so without trusting that
     std = np.where(constant | (std == 0.0), 1.0, std)

@@ -149,3 +149,15 @@ def test_errors(x):
     s = fit_scaler(SerialComm(), x, "zscore")
     with pytest.raises(UsageError, match="5 attributes"):
         s.transform(x[:, :4])
+
+
+@pytest.mark.parametrize("method", ["minmax", "zscore"])
+def test_known_extremes_give_the_same_bits(method):
+    """With the reader's global min and max (no pass to find them) the fit is bit-identical."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(3000, 5)) * np.array([1.0, 1e-200, 1e150, 3.0, 0.0]) + np.array([5.0, 0.0, 0.0, -1e6, 2.0])
+    mins, maxs = x.min(axis=0), x.max(axis=0)
+    a = fit_scaler(SerialComm(), x, method)
+    b = fit_scaler(SerialComm(), x, method, mins, maxs)
+    assert a.offset.tobytes() == b.offset.tobytes() and a.scale.tobytes() == b.scale.tobytes()
+    assert global_means(SerialComm(), x).tobytes() == global_means(SerialComm(), x, mins, maxs).tobytes()

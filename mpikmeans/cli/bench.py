@@ -482,3 +482,36 @@ def bench_tts(rows, attrs, k, ranks, repeats, gen_ranks, data_dir, run_args, no_
     for line in tts_table(doc):
         click.echo(line)
     click.echo(f"wrote {out}")
+
+
+@bench.command("compile")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Threads of the CPU warm-up's parallel kernels.")
+@click.option("--gpu", "gpu_shape", help="Also the GPU kernels of this shape: K,M[,DTYPE] (e.g. 50,100,float64).")
+@click.option("--out", help="Result file  [default: bench/results/compile_<host>_<date>.json]")
+@_launcher_option
+@_timeout_option()
+def bench_compile(threads, gpu_shape, out, launcher, timeout_s):
+    """Every kernel's first compile on this machine, with empty caches (what a cold run pays)."""
+    import platform
+    from datetime import date
+
+    from ..bench.compile import compile_costs
+
+    shape = None
+    if gpu_shape:
+        parts = gpu_shape.split(",")
+        try:
+            shape = (int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else "float64")
+        except (ValueError, IndexError):
+            _bench_failed(UsageError(f"--gpu {gpu_shape!r}: expected K,M[,DTYPE]"))
+    out = out or f"bench/results/compile_{platform.node()}_{date.today()}.json"
+    settings = {"threads": threads, "gpu": list(shape) if shape else None}
+    try:
+        from ..bench.harness import result_document, write_result
+
+        results = compile_costs(_launch(launcher, timeout_s), threads, shape, click.echo)
+        write_result(out, result_document("compile", _command(), settings, results))
+    except MpikmeansError as exc:
+        _bench_failed(exc)
+    click.echo(f"wrote {out}")
