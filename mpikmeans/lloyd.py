@@ -140,6 +140,23 @@ def _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights
     return moved
 
 
+def _label_means(comm, x: np.ndarray, labels: np.ndarray, weights, centres: np.ndarray) -> np.ndarray:
+    """Centres as the global means of the rows with each label, summed in a fixed order (collective).
+
+    An empty cluster keeps its centre.
+    """
+    from .backends.cpu import label_sums
+
+    k, m = centres.shape
+    sums, counts = label_sums(x, labels, k, weights)
+    buf = comm.allreduce(np.concatenate([sums.ravel(), counts]), "sum")
+    sums, counts = buf[: k * m].reshape(k, m), buf[k * m:]
+    filled = counts > 0
+    new = centres.copy()
+    new[filled] = sums[filled] / counts[filled, None]
+    return new
+
+
 def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *, max_iter: int = 300,
           tol: float = 0.0, empty_cluster: str = "keep", resume: LoopState | None = None,
           after_iteration=None, stop_requested=None, weights: np.ndarray | None = None) -> KMeansResult:
@@ -222,6 +239,13 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
                                 state=state)
     centres = state.centres
     labels, dist2 = backend.assign(centres)
+    if reason == STOP_UNCHANGED and not getattr(backend, "deterministic", True) and len(x) == len(labels):
+        # a fixed point: the centres are the means of these labels.  The device added
+        # them with atomics, in an order that changes from run to run; summed again
+        # here in a fixed order, they are the same bits in every run
+        centres = _label_means(comm, x, labels, weights, centres)
+        labels, dist2 = backend.assign(centres)
+        state.centres = centres
     k = centres.shape[0]
     wd2 = dist2 if weights is None else weights * dist2
     tail = np.empty(2 * k, dtype=np.float64)

@@ -263,12 +263,19 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     # scaled in place: no second copy of the rows (centres go back to data units at the end)
     scaler = fit_scaler(comm, local.x, cfg.normalize, local.mins, local.maxs)
     x = scaler.transform(local.x, out=local.x)
+    setup_parts = {"statistics_s": time.perf_counter() - t_read}
 
     backend, error = None, None
     try:
+        t = time.perf_counter()
         backend = _make_backend(comm, cfg, threads)
+        setup_parts["backend_s"] = time.perf_counter() - t  # imports, device context
+        t = time.perf_counter()
         backend.load(x, local.weights)
+        setup_parts["load_s"] = time.perf_counter() - t  # the rows to the backend
+        t = time.perf_counter()
         backend.warmup(cfg.k, local.m)
+        setup_parts["kernels_s"] = time.perf_counter() - t  # compiled or loaded from the cache
     except (BackendUnavailable, MpikmeansError) as exc:
         error = RunError(str(exc))
     except MemoryError:
@@ -362,6 +369,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         "startup_s": t_ready - t0,
         "read_s": t_read - t_ready,
         "setup_s": t_setup - t_read,
+        "setup_parts": setup_parts,
         "init_s": t_init - t_setup + sum(r["init_s"] for r in restarts.restarts),
         "compute_s": lloyd_s,
         "write_s": t_written - t_compute,

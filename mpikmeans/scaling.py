@@ -78,7 +78,8 @@ class Scaler:
         if self.method == "none":
             if out is None:
                 return np.ascontiguousarray(x, dtype=np.float64)
-            out[...] = x
+            if out is not x:  # in place is a no-op (a copy of the whole data onto itself otherwise)
+                out[...] = x
             return out
         if out is None:
             out = np.empty(x.shape, dtype=np.float64)

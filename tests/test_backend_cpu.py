@@ -323,3 +323,26 @@ def test_tiled_kernel_thread_count_and_ragged_blocks():
     w = rng.uniform(0.5, 2.0, size=len(x))
     assert_exact(x, c, weights=w, threads=1)
     assert_exact(x, c, weights=w, threads=2)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_label_sums_are_the_step_sums_for_any_threads(weighted):
+    """label_sums (the centres at a fixed point, recomputed in a fixed order) is the step's summation."""
+    import numba
+
+    from mpikmeans.backends.cpu import label_sums
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(5000, 7)) * 100
+    c = x[:6].copy()
+    w = rng.uniform(0.5, 2.0, len(x)) if weighted else None
+    b = CPUBackend(threads=2)
+    b.load(x, w)
+    step = b.step(c)
+    labels, _ = b.assign(c)
+    got = []
+    for threads in (1, 2):
+        numba.set_num_threads(threads)
+        got.append(label_sums(x, labels, 6, w))
+    for sums, counts in got:
+        assert sums.tobytes() == step.sums.tobytes() and counts.tobytes() == step.counts.tobytes()

@@ -187,6 +187,8 @@ class Backend(RowDistances):
     """
 
     name: str = "abstract"
+    #: whether a step's sums are the same bits in every run (no atomics in an order that varies)
+    deterministic: bool = True
 
     @abc.abstractmethod
     def load(self, x: np.ndarray, weights: np.ndarray | None = None) -> None:

@@ -300,6 +300,51 @@ def _reduce_blocks(part_sums, part_counts, part_sse, part_changed):
 
 
 @njit(parallel=True, cache=True, fastmath=False)
+def _label_sums(x, labels, weights, use_weights, part_sums, part_counts):  # pragma: no cover - compiled
+    n, m = x.shape
+    nb = part_sums.shape[0]
+    for b in prange(nb):
+        sums = part_sums[b]
+        counts = part_counts[b]
+        sums[:] = 0.0
+        counts[:] = 0.0
+        for i in range(n * b // nb, n * (b + 1) // nb):
+            c = labels[i]
+            w = weights[i] if use_weights else 1.0
+            counts[c] += w
+            for j in range(m):
+                sums[c, j] += w * x[i, j]
+
+
+def label_sums(x: np.ndarray, labels: np.ndarray, k: int, weights: np.ndarray | None = None) -> tuple:
+    """Per-cluster sums and counts (weights) of rows with the given labels, in a fixed order.
+
+    The Lloyd step's own summation (:data:`_BLOCKS` row blocks, each in row order,
+    the blocks added in order), so the result is the same bits for any thread count.
+
+    Parameters
+    ----------
+    x : ndarray, shape (n, m), float64
+    labels : ndarray, shape (n,), int, values in ``[0, k)``
+    k : int
+    weights : ndarray, shape (n,), float64, optional
+
+    Returns
+    -------
+    sums : ndarray, shape (k, m), float64
+    counts : ndarray, shape (k,), float64
+    """
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    part_sums = np.empty((_BLOCKS, k, x.shape[1]))
+    part_counts = np.empty((_BLOCKS, k))
+    use_w = weights is not None
+    w = np.ascontiguousarray(weights, dtype=np.float64) if use_w else np.ones(0)
+    _label_sums(x, np.ascontiguousarray(labels), w, use_w, part_sums, part_counts)
+    sums, counts, _, _ = _reduce_blocks(part_sums, part_counts, np.zeros(_BLOCKS), np.zeros(_BLOCKS, np.int64))
+    return sums, counts
+
+
+@njit(parallel=True, cache=True, fastmath=False)
 def _tile_potentials(x, cands, d2, w, use_w, f1, f2, tile, dists, hi, lo, vmax):  # pragma: no cover - compiled
     """The greedy step of k-means++ in one pass over the rows for all candidates.
 

@@ -31,12 +31,12 @@ class Timer(cpu_event.Listener):
         self.started = {}
 
     def on_start(self, ev):
-        self.started[id(ev)] = time.perf_counter()
+        self.started[id(ev.data.get("dispatcher"))] = time.perf_counter()
 
     def on_end(self, ev):
-        t0 = self.started.pop(id(ev), None)
+        d = ev.data.get("dispatcher")
+        t0 = self.started.pop(id(d), None)
         if t0 is not None:
-            d = ev.data.get("dispatcher")
             name = getattr(getattr(d, "py_func", d), "__module__", "?") + "." + getattr(d, "__qualname__", str(d))
             totals[name] += time.perf_counter() - t0
             counts[name] += 1

@@ -149,6 +149,8 @@ class GPUBackend(Backend):
     """
 
     name = "gpu"
+    #: sums come from atomics, added in an order that changes from run to run (see lloyd.py)
+    deterministic = False
 
     def __init__(self, device: int | None = None, dtype: str = "float64", chunk_rows: int | None = None,
                  *, tune: dict | None = None):
