@@ -57,6 +57,7 @@ def _run(launch: Launch, ranks: int, data: str, k: int, out: str, run_args: tupl
     with open(os.path.join(out, "centers.csv"), "rb") as f:
         centres = f.read()
     return {"wall_s": ran.wall_s, "timings": {p: summary["timings"][p] for p in PHASES},
+            "setup_parts": summary["timings"].get("setup_parts"),
             "iterations": summary["iterations"], "inertia": summary["inertia"], "backend": summary["backend"],
             "devices": summary["devices"], "dtype": summary["dtype"], "init": summary["init"],
             "bytes_read": summary["bytes_read"], "centres": centres}
@@ -67,7 +68,7 @@ def _median_run(runs: list) -> dict:
     out = {k: v for k, v in runs[0].items() if k != "centres"}
     out["timings"] = {p: stats([r["timings"][p] for r in runs])["median"] for p in PHASES}
     out["wall_s"] = stats([r["wall_s"] for r in runs])["median"]
-    out["runs"] = [{"wall_s": r["wall_s"], "timings": r["timings"]} for r in runs]
+    out["runs"] = [{"wall_s": r["wall_s"], "timings": r["timings"], "setup_parts": r["setup_parts"]} for r in runs]
     return out
 
 
@@ -149,8 +150,10 @@ def time_to_solution(settings: TtsSettings, launch: Launch, progress: Progress =
 
 def _line(label: str, r: dict) -> str:
     t = r["timings"]
+    parts = r.get("setup_parts") or {}
+    setup = ", ".join(f"{k[:-2]} {v:.2f}" for k, v in parts.items())
     return (f"{label}: total {t['total_s']:.2f} s (start-up {t['startup_s']:.2f}, read {t['read_s']:.2f}, "
-            f"set-up {t['setup_s']:.2f}, init {t['init_s']:.2f}, compute {t['compute_s']:.2f} in "
+            f"set-up {t['setup_s']:.2f} [{setup}], init {t['init_s']:.2f}, compute {t['compute_s']:.2f} in "
             f"{r['iterations']} iterations, write {t['write_s']:.2f}); whole command {r['wall_s']:.2f} s")
 
 
