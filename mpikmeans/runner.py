@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -100,18 +101,57 @@ def gpu_possible() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.path.exists("/dev/nvidiactl")
 
 
-def _make_backend(comm, cfg, threads: int):
-    options = {"threads": threads, "dtype": cfg.dtype, "chunk_rows": cfg.chunk_rows}
-    if cfg.backend == "auto" and not gpu_possible():
-        return make_backend("cpu", **options)
-    if cfg.backend in ("gpu", "auto"):
+class DevicePreparation:
+    """The GPU's one-time start (numba-cuda's import, the driver, the device context), begun early.
+
+    It takes the better part of a second and needs nothing from the data, so a
+    thread starts it before the read, which runs in compiled code without the
+    GIL: by the time the rows are there, the device is ready for them.  Nothing
+    is started when the backend is ``cpu``, or ``auto`` on a node without NVIDIA
+    devices.
+
+    Parameters
+    ----------
+    comm : Comm or SerialComm
+    cfg : RunConfig
+    """
+
+    def __init__(self, comm, cfg):
+        self.device = None
+        self.error = None
+        self._thread = None
+        if cfg.backend == "cpu" or (cfg.backend == "auto" and not gpu_possible()):
+            return
+        self._thread = threading.Thread(target=self._prepare, args=(comm.node_rank, comm.node_size, cfg),
+                                        name="mpikmeans-gpu-start", daemon=True)
+        self._thread.start()
+
+    def _prepare(self, node_rank: int, node_size: int, cfg) -> None:
         try:
-            from .backends.gpu import gpu_available, select_device_for
+            from .backends.gpu import cuda, gpu_available, select_device_for
+
+            if cfg.backend == "gpu" or gpu_available():
+                self.device = select_device_for(node_rank, node_size, cfg.share_gpus)
+                cuda.select_device(self.device)  # the primary context: the main thread's use finds it made
         except ImportError:
-            gpu_available = None
-        if gpu_available is not None and (cfg.backend == "gpu" or gpu_available()):
-            options["device"] = select_device_for(comm.node_rank, comm.node_size, cfg.share_gpus)
-    return make_backend(cfg.backend, **options)
+            pass  # no numba-cuda: auto falls back, gpu says why in make_backend
+        except Exception as exc:  # reported where the backend is made, in the main thread
+            self.error = exc
+
+    def result(self) -> int | None:
+        """The device of this rank (None: no GPU); raises what the preparation met."""
+        if self._thread is not None:
+            self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.device
+
+
+def _make_backend(cfg, threads: int, device: int | None):
+    options = {"threads": threads, "dtype": cfg.dtype, "chunk_rows": cfg.chunk_rows}
+    if device is None:
+        return make_backend("cpu" if cfg.backend == "auto" else cfg.backend, **options)
+    return make_backend(cfg.backend, device=device, **options)
 
 
 def _init_for(comm, cfg, local, scaler):
@@ -249,6 +289,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     # the one-time start-up is timed apart: startup_s (with the output directory
     # check above), so read_s is the reading alone whatever the share of each rank
     prepare_read(comm, data, threads)
+    gpu_start = DevicePreparation(comm, cfg)  # overlaps the read
     t_ready = time.perf_counter()
     local = read_input(comm, data, cfg, threads)
     t_read = time.perf_counter()
@@ -268,7 +309,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     backend, error = None, None
     try:
         t = time.perf_counter()
-        backend = _make_backend(comm, cfg, threads)
+        backend = _make_backend(cfg, threads, gpu_start.result())
         setup_parts["backend_s"] = time.perf_counter() - t  # imports, device context
         t = time.perf_counter()
         backend.load(x, local.weights)

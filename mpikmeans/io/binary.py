@@ -139,7 +139,7 @@ def read_rows(path: str, offset: int, out: np.ndarray, threads: int = 1) -> None
         os.close(fd)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def scan_rows(x, parts):  # pragma: no cover - compiled
     """Non-finite values, and per-attribute min and max, of ``x`` (n, m) in one pass on ``parts`` blocks.
 

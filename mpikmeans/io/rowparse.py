@@ -305,7 +305,7 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights):
     return rows, line, weighted, E_NONE, -1, -1, -1, -1
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def line_cuts(buf, parts):
     """Cut ``buf`` into ``parts`` spans of whole lines; also count each span's newlines.
 
@@ -352,7 +352,7 @@ def last_newline(buf, lo):
     return -1
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, res):
     """:func:`parse_rows` on each span ``buf[cuts[t]:cuts[t+1]]`` at once, one thread each.
 
@@ -376,7 +376,7 @@ def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, re
         res[t, 7] = r[7] + cuts[t]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def column_min_max(x, parts):
     """Per-column minimum and maximum of ``x`` (shape (n, m), no NaN), in ``parts`` row blocks at once.
 
