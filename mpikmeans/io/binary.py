@@ -70,7 +70,7 @@ def convert(comm, source: str, target: str, ignore: str | None = None, missing: 
     """
     local = read_arff(source, comm, ignore=ignore, missing=missing, threads=threads)
     head = _npy_header((local.n, local.m)) if comm.rank == 0 else b""
-    write_parallel(comm, target, head, [np.ascontiguousarray(local.x, dtype="<f8")])
+    write_parallel(comm, target, head, [np.ascontiguousarray(local.x, dtype="<f8")], threads)
     if local.weights is not None:
         whead = _npy_header((local.n,)) if comm.rank == 0 else b""
         write_parallel(comm, weights_path(target), whead, [np.ascontiguousarray(local.weights, dtype="<f8")])

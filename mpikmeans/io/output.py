@@ -82,7 +82,7 @@ def publish(comm, tmp: str, path: str) -> None:
     comm.agree(error)
 
 
-def write_parallel(comm, path: str, head: bytes, pieces: Iterable) -> int:
+def write_parallel(comm, path: str, head: bytes, pieces: Iterable, threads: int = 1) -> int:
     """Write one file from every rank's bytes, in rank order (collective).
 
     Parameters
@@ -94,6 +94,10 @@ def write_parallel(comm, path: str, head: bytes, pieces: Iterable) -> int:
         Written first, by rank 0 only (a header); ignored on other ranks.
     pieces : iterable of bytes-like
         This rank's bytes, in order.
+    threads : int
+        Threads writing this rank's bytes (in slices of at least 64 MiB at their
+        offsets: a single ``pwrite`` stream does not reach a fast disk's or tmpfs'
+        speed).
 
     Returns
     -------
@@ -129,10 +133,19 @@ def write_parallel(comm, path: str, head: bytes, pieces: Iterable) -> int:
         if mine:
             fd = os.open(tmp, os.O_WRONLY)
             try:
-                at = offset
+                jobs, at = [], offset
                 for p in pieces:
-                    pwrite_all(fd, p, at)
+                    step = max(64 << 20, -(-len(p) // max(1, threads)))
+                    jobs += [(p[a:a + step], at + a) for a in range(0, len(p), step)]
                     at += len(p)
+                if threads > 1 and len(jobs) > 1:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    with ThreadPoolExecutor(min(threads, len(jobs))) as pool:
+                        list(pool.map(lambda job: pwrite_all(fd, *job), jobs))  # pwrite releases the GIL
+                else:
+                    for job in jobs:
+                        pwrite_all(fd, *job)
                 os.fsync(fd)
             finally:
                 os.close(fd)
