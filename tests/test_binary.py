@@ -62,3 +62,28 @@ def test_bad_npy_is_input_error(tmp_path):
     assert r.code == 3 and "2-D float64" in r.err
     r = run_cli(["convert", tmp_path / "x.arff", tmp_path / "x.bin"])
     assert r.code == 2 and ".npy" in r.err
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_extremes_from_convert_are_trusted_only_for_the_file_it_wrote(tmp_path, ranks):
+    src = tmp_path / "e.arff"
+    src.write_text("@relation r\n@attribute a numeric\n@attribute b numeric\n@data\n"
+                   "1,-0.0\n-2.5,0\n7,3e-300\n0.5,-1e300\n")
+    npy = tmp_path / "e.npy"
+    r = run_cli(["convert", src, npy])
+    assert r.code == 0, r.err
+    meta = json.loads((tmp_path / "e.npy.json").read_text())
+    assert meta["extremes"]["min"] == [(-2.5).hex(), (-1e300).hex()]
+    ref = run_ranks(ranks, lambda comm: read_arff(str(src), comm))[0]
+    got = run_ranks(ranks, lambda comm: read_npy(str(npy), comm))
+    for part in got:  # the sidecar's extremes: no pass over the rows, the same bits
+        assert part.mins.tobytes() == ref.mins.tobytes() and part.maxs.tobytes() == ref.maxs.tobytes()
+    x = np.load(npy, mmap_mode="r+")
+    x[2, 1] = np.nan  # the file changed after convert: its values are checked again
+    x.flush()
+    del x
+    import os
+    st = os.stat(npy)
+    os.utime(npy, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    with pytest.raises(InputError, match="not finite"):
+        run_ranks(ranks, lambda comm: read_npy(str(npy), comm))

@@ -6,10 +6,11 @@ shape (n, m), every rank writing its own rows at their offset.  Its sidecar
 ``DATA.npy.json`` keeps the attribute names and where the data came from;
 instance weights, if any, go to ``DATA.weights.npy``.
 
-A run on the ``.npy`` reads only its rank's contiguous slice of rows, with
-several threads' ``pread`` straight into the array the backend takes, and one
-compiled pass finds non-finite values and the per-attribute min/max, so
-repeated runs skip parsing and read at the speed of the disk or page cache.
+A run on the ``.npy`` maps only its rank's contiguous slice of rows (or, where
+mapping is not possible, reads it with several threads' ``pread``) straight into
+the array the backend takes, and one compiled pass finds non-finite values and
+the per-attribute min/max, so repeated runs skip parsing and read at the speed
+of the disk or page cache.
 ``.npy`` was chosen over HDF5 or Parquet because NumPy reads it with no extra
 dependency, and a row slice is one contiguous byte range.
 """
@@ -78,10 +79,20 @@ def convert(comm, source: str, target: str, ignore: str | None = None, missing: 
         meta = {"source": os.path.abspath(source), "relation": local.header.relation, "attributes": local.names,
                 "skipped_attributes": local.selection.skipped, "ignored_attributes": local.selection.ignored,
                 "n": local.n, "m": local.m, "weights": local.weights is not None,
-                "missing": {"policy": missing, "count": local.missing}}
+                "missing": {"policy": missing, "count": local.missing},
+                # what the read found (every value finite: the reader refuses others), exactly
+                # (hex); a run trusts it only for this very file (size and time of change)
+                "extremes": {"min": [float(v).hex() for v in local.mins], "max": [float(v).hex() for v in local.maxs],
+                             "file": _stamp(target)}}
         write_atomic(sidecar_path(target), (json.dumps(meta, indent=2) + "\n").encode())
     comm.barrier()
     return local
+
+
+def _stamp(path: str) -> list:
+    """Size and time of last change of a file (what says it is still the one described)."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
 
 
 def npy_layout(path: str) -> tuple[tuple, np.dtype, int]:
@@ -139,39 +150,72 @@ def read_rows(path: str, offset: int, out: np.ndarray, threads: int = 1) -> None
         os.close(fd)
 
 
+def map_rows(path: str, offset: int, shape: tuple) -> np.ndarray | None:
+    """The rows at ``offset`` as a private, writable mapping of the file, its pages faulted in at once.
+
+    No copy: the array is the page cache's pages (a write, e.g. scaling in place,
+    copies just that page).  ``MAP_POPULATE`` maps every page in one system call
+    instead of one fault per page.  None where that is not available (the caller
+    reads the bytes instead).
+    """
+    import mmap
+
+    populate = getattr(mmap, "MAP_POPULATE", None)
+    nbytes = shape[0] * shape[1] * 8
+    if populate is None or nbytes == 0:
+        return None
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    try:
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), nbytes + offset - start, flags=mmap.MAP_PRIVATE | populate,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+    except (OSError, ValueError):
+        return None
+    # the array holds the mapping alive; it is unmapped when the array goes
+    return np.frombuffer(mm, dtype="<f8", count=shape[0] * shape[1], offset=offset - start).reshape(shape)
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def scan_rows(x, parts):  # pragma: no cover - compiled
     """Non-finite values, and per-attribute min and max, of ``x`` (n, m) in one pass on ``parts`` blocks.
 
     ``-0.0`` counts as below ``0.0``, as in :func:`mpikmeans.io.rowparse.column_min_max`,
-    so the result does not depend on the blocks.
+    so the result does not depend on the blocks.  With a non-finite value the
+    extremes are meaningless (the caller refuses the data).
 
     Returns
     -------
     bad : int
     mins, maxs : ndarray, shape (m,), float64
-        Over the finite values (``+inf`` / ``-inf`` without rows).
+        ``+inf`` / ``-inf`` without rows.
     """
     n, m = x.shape
     lo = np.empty((parts, m))
     hi = np.empty((parts, m))
     bad = np.zeros(parts, dtype=np.int64)
     for t in prange(parts):
-        for j in range(m):
-            lo[t, j] = np.inf
-            hi[t, j] = -np.inf
+        lo_t = lo[t]
+        hi_t = hi[t]
+        lo_t[:] = np.inf
+        hi_t[:] = -np.inf
+        nonfinite = 0
         for i in range(n * t // parts, n * (t + 1) // parts):
+            row = x[i]
             for j in range(m):
-                v = x[i, j]
-                if not np.isfinite(v):
-                    bad[t] += 1
-                    continue
-                c = lo[t, j]
-                if v < c or (v == c and np.signbit(v)):
-                    lo[t, j] = v
-                c = hi[t, j]
-                if v > c or (v == c and not np.signbit(v)):
-                    hi[t, j] = v
+                v = row[j]
+                # plain comparisons (NaN fails them); a zero meets the other zero only
+                # rarely, and only then is its sign looked at
+                if v < lo_t[j]:
+                    lo_t[j] = v
+                elif v == 0.0 and lo_t[j] == 0.0 and np.signbit(v):
+                    lo_t[j] = v
+                if v > hi_t[j]:
+                    hi_t[j] = v
+                elif v == 0.0 and hi_t[j] == 0.0 and not np.signbit(v):
+                    hi_t[j] = v
+                if not (v - v == 0.0):  # NaN or infinite
+                    nonfinite += 1
+        bad[t] = nonfinite
     mins = np.empty(m)
     maxs = np.empty(m)
     for j in range(m):
@@ -225,25 +269,34 @@ def read_npy(path: str, comm, threads: int = 1) -> LocalData:
             meta = json.load(f)
     names = meta.get("attributes") or [f"X{j + 1}" for j in range(m)]
     lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
-    x = np.empty((hi - lo, m), dtype=np.float64)
-    read_rows(path, offset + lo * m * 8, x, threads)
+    x = map_rows(path, offset + lo * m * 8, (hi - lo, m))
+    if x is None:
+        x = np.empty((hi - lo, m), dtype=np.float64)
+        read_rows(path, offset + lo * m * 8, x, threads)
     weights = None
     if meta.get("weights"):
         wshape, wdtype, woffset = npy_layout(weights_path(path))
         weights = np.empty(hi - lo, dtype=np.float64)
         read_rows(weights_path(path), woffset + lo * 8, weights)
-    if len(x):
-        bad, mins, maxs = scan_rows(x, max(1, min(threads * 4, len(x))))
+    known = meta.get("extremes") or {}
+    if known.get("file") == _stamp(path) and len(known.get("min", ())) == m:
+        # convert found them, and the file is the one it wrote: no pass over the rows
+        mins = np.array([float.fromhex(v) for v in known["min"]])
+        maxs = np.array([float.fromhex(v) for v in known["max"]])
     else:
-        bad, mins, maxs = 0, np.full(m, np.inf), np.full(m, -np.inf)
-    bad = int(comm.allreduce(np.array([bad], dtype=np.int64), "sum")[0])
-    if bad:
-        raise InputError(f"{path}: {bad} values are not finite numbers", collective=True)
+        if len(x):
+            bad, mins, maxs = scan_rows(x, max(1, min(threads * 4, len(x))))
+        else:
+            bad, mins, maxs = 0, np.full(m, np.inf), np.full(m, -np.inf)
+        bad = int(comm.allreduce(np.array([bad], dtype=np.int64), "sum")[0])
+        if bad:
+            raise InputError(f"{path}: {bad} values are not finite numbers", collective=True)
+        mins, maxs = comm.allreduce(mins, "min"), comm.allreduce(maxs, "max")
     header = Header(meta.get("relation", os.path.basename(path)), [], 0, 0, os.path.getsize(path), path)
     kinds = np.zeros(m, dtype=np.int64)
     selection = Selection(kinds, np.arange(m), names, meta.get("skipped_attributes", []),
                           meta.get("ignored_attributes", []))
     counts = [n * (r + 1) // comm.size - n * r // comm.size for r in range(comm.size)]
-    return LocalData(path, header, x, lo, n, comm.allreduce(mins, "min"), comm.allreduce(maxs, "max"),
+    return LocalData(path, header, x, lo, n, mins, maxs,
                      (lo, hi), x.nbytes, counts=counts, names=names, selection=selection, weights=weights,
                      input_rows=n, missing=0)
