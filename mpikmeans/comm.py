@@ -79,7 +79,7 @@ class SerialComm:
 
     def library(self) -> str:
         """The MPI library's name and version, or why there is none."""
-        return "none (serial run)"
+        return "none (one process, not started by an MPI launcher)"
 
     def from_root(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on rank 0 only; every rank gets its result, or raises its error (collective).
@@ -188,14 +188,29 @@ class Comm(SerialComm):
         raise cls(message, collective=True)
 
 
+#: Variables an MPI launcher (mpirun/mpiexec of Open MPI, MPICH, Intel MPI, MVAPICH; srun;
+#: PMI/PMIx) sets in the processes it starts.
+LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD", "MV2_COMM_WORLD_SIZE",
+                      "MPI_LOCALNRANKS", "HYDI_CONTROL_FD", "SLURM_STEP_ID", "ALPS_APP_PE", "PALS_RANKID")
+
+
+def launched() -> bool:
+    """Whether an MPI launcher started this process (else it is one process on its own)."""
+    return any(v in os.environ for v in LAUNCHER_VARIABLES)
+
+
 def world() -> SerialComm:
     """The communicator of all processes of this job.
 
-    Returns a :class:`Comm` on ``MPI.COMM_WORLD`` when mpi4py can be imported,
-    else a :class:`SerialComm`.  ``MPIKMEANS_NO_MPI=1`` forces the serial
-    stand-in (a single process that must not initialise MPI).
+    Returns a :class:`Comm` on ``MPI.COMM_WORLD`` when an MPI launcher started
+    this process and mpi4py can be imported, else a :class:`SerialComm`: a
+    process started on its own is a job of one, and initialising MPI for it
+    (a singleton start of the MPI runtime) would cost about a second of every
+    such run.  ``MPIKMEANS_NO_MPI=1`` forces the serial stand-in,
+    ``MPIKMEANS_NO_MPI=0`` initialises MPI whatever started the process.
     """
-    if os.environ.get("MPIKMEANS_NO_MPI") == "1":
+    forced = os.environ.get("MPIKMEANS_NO_MPI")
+    if forced == "1" or (forced != "0" and not launched()):
         return SerialComm()
     try:
         from mpi4py import MPI
