@@ -737,9 +737,10 @@ def test_gpu_kernels_load_from_the_store_and_a_damaged_entry_is_rebuilt(empty_st
         else:
             assert empty_store.misses > misses
     assert times[1] < times[0] / 5, times
-    for r in results[1:]:
-        assert np.array_equal(r.sums, results[0].sums) and np.array_equal(r.counts, results[0].counts)
-        assert r.sse == results[0].sse
+    for r in results[1:]:  # the same kernels: the same step up to the order of the atomic additions
+        assert np.array_equal(r.counts, results[0].counts) and r.changed == results[0].changed
+        assert np.abs(r.sums - results[0].sums).max() <= 1e-12 * np.abs(results[0].sums).max()
+        assert abs(r.sse - results[0].sse) <= 1e-12 * results[0].sse
 
 
 @pytest.mark.gpu
