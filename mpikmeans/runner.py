@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from .io.header import shared_header
 from .io.split import check_memory
 from .backends import BackendUnavailable, make_backend
 from .checkpoint import Checkpointer, check_compatible, load
-from .comm import default_threads
+from .comm import LAUNCHER_VARIABLES, default_threads
 from .errors import MpikmeansError, RunError, UsageError
 from .faults import fault_point
 from .interrupt import StopRequest
@@ -120,7 +122,9 @@ class DevicePreparation:
         self.device = None
         self.error = None
         self._thread = None
-        if cfg.backend == "cpu" or (cfg.backend == "auto" and not gpu_possible()):
+        #: whether the run may have a GPU backend (a GPU start was begun)
+        self.started = not (cfg.backend == "cpu" or (cfg.backend == "auto" and not gpu_possible()))
+        if not self.started:
             return
         self._thread = threading.Thread(target=self._prepare, args=(comm.node_rank, comm.node_size, cfg),
                                         name="mpikmeans-gpu-start", daemon=True)
@@ -128,7 +132,7 @@ class DevicePreparation:
 
     def _prepare(self, node_rank: int, node_size: int, cfg) -> None:
         try:
-            from .backends.gpu import cuda, gpu_available, select_device_for
+            from .backends.gpu.device import cuda, gpu_available, select_device_for
 
             if cfg.backend == "gpu" or gpu_available():
                 self.device = select_device_for(node_rank, node_size, cfg.share_gpus)
@@ -145,6 +149,87 @@ class DevicePreparation:
         if self.error is not None:
             raise self.error
         return self.device
+
+
+class BackgroundCompile:
+    """A cold run's other kernels, compiled in a second process while this one compiles the reader.
+
+    On a machine whose caches do not hold this version's kernels, a run compiles
+    the reader's (in this process, before it reads), then the rest: the
+    statistics, initialisation and writer kernels, the CPU backend's or the GPU
+    kernels of the run's shape, one after the other.  Started here, one process
+    per node (node-local rank 0) compiles the rest at the same time, into the
+    same caches; the ranks wait for it before they make their backends, which
+    then load every kernel.  Nothing is started when the caches are warm.
+
+    Parameters
+    ----------
+    comm : Comm or SerialComm
+    data : str
+    cfg : RunConfig
+    gpu : bool
+        Whether this run's backend will be a GPU.
+    """
+
+    def __init__(self, comm, data: str, cfg, gpu: bool):
+        self.proc = None
+        self.comm = comm
+        if comm.node_rank != 0 or not self._cold(data, cfg, gpu, comm.size):
+            return
+        args = [sys.executable, "-m", "mpikmeans", "warmup", data, "-k", str(cfg.k), "--dtype", cfg.dtype,
+                "--skip-reader", "--gpu" if gpu else "--no-gpu", "-q"]
+        rows = self._rows(data, comm.size)
+        if rows:
+            args += ["--rows", str(rows)]
+        env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}  # a job of one, no MPI
+        try:
+            self.proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            log.info("kernel caches are cold: compiling the run's other kernels in process %d", self.proc.pid)
+        except OSError:
+            self.proc = None
+
+    @staticmethod
+    def _rows(data: str, size: int) -> int | None:
+        if data.endswith(".npy"):
+            return None  # the warm-up reads the shape itself
+        try:
+            from .io.header import read_header
+            from .io.split import plan_local
+
+            return plan_local(data, read_header(data), 0, size)["rows"]
+        except Exception:  # the run reports a bad file itself
+            return None
+
+    @staticmethod
+    def _cold(data: str, cfg, gpu: bool, size: int) -> bool:
+        from .warmup import rest_warm
+
+        if not rest_warm(cpu_backend=not gpu):
+            return True
+        if not gpu or cfg.k is None:
+            return False
+        try:
+            from .backends.gpu.compiled import shape_key, shape_warm
+            from .warmup import data_shape, needs_idx64
+
+            m, rows = data_shape(data, size)
+            return not shape_warm(shape_key(cfg.k, m, cfg.dtype, needs_idx64(m, rows)))
+        except Exception:  # no numba-cuda, a file the run will report: nothing to start
+            return False
+
+    def stop(self) -> None:
+        """End the compiling process (the run failed before it needed the kernels)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def wait(self) -> None:
+        """Wait (collective) until this node's compiling process, if any, is done."""
+        if self.proc is not None:
+            _, err = self.proc.communicate()
+            if self.proc.returncode != 0:  # the run compiles what is missing itself
+                log.info("background compile ended with %d: %s", self.proc.returncode, (err or b"")[-400:])
+        self.comm.barrier()
 
 
 def _make_backend(cfg, threads: int, device: int | None):
@@ -288,10 +373,15 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     threads = rank_threads(comm, cfg.threads)
     # the one-time start-up is timed apart: startup_s (with the output directory
     # check above), so read_s is the reading alone whatever the share of each rank
-    prepare_read(comm, data, threads)
     gpu_start = DevicePreparation(comm, cfg)  # overlaps the read
-    t_ready = time.perf_counter()
-    local = read_input(comm, data, cfg, threads)
+    compiling = BackgroundCompile(comm, data, cfg, gpu_start.started)
+    try:
+        prepare_read(comm, data, threads)
+        t_ready = time.perf_counter()
+        local = read_input(comm, data, cfg, threads)
+    except BaseException:
+        compiling.stop()
+        raise
     t_read = time.perf_counter()
     sel = local.selection
     if sel.skipped:
@@ -300,6 +390,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         log.warning("missing values: %s %d %s", "dropped" if cfg.missing == "drop" else "replaced by the mean",
                     local.missing, "rows" if cfg.missing == "drop" else "values")
 
+    compiling.wait()  # a cold run's other kernels: compiled meanwhile, loaded from here on
     full_means = global_means(comm, local.x, local.mins, local.maxs)
     # scaled in place: no second copy of the rows (centres go back to data units at the end)
     scaler = fit_scaler(comm, local.x, cfg.normalize, local.mins, local.maxs)

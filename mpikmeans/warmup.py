@@ -59,6 +59,59 @@ def warm_cpu(threads: int = 1) -> float:
     return time.perf_counter() - t0
 
 
+def warm_rest(threads: int = 1, cpu_backend: bool = True) -> float:
+    """Compile (or load) every CPU kernel of a run but the reader's, on tiny arrays.
+
+    What a cold run compiles after its read: the statistics, the ``.npy`` scan, the
+    initialisations' and the CPU backend's kernels (``cpu_backend``), the writer.
+    A run starts this in a second process (:class:`mpikmeans.runner.BackgroundCompile`)
+    while it compiles the reader itself.
+
+    Returns
+    -------
+    float
+        Seconds it took.
+    """
+    import numba
+
+    from .backends.serial import SerialRows, weighted_lloyd
+    from .comm import SerialComm
+    from .exact import column_limb_sums, fixed_potential, scale_factors
+    from .io.binary import scan_rows
+    from .io.output import write_arrays
+
+    t0 = time.perf_counter()
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    r = np.random.default_rng(0)
+    x = r.normal(size=(64, 3))
+    c = x[:3].copy()
+    scales = np.zeros(3, dtype=np.int64)
+    column_limb_sums(x, scales)
+    column_limb_sums(x, scales, x[0])
+    f1, f2 = scale_factors(0)
+    fixed_potential(x[:, 0].copy(), x[:, 1].copy(), x[:0, 0].copy(), False, f1, f2)
+    scan_rows(x, 1)
+    SerialRows(x).assign(c)
+    weighted_lloyd(x, np.ones(len(x)), c.copy(), 2)
+    if cpu_backend:
+        from .backends.cpu import CPUBackend, label_sums
+
+        backend = CPUBackend(threads=threads)
+        backend.load(x)
+        backend.warmup(3, 3)
+        d2 = backend.dist2_to(c[0])
+        backend.potentials(d2, c, None, 0)
+        backend.lower_d2(d2, c[1])
+        label_sums(x, backend.assign(c)[0], 3)
+        backend.step(c)
+    tmp = tempfile.mkdtemp(prefix="mpikmeans-warmup-")
+    try:
+        write_arrays(SerialComm(), tmp, c, ["a", "b", "c"], np.zeros(len(x), dtype=np.int32))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return time.perf_counter() - t0
+
+
 def needs_idx64(m: int, rows: int) -> bool:
     """Whether a rank's ``rows`` x ``m`` block needs 64-bit indices on the GPU (as the backend decides)."""
     from .backends.gpu.plan import round_up
@@ -106,6 +159,45 @@ def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int 
     return time.perf_counter() - t0
 
 
+def _cached(dispatcher) -> bool:
+    """Whether Numba's cache holds a compiled version of ``dispatcher`` (for this source)."""
+    try:
+        return bool(dispatcher._cache._cache_file._load_index())
+    except Exception:  # Numba internals moved: take it as not cached
+        return False
+
+
+def rest_warm(cpu_backend: bool = True) -> bool:
+    """Whether the kernels :func:`warm_rest` compiles are all in Numba's cache."""
+    from .backends import serial
+    from .exact import _column_limbs, fixed_potential
+    from .io.binary import scan_rows
+    from .io.textfmt import _write_fixed
+
+    kernels = [_column_limbs, fixed_potential, scan_rows, serial._assign_serial, serial.weighted_lloyd, _write_fixed]
+    if cpu_backend:
+        from .backends import cpu
+
+        kernels += [cpu._lloyd_pass, cpu._assign_pass, cpu._tile_potentials, cpu._tile_dist2, cpu._label_sums]
+    return all(_cached(k) for k in kernels)
+
+
+def data_shape(data: str, ranks: int = 1) -> tuple:
+    """(M, rows of the largest rank) of a run on ``data``: the ``.npy``'s shape, or the ARFF's
+    numeric attributes and its first rank's rows as :func:`mpikmeans.io.split.plan_local` estimates them."""
+    if data.endswith(".npy"):
+        from .io.binary import npy_layout
+
+        (n, m), _, _ = npy_layout(data)
+        return m, -(-n // ranks)
+    from .io.header import read_header
+    from .io.split import plan_local
+
+    header = read_header(data)
+    m = sum(1 for a in header.attributes if a.kind == "numeric")
+    return m, plan_local(data, header, 0, ranks)["rows"]
+
+
 #: CPU kernels whose presence in Numba's cache says the reader and the CPU backend are warm.
 def _cpu_kernels() -> list:
     from .backends import cpu
@@ -127,12 +219,7 @@ def cache_status() -> dict:
     """
     out = {"root": cache_root(), "numba_dir": os.environ.get("NUMBA_CACHE_DIR") or numba_cache_dir()}
     kernels = _cpu_kernels()
-    cached = 0
-    for disp in kernels:
-        try:
-            cached += bool(disp._cache._cache_file._load_index())
-        except Exception:  # Numba internals moved: report unknown as not cached
-            pass
+    cached = sum(_cached(disp) for disp in kernels)
     out["cpu_kernels"] = len(kernels)
     out["cpu_kernels_cached"] = cached
     try:

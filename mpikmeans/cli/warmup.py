@@ -20,8 +20,10 @@ from . import _guarded, main
 @click.option("--rows", type=click.IntRange(min=1),
               help="Rows of the largest rank of the coming run (above 2**31 / M they need other GPU kernels) "
                    "[default: DATA's rows, else 1]")
+@click.option("--skip-reader", is_flag=True, hidden=True,
+              help="Everything but the reader's kernels (a cold run compiles those itself meanwhile).")
 @click.option("-q", "--quiet", is_flag=True)
-def warmup(data, k, m, gpu, dtype, rows, quiet):
+def warmup(data, k, m, gpu, dtype, rows, skip_reader, quiet):
     """Compile (or check the caches hold) every kernel a run will need.
 
     \b
@@ -35,7 +37,7 @@ def warmup(data, k, m, gpu, dtype, rows, quiet):
 
     def body(comm):
         from ..runner import gpu_possible, rank_threads
-        from ..warmup import cache_status, warm_cpu, warm_gpu
+        from ..warmup import cache_status, warm_cpu, warm_gpu, warm_rest
 
         use_gpu = gpu
         if use_gpu is None:
@@ -45,7 +47,10 @@ def warmup(data, k, m, gpu, dtype, rows, quiet):
             raise UsageError("--gpu needs -k (the GPU kernels are compiled for K centres)", collective=True)
         report = {}
         if comm.node_rank == 0:
-            report["cpu_s"] = warm_cpu(rank_threads(comm))
+            if skip_reader:
+                report["cpu_s"] = warm_rest(rank_threads(comm), cpu_backend=not use_gpu)
+            else:
+                report["cpu_s"] = warm_cpu(rank_threads(comm))
             if use_gpu:
                 from ..backends.gpu import gpu_available, select_device_for
 
@@ -68,19 +73,11 @@ def warmup(data, k, m, gpu, dtype, rows, quiet):
 
 
 def _shape(comm, data, m, rows) -> tuple:
-    """(M, rows) of the coming run: from the options, else from DATA's header (or .npy shape)."""
+    """(M, rows) of the coming run: from the options, else from DATA."""
     if data is not None and (m is None or rows is None):
-        if data.endswith(".npy"):
-            import numpy as np
+        from ..warmup import data_shape
 
-            n_data, m_data = np.load(data, mmap_mode="r").shape
-        else:
-            from ..io.header import shared_header
-            from ..io.split import plan_local
-
-            header = shared_header(data, comm)
-            m_data = sum(1 for a in header.attributes if a.kind == "numeric")
-            n_data = plan_local(data, header, 0, 1)["rows"]
+        m_data, n_data = comm.from_root(lambda: data_shape(data))
         m = m or m_data
         rows = rows or n_data
     if m is None:

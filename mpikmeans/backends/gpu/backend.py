@@ -19,7 +19,7 @@ import numpy as np
 from ...exact import HostFixed, limbs_to_int, scale_factors, to_fixed
 from .. import Backend, BackendInfo, BackendUnavailable, StepResult
 from . import initk
-from .compiled import compiled
+from .compiled import compiled, mark_shape_warm, shape_key
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
 from .hostk import add_step
 from .kernels import RC_WARPS, fused_kernel, recheck_kernel
@@ -410,6 +410,9 @@ class GPUBackend(Backend):
         zeros = np.zeros((k, self.m))
         st.pack.fill(zeros)  # overwritten by every step's fill
         add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros)
+        if not SIM:
+            idx64 = bool(self.tune.get("idx64")) or self.m * self.rows.ld >= 2**31
+            mark_shape_warm(shape_key(k, self.m, self.dtype, idx64))
 
     # ------------------------------------------------------------------ the step policy
     def _delta_allowed(self) -> bool:

@@ -101,6 +101,42 @@ def compiled(name: str, spec: tuple, dispatcher, args: tuple):
     return kernel
 
 
+def shape_key(k: int, m: int, dtype: str, idx64: bool) -> str:
+    """A name for "the kernels of this shape are in the store" (no CUDA needed to form it).
+
+    Sources and numba-cuda's version go into it, the device does not (it needs the
+    driver): a marker only decides whether a run compiles ahead in the background.
+    """
+    import hashlib
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        nc = version("numba-cuda")
+    except PackageNotFoundError:  # pragma: no cover
+        nc = "?"
+    return hashlib.sha256(repr((source_hash(list(SOURCES)), nc, int(k), int(m), str(dtype),
+                                bool(idx64))).encode()).hexdigest()[:32]
+
+
+def _marker(key: str) -> str:
+    return os.path.join(store_dir(), "shapes", key)
+
+
+def shape_warm(key: str) -> bool:
+    """Whether a run or a warm-up finished compiling (or loading) the kernels of this shape here."""
+    return os.path.exists(_marker(key))
+
+
+def mark_shape_warm(key: str) -> None:
+    """Record that the kernels of this shape are in the store (best effort)."""
+    try:
+        os.makedirs(os.path.dirname(_marker(key)), exist_ok=True)
+        with open(_marker(key), "wb"):
+            pass
+    except OSError:
+        pass
+
+
 def cached_entries() -> int:
     """Compiled GPU kernels in the store (all devices and versions)."""
     return _store().entries()

@@ -1,0 +1,71 @@
+"""Tests for :mod:`mpikmeans.runner`'s start of a run: what it starts beside the read.
+
+- a CPU run starts no GPU preparation; the start of a GPU that cannot be had is
+  reported where the backend is made, not lost in its thread;
+- on cold caches a second process compiles the run's other kernels and the run
+  waits for it; on warm caches none is started; a run that fails stops it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mpikmeans import runner  # noqa: E402
+from mpikmeans.backends import BackendUnavailable  # noqa: E402
+from mpikmeans.comm import SerialComm  # noqa: E402
+from mpikmeans.config import RunConfig  # noqa: E402
+
+
+def test_a_cpu_run_starts_no_gpu():
+    start = runner.DevicePreparation(SerialComm(), RunConfig(k=2, backend="cpu").validate())
+    assert not start.started and start.result() is None
+
+
+def test_a_gpu_start_failure_is_raised_where_the_backend_is_made(monkeypatch):
+    pytest.importorskip("numba.cuda")
+    from mpikmeans.backends import gpu as G
+
+    if G.gpu_available():
+        pytest.skip("a GPU is usable here")
+    start = runner.DevicePreparation(SerialComm(), RunConfig(k=2, backend="gpu").validate())
+    assert start.started
+    with pytest.raises(BackendUnavailable):
+        start.result()
+
+
+def test_cold_caches_compile_the_rest_in_a_second_process(monkeypatch, tmp_path):
+    data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
+    cfg = RunConfig(k=2, backend="cpu").validate()
+    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: True))
+    bg = runner.BackgroundCompile(SerialComm(), str(data), cfg, gpu=False)
+    assert bg.proc is not None
+    bg.wait()
+    assert bg.proc.returncode == 0, bg.proc.stderr
+    # a failed run stops it
+    bg = runner.BackgroundCompile(SerialComm(), str(data), cfg, gpu=False)
+    bg.stop()
+    assert bg.proc.returncode is not None
+
+
+def test_warm_caches_start_nothing(monkeypatch):
+    data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
+    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: False))
+    bg = runner.BackgroundCompile(SerialComm(), str(data), RunConfig(k=2).validate(), gpu=False)
+    assert bg.proc is None
+    bg.wait()
+
+
+def test_after_a_cpu_run_the_rest_is_warm(tmp_path):
+    from conftest import run_cli
+
+    from mpikmeans.warmup import rest_warm
+
+    data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
+    r = run_cli(["run", data, "-k", 2, "--backend", "cpu", "-o", tmp_path / "o", "-q"])
+    assert r.code == 0, r.err
+    assert rest_warm(cpu_backend=True)
