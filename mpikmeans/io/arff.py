@@ -218,7 +218,7 @@ def _describe(code: int, path: str, line_no: int, col: int, attrs: list, token: 
 
 
 #: The reader's compiled kernels, as :func:`warm_up` loads them.
-READ_KERNELS = ("last_newline", "line_cuts", "parse_parallel", "column_min_max")
+READ_KERNELS = ("last_newline", "line_cuts", "parse_rows", "_min_max_rows", "_combine_min_max")
 
 
 def warm_up(threads: int = 1) -> None:
@@ -314,7 +314,7 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
     have = 0  # bytes at the front of buf: the start of a line cut off by the previous piece
     pos = start
     pool = None
-    if parts > 1 and end - start >= 2 * _READ_STRIDE:
+    if parts > 1:  # reads the file in strides and parses the spans of each piece
         from concurrent.futures import ThreadPoolExecutor
 
         pool = ThreadPoolExecutor(max_workers=parts)
@@ -359,7 +359,8 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
                 weights = wgrown
             res = np.empty((parts, 8), dtype=np.int64)
             first = rows
-            rowparse.parse_parallel(text, cuts, seg + first, sel.kinds, sel.outcol, missing_mode, out, weights, res)
+            rowparse.parse_parallel(text, cuts, seg + first, sel.kinds, sel.outcol, missing_mode, out, weights, res,
+                                    pool)
             for t in range(parts):
                 got, lines, has_w, err, err_line, err_col, ts, te = (int(v) for v in res[t])
                 base = first + int(seg[t])

@@ -16,7 +16,7 @@ and tabs around values; CRLF line ends.
 from __future__ import annotations
 
 import numpy as np
-from ..jit import njit, prange
+from ..jit import njit
 
 from .numparse import (
     PARSE_OK,
@@ -161,7 +161,7 @@ def _weight(p, i, n):
     return w, i + 1, E_NONE, ts, te
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def parse_rows(text, kinds, outcol, missing_mode, out, weights):
     """Parse whole data lines of ``text`` (compiled).
 
@@ -305,7 +305,7 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights):
     return rows, line, weighted, E_NONE, -1, -1, -1, -1
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def line_cuts(buf, parts):
     """Cut ``buf`` into ``parts`` spans of whole lines; also count each span's newlines.
 
@@ -324,16 +324,18 @@ def line_cuts(buf, parts):
             p += 1
         cuts[t] = p
     cuts[parts] = n
+    # one thread: counting runs at memory speed (LLVM vectorises it), a piece of text
+    # is a few MB, and a serial kernel compiles in a fraction of a parallel one's time
     newlines = np.zeros(parts, dtype=np.int64)
-    for t in prange(parts):
+    for t in range(parts):
         newlines[t] = _count_newlines(buf[cuts[t]:cuts[t + 1]])
     return cuts, newlines
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _count_newlines(buf):
     # a plain loop of its own: LLVM vectorises it (~20 GB/s), the same loop
-    # inside the prange body above it does not (~1.6 GB/s)
+    # inside a prange body does not (~1.6 GB/s)
     c = 0
     for i in range(buf.shape[0]):
         if buf[i] == _NL:
@@ -341,7 +343,7 @@ def _count_newlines(buf):
     return c
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def last_newline(buf, lo):
     """Index of the last ``\n`` in ``buf[lo:]``, or -1."""
     i = buf.shape[0] - 1
@@ -352,8 +354,7 @@ def last_newline(buf, lo):
     return -1
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, res):
+def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, res, pool=None):
     """:func:`parse_rows` on each span ``buf[cuts[t]:cuts[t+1]]`` at once, one thread each.
 
     Span t writes its rows from ``out[seg[t]]`` on (``seg`` leaves room for
@@ -361,50 +362,77 @@ def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, re
     eight results, token offsets counted from the start of ``buf``.  The
     caller moves the spans' rows together (only needed after a span with
     blank or comment lines) and reports the first error.
+
+    The spans run on ``pool``'s threads (a ``concurrent.futures`` executor; one
+    after the other without one): :func:`parse_rows` releases the GIL.  Python
+    threads rather than a Numba ``prange``: the same speed, and a parallel kernel
+    around the parser would add seconds to its first compile on every new machine.
     """
     parts = cuts.shape[0] - 1
-    for t in prange(parts):
+
+    def span(t):
         r = parse_rows(buf[cuts[t]:cuts[t + 1]], kinds, outcol, missing_mode,
                        out[seg[t]:seg[t + 1]], weights[seg[t]:seg[t + 1]])
-        res[t, 0] = r[0]
-        res[t, 1] = r[1]
-        res[t, 2] = r[2]
-        res[t, 3] = r[3]
-        res[t, 4] = r[4]
-        res[t, 5] = r[5]
+        res[t, :6] = r[:6]
         res[t, 6] = r[6] + cuts[t]
         res[t, 7] = r[7] + cuts[t]
 
+    if pool is None or parts == 1:
+        for t in range(parts):
+            span(t)
+    else:
+        list(pool.map(span, range(parts)))
 
-@njit(parallel=True, cache=True, nogil=True)
+
+@njit(cache=True, nogil=True)
+def _min_max_rows(x, a, b, lo, hi):  # pragma: no cover - compiled
+    for j in range(x.shape[1]):
+        lo[j] = np.inf
+        hi[j] = -np.inf
+    for i in range(a, b):
+        for j in range(x.shape[1]):
+            v = x[i, j]
+            c = lo[j]
+            if v < c or (v == c and np.signbit(v)):
+                lo[j] = v
+            c = hi[j]
+            if v > c or (v == c and not np.signbit(v)):
+                hi[j] = v
+
+
 def column_min_max(x, parts):
     """Per-column minimum and maximum of ``x`` (shape (n, m), no NaN), in ``parts`` row blocks at once.
 
     ``-0.0`` counts as below ``0.0`` (``np.min`` would keep whichever it met
-    first), so the result is the same bits whatever the blocks.
+    first), so the result is the same bits whatever the blocks.  The blocks run
+    on threads (the kernel releases the GIL).
 
     Returns
     -------
     mins, maxs : ndarray, shape (m,), float64
     """
     n, m = x.shape
+    parts = max(1, min(parts, n)) if n else 1
     lo = np.empty((parts, m))
     hi = np.empty((parts, m))
-    for t in prange(parts):
-        a = n * t // parts
-        b = n * (t + 1) // parts
-        for j in range(m):
-            lo[t, j] = np.inf
-            hi[t, j] = -np.inf
-        for i in range(a, b):
-            for j in range(m):
-                v = x[i, j]
-                c = lo[t, j]
-                if v < c or (v == c and np.signbit(v)):
-                    lo[t, j] = v
-                c = hi[t, j]
-                if v > c or (v == c and not np.signbit(v)):
-                    hi[t, j] = v
+
+    def block(t):
+        _min_max_rows(x, n * t // parts, n * (t + 1) // parts, lo[t], hi[t])
+
+    if parts == 1:
+        block(0)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(parts) as pool:
+            list(pool.map(block, range(parts)))
+    return _combine_min_max(lo, hi)
+
+
+@njit(cache=True, nogil=True)
+def _combine_min_max(lo, hi):  # pragma: no cover - compiled
+    # the blocks in order, with the same signed-zero rule as within a block
+    parts, m = lo.shape
     mins = np.empty(m)
     maxs = np.empty(m)
     for j in range(m):
