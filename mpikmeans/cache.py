@@ -92,6 +92,10 @@ def numba_cache_dir() -> str:
     return os.path.join(cache_root(), "numba", source_hash())
 
 
+#: Marks a NUMBA_CACHE_DIR that :func:`configure` set (so a child process does not take it for the user's).
+_OURS = "MPIKMEANS_SET_NUMBA_CACHE_DIR"
+
+
 def configure() -> str | None:
     """Point Numba's cache at :func:`numba_cache_dir` (unless ``NUMBA_CACHE_DIR`` is set); harden it.
 
@@ -106,13 +110,16 @@ def configure() -> str | None:
         sources, else its own user cache) is kept: a ``NUMBA_CACHE_DIR`` set by
         the user, or a cache root that cannot be written.
     """
-    if os.environ.get("NUMBA_CACHE_DIR"):
+    theirs = os.environ.get("NUMBA_CACHE_DIR")
+    if theirs and theirs != os.environ.get(_OURS):
         chosen = None
     else:
+        # not set, or set by this function in a parent process (whose cache root a
+        # child's MPIKMEANS_CACHE_DIR may change): choose again
         path = numba_cache_dir()
         chosen = path if writable_dir(path) else None
         if chosen:
-            os.environ["NUMBA_CACHE_DIR"] = chosen
+            os.environ["NUMBA_CACHE_DIR"] = os.environ[_OURS] = chosen
             if "numba" in sys.modules:
                 from numba.core import config
 

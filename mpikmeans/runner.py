@@ -121,6 +121,7 @@ class DevicePreparation:
     def __init__(self, comm, cfg):
         self.device = None
         self.error = None
+        self.reason = ""  # why there is no device, when there is none
         self._thread = None
         #: whether the run may have a GPU backend (a GPU start was begun)
         self.started = not (cfg.backend == "cpu" or (cfg.backend == "auto" and not gpu_possible()))
@@ -133,12 +134,18 @@ class DevicePreparation:
     def _prepare(self, node_rank: int, node_size: int, cfg) -> None:
         try:
             from .backends.gpu.device import cuda, gpu_available, select_device_for
-
+        except ImportError as exc:  # auto falls back (and says why); gpu says why in make_backend
+            self.reason = f"numba-cuda cannot be imported ({exc})"
+            return
+        try:
             if cfg.backend == "gpu" or gpu_available():
                 self.device = select_device_for(node_rank, node_size, cfg.share_gpus)
                 cuda.select_device(self.device)  # the primary context: the main thread's use finds it made
-        except ImportError:
-            pass  # no numba-cuda: auto falls back, gpu says why in make_backend
+            else:
+                from numba.cuda.cudadrv.driver import driver
+
+                detail = getattr(driver, "initialization_error", None)
+                self.reason = "no usable CUDA device" + (f" ({detail})" if detail else "")
         except Exception as exc:  # reported where the backend is made, in the main thread
             self.error = exc
 
@@ -232,9 +239,11 @@ class BackgroundCompile:
         self.comm.barrier()
 
 
-def _make_backend(cfg, threads: int, device: int | None):
+def _make_backend(cfg, threads: int, device: int | None, reason: str = ""):
     options = {"threads": threads, "dtype": cfg.dtype, "chunk_rows": cfg.chunk_rows}
     if device is None:
+        if cfg.backend == "auto" and reason:  # a node with NVIDIA devices, but none usable
+            log.warning("--backend auto: the GPU cannot be used (%s); running on the CPU", reason)
         return make_backend("cpu" if cfg.backend == "auto" else cfg.backend, **options)
     return make_backend(cfg.backend, device=device, **options)
 
@@ -400,7 +409,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     backend, error = None, None
     try:
         t = time.perf_counter()
-        backend = _make_backend(cfg, threads, gpu_start.result())
+        backend = _make_backend(cfg, threads, gpu_start.result(), gpu_start.reason)
         setup_parts["backend_s"] = time.perf_counter() - t  # imports, device context
         t = time.perf_counter()
         backend.load(x, local.weights)

@@ -233,3 +233,20 @@ def test_a_damaged_numba_cache_file_is_compiled_again(tmp_path, which):
     p = _run_kernels(tmp_path, cache_dir)
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0 and out.split()[-1] == "2", err  # rewritten whole: loaded again
+
+
+def test_a_child_with_its_own_cache_root_is_not_held_to_the_parents(tmp_path):
+    # a benchmark imports mpikmeans (which sets NUMBA_CACHE_DIR in its environment), then
+    # starts runs with MPIKMEANS_CACHE_DIR of their own: theirs must win
+    code = "import mpikmeans, os; from numba.core import config; print(config.CACHE_DIR)"
+    parent = _env(MPIKMEANS_CACHE_DIR=tmp_path / "parent")
+    out = subprocess.run([sys.executable, "-c", "import os, mpikmeans, json; print(json.dumps(dict(os.environ)))"],
+                         env=parent, capture_output=True, text=True, timeout=120, check=True).stdout
+    import json
+
+    inherited = json.loads(out)
+    assert inherited["NUMBA_CACHE_DIR"].startswith(str(tmp_path / "parent"))
+    inherited["MPIKMEANS_CACHE_DIR"] = str(tmp_path / "child")
+    got = subprocess.run([sys.executable, "-c", code], env=inherited, capture_output=True, text=True, timeout=120,
+                         check=True).stdout.strip()
+    assert got == os.path.join(str(tmp_path / "child"), "numba", C.source_hash())
