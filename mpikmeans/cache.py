@@ -40,6 +40,11 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _KERNEL_MARKERS = (b"njit", b"numba.jit")
 
 
+#: Modules whose code is compiled into the GPU kernels (their store's keys hold these sources' hash).
+GPU_SOURCES = tuple(os.path.join(_PACKAGE, "backends", "gpu", f)
+                    for f in ("intrinsics.py", "kernels.py", "rows.py", "initk.py"))
+
+
 def cache_root() -> str:
     """The directory of mpikmeans' caches (not created here)."""
     explicit = os.environ.get("MPIKMEANS_CACHE_DIR")
@@ -266,3 +271,42 @@ class KernelStore:
             return sum(1 for f in os.listdir(self.path) if f.endswith(".kernel"))
         except OSError:
             return 0
+
+
+# ---------------------------------------------------------------------------------------- shapes compiled
+
+def gpu_shape_key(k: int, m: int, dtype: str, idx64: bool) -> str:
+    """A name for "the GPU kernels of this shape are in the store" (formed without CUDA or numba-cuda).
+
+    The kernels' sources and numba-cuda's version go into it, the device does not
+    (knowing it needs the driver): a marker only decides whether a run compiles
+    ahead in the background, never which kernel is loaded.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        nc = version("numba-cuda")
+    except PackageNotFoundError:  # pragma: no cover
+        nc = "?"
+    key = (source_hash(list(GPU_SOURCES)), nc, int(k), int(m), str(dtype), bool(idx64))
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+
+
+def _shape_marker(key: str) -> str:
+    return os.path.join(cache_root(), "cuda", "shapes", key)
+
+
+def gpu_shape_warm(key: str) -> bool:
+    """Whether a run or a warm-up finished compiling (or loading) the GPU kernels of this shape here."""
+    return os.path.exists(_shape_marker(key))
+
+
+def mark_gpu_shape_warm(key: str) -> None:
+    """Record that the GPU kernels of this shape are in the store (best effort)."""
+    try:
+        os.makedirs(os.path.dirname(_shape_marker(key)), exist_ok=True)
+        with open(_shape_marker(key), "wb"):
+            pass
+    except OSError:
+        pass
+

@@ -103,6 +103,11 @@ def gpu_possible() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.path.exists("/dev/nvidiactl")
 
 
+def gpu_wanted(cfg) -> bool:
+    """Whether the run may have a GPU backend: ``gpu``, or ``auto`` on a node with NVIDIA devices."""
+    return cfg.backend == "gpu" or (cfg.backend == "auto" and gpu_possible())
+
+
 class DevicePreparation:
     """The GPU's one-time start (numba-cuda's import, the driver, the device context), begun early.
 
@@ -123,9 +128,7 @@ class DevicePreparation:
         self.error = None
         self.reason = ""  # why there is no device, when there is none
         self._thread = None
-        #: whether the run may have a GPU backend (a GPU start was begun)
-        self.started = not (cfg.backend == "cpu" or (cfg.backend == "auto" and not gpu_possible()))
-        if not self.started:
+        if not gpu_wanted(cfg):
             return
         self._thread = threading.Thread(target=self._prepare, args=(comm.node_rank, comm.node_size, cfg),
                                         name="mpikmeans-gpu-start", daemon=True)
@@ -216,11 +219,11 @@ class BackgroundCompile:
         if not gpu or cfg.k is None:
             return False
         try:
-            from .backends.gpu.compiled import shape_key, shape_warm
+            from .cache import gpu_shape_key, gpu_shape_warm
             from .warmup import data_shape, needs_idx64
 
             m, rows = data_shape(data, size)
-            return not shape_warm(shape_key(cfg.k, m, cfg.dtype, needs_idx64(m, rows)))
+            return not gpu_shape_warm(gpu_shape_key(cfg.k, m, cfg.dtype, needs_idx64(m, rows)))
         except Exception:  # no numba-cuda, a file the run will report: nothing to start
             return False
 
@@ -382,8 +385,10 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     threads = rank_threads(comm, cfg.threads)
     # the one-time start-up is timed apart: startup_s (with the output directory
     # check above), so read_s is the reading alone whatever the share of each rank
+    # first what looks in the caches (in this thread), then the GPU's start in another: the
+    # two would import the same modules at once, which Python does not allow
+    compiling = BackgroundCompile(comm, data, cfg, gpu_wanted(cfg))
     gpu_start = DevicePreparation(comm, cfg)  # overlaps the read
-    compiling = BackgroundCompile(comm, data, cfg, gpu_start.started)
     try:
         prepare_read(comm, data, threads)
         t_ready = time.perf_counter()

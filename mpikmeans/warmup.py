@@ -114,9 +114,9 @@ def warm_rest(threads: int = 1, cpu_backend: bool = True) -> float:
 
 def needs_idx64(m: int, rows: int) -> bool:
     """Whether a rank's ``rows`` x ``m`` block needs 64-bit indices on the GPU (as the backend decides)."""
-    from .backends.gpu.plan import round_up
-
-    return m * round_up(max(rows, 1), 32) >= 2**31
+    # the backend's row stride: rows rounded up to 32 (backends/gpu/plan.round_up, not
+    # imported here: this is asked before numba-cuda is)
+    return m * (-(-max(rows, 1) // 32) * 32) >= 2**31
 
 
 def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int = 0,

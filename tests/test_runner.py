@@ -22,8 +22,9 @@ from mpikmeans.config import RunConfig  # noqa: E402
 
 
 def test_a_cpu_run_starts_no_gpu():
-    start = runner.DevicePreparation(SerialComm(), RunConfig(k=2, backend="cpu").validate())
-    assert not start.started and start.result() is None
+    cfg = RunConfig(k=2, backend="cpu").validate()
+    start = runner.DevicePreparation(SerialComm(), cfg)
+    assert not runner.gpu_wanted(cfg) and start._thread is None and start.result() is None
 
 
 def test_a_gpu_start_failure_is_raised_where_the_backend_is_made(monkeypatch):
@@ -33,7 +34,7 @@ def test_a_gpu_start_failure_is_raised_where_the_backend_is_made(monkeypatch):
     if G.gpu_available():
         pytest.skip("a GPU is usable here")
     start = runner.DevicePreparation(SerialComm(), RunConfig(k=2, backend="gpu").validate())
-    assert start.started
+    assert start._thread is not None
     with pytest.raises(BackendUnavailable):
         start.result()
 

@@ -19,7 +19,8 @@ import numpy as np
 from ...exact import HostFixed, limbs_to_int, scale_factors, to_fixed
 from .. import Backend, BackendInfo, BackendUnavailable, StepResult
 from . import initk
-from .compiled import compiled, mark_shape_warm, shape_key
+from ...cache import gpu_shape_key, mark_gpu_shape_warm
+from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
 from .hostk import add_step
 from .kernels import RC_WARPS, fused_kernel, recheck_kernel
@@ -412,7 +413,7 @@ class GPUBackend(Backend):
         add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros)
         if not SIM:
             idx64 = bool(self.tune.get("idx64")) or self.m * self.rows.ld >= 2**31
-            mark_shape_warm(shape_key(k, self.m, self.dtype, idx64))
+            mark_gpu_shape_warm(gpu_shape_key(k, self.m, self.dtype, idx64))
 
     # ------------------------------------------------------------------ the step policy
     def _delta_allowed(self) -> bool:

@@ -29,9 +29,7 @@ from .device import SIM, cuda
 
 log = logging.getLogger("mpikmeans.backends.gpu")
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-#: Modules whose code is compiled into the kernels.
-SOURCES = tuple(os.path.join(_HERE, f) for f in ("intrinsics.py", "kernels.py", "rows.py", "initk.py"))
+from ...cache import GPU_SOURCES as SOURCES  # noqa: E402  (the modules whose code the kernels compile)
 
 
 def store_dir() -> str:
@@ -99,42 +97,6 @@ def compiled(name: str, spec: tuple, dispatcher, args: tuple):
     except Exception as exc:  # pragma: no cover - depends on numba-cuda internals
         log.warning("GPU kernel %s could not be cached (%s): it is compiled in every run", name, exc)
     return kernel
-
-
-def shape_key(k: int, m: int, dtype: str, idx64: bool) -> str:
-    """A name for "the kernels of this shape are in the store" (no CUDA needed to form it).
-
-    Sources and numba-cuda's version go into it, the device does not (it needs the
-    driver): a marker only decides whether a run compiles ahead in the background.
-    """
-    import hashlib
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        nc = version("numba-cuda")
-    except PackageNotFoundError:  # pragma: no cover
-        nc = "?"
-    return hashlib.sha256(repr((source_hash(list(SOURCES)), nc, int(k), int(m), str(dtype),
-                                bool(idx64))).encode()).hexdigest()[:32]
-
-
-def _marker(key: str) -> str:
-    return os.path.join(store_dir(), "shapes", key)
-
-
-def shape_warm(key: str) -> bool:
-    """Whether a run or a warm-up finished compiling (or loading) the kernels of this shape here."""
-    return os.path.exists(_marker(key))
-
-
-def mark_shape_warm(key: str) -> None:
-    """Record that the kernels of this shape are in the store (best effort)."""
-    try:
-        os.makedirs(os.path.dirname(_marker(key)), exist_ok=True)
-        with open(_marker(key), "wb"):
-            pass
-    except OSError:
-        pass
 
 
 def cached_entries() -> int:
