@@ -62,7 +62,9 @@ def warm_cpu(threads: int = 1) -> float:
 def warm_rest(threads: int = 1, cpu_backend: bool = True) -> float:
     """Compile (or load) every CPU kernel of a run but the reader's, on tiny arrays.
 
-    What a cold run compiles after its read: the statistics, the ``.npy`` scan, the
+    What a cold run compiles besides the parser itself: the kernels the parser calls
+    and the reader's small ones (first, while the run compiles the parser), then
+    what comes after the read: the statistics, the ``.npy`` scan, the
     initialisations' and the CPU backend's kernels (``cpu_backend``), the writer.
     A run starts this in a second process (:class:`mpikmeans.runner.BackgroundCompile`)
     while it compiles the reader itself.
@@ -80,10 +82,18 @@ def warm_rest(threads: int = 1, cpu_backend: bool = True) -> float:
     from .io.binary import scan_rows
     from .io.output import write_arrays
 
+    from .io import rowparse
+
     t0 = time.perf_counter()
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     r = np.random.default_rng(0)
     x = r.normal(size=(64, 3))
+    # first what the run's own compile of the parser will call, then the reader's small kernels
+    text = np.frombuffer(b"1,2\n3,4\n", dtype=np.uint8).copy()
+    rowparse.warm_callees(text)
+    rowparse.last_newline(text, 0)
+    rowparse.line_cuts(text, 1)
+    rowparse.column_min_max(x, 1)
     c = x[:3].copy()
     scales = np.zeros(3, dtype=np.int64)
     column_limb_sums(x, scales)
@@ -93,8 +103,11 @@ def warm_rest(threads: int = 1, cpu_backend: bool = True) -> float:
     scan_rows(x, 1)
     SerialRows(x).assign(c)
     weighted_lloyd(x, np.ones(len(x)), c.copy(), 2)
+    from .backends.cpu import label_sums
+
+    label_sums(x, np.zeros(len(x), dtype=np.int32), 3)  # a GPU run's centres at its fixed point too
     if cpu_backend:
-        from .backends.cpu import CPUBackend, label_sums
+        from .backends.cpu import CPUBackend
 
         backend = CPUBackend(threads=threads)
         backend.load(x)
@@ -102,7 +115,6 @@ def warm_rest(threads: int = 1, cpu_backend: bool = True) -> float:
         d2 = backend.dist2_to(c[0])
         backend.potentials(d2, c, None, 0)
         backend.lower_d2(d2, c[1])
-        label_sums(x, backend.assign(c)[0], 3)
         backend.step(c)
     tmp = tempfile.mkdtemp(prefix="mpikmeans-warmup-")
     try:
@@ -174,11 +186,12 @@ def rest_warm(cpu_backend: bool = True) -> bool:
     from .io.binary import scan_rows
     from .io.textfmt import _write_fixed
 
-    kernels = [_column_limbs, fixed_potential, scan_rows, serial._assign_serial, serial.weighted_lloyd, _write_fixed]
-    if cpu_backend:
-        from .backends import cpu
+    from .backends import cpu
 
-        kernels += [cpu._lloyd_pass, cpu._assign_pass, cpu._tile_potentials, cpu._tile_dist2, cpu._label_sums]
+    kernels = [_column_limbs, fixed_potential, scan_rows, serial._assign_serial, serial.weighted_lloyd, _write_fixed,
+               cpu._label_sums]
+    if cpu_backend:
+        kernels += [cpu._lloyd_pass, cpu._assign_pass, cpu._tile_potentials, cpu._tile_dist2]
     return all(_cached(k) for k in kernels)
 
 

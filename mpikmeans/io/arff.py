@@ -242,16 +242,18 @@ def warm_up(threads: int = 1) -> None:
 
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     text = np.frombuffer(b"1,2\n3,4\n", dtype=np.uint8).copy()
-    rowparse.last_newline(text, 0)
-    cuts, counts = rowparse.line_cuts(text, 1)
-    seg = np.zeros(2, dtype=np.int64)
-    seg[1:] = np.cumsum(counts)
+    # the parser first: on a cold machine it is the long compile, and a second process
+    # (runner.BackgroundCompile) compiles the small kernels below meanwhile
+    cuts = np.array([0, len(text)], dtype=np.int64)
+    seg = np.array([0, 2], dtype=np.int64)
     kinds = np.full(2, rowparse.KEEP, dtype=np.int64)
     outcol = np.arange(2, dtype=np.int64)
-    out = np.empty((int(seg[-1]), 2))
-    weights = np.empty(int(seg[-1]))
+    out = np.empty((2, 2))
+    weights = np.empty(2)
     res = np.empty((1, 8), dtype=np.int64)
     rowparse.parse_parallel(text, cuts, seg, kinds, outcol, rowparse.MISSING_ERROR, out, weights, res)
+    rowparse.last_newline(text, 0)
+    rowparse.line_cuts(text, 1)
     rowparse.column_min_max(out, 1)
 
 

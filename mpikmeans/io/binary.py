@@ -269,7 +269,9 @@ def read_npy(path: str, comm, threads: int = 1) -> LocalData:
             meta = json.load(f)
     names = meta.get("attributes") or [f"X{j + 1}" for j in range(m)]
     lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
-    x = map_rows(path, offset + lo * m * 8, (hi - lo, m))
+    # mapping is the faster on few threads; with many, their reads fill a fresh array in
+    # parallel while MAP_POPULATE maps the pages on one (4 GB: 0.5 against 1.7 s, 16 cores)
+    x = map_rows(path, offset + lo * m * 8, (hi - lo, m)) if threads < 4 else None
     if x is None:
         x = np.empty((hi - lo, m), dtype=np.float64)
         read_rows(path, offset + lo * m * 8, x, threads)

@@ -148,6 +148,16 @@ def _kept_token(p, i, n, missing_mode):
     return v, err, ts, te, k
 
 
+@njit(cache=True)
+def _kept_token_call(p, i, n, missing_mode):
+    """:func:`_kept_token` as a call, not inlined: for the values of sparse rows.
+
+    Sparse rows are rare; each inlined copy of the number parser adds seconds to
+    the parser's first compile, so only dense rows (the usual ones) inline it.
+    """
+    return _kept_token(p, i, n, missing_mode)
+
+
 @njit(cache=True)  # rare (weighted rows only), and not inlined for the same reason as _value
 def _weight(p, i, n):
     """Parse ``{w}`` at ``i``: ``(weight, next, error code, ts, te)``."""
@@ -235,7 +245,7 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights):
                         return rows, line, weighted, E_SPARSE, line, -1, s, i
                     last = idx
                     if kinds[idx] == KEEP:
-                        v, err, ts, te, i = _kept_token(buf, i, n, missing_mode)
+                        v, err, ts, te, i = _kept_token_call(buf, i, n, missing_mode)
                         if err != E_NONE:
                             return rows, line, weighted, err, line, idx, ts, te
                         out[rows, outcol[idx]] = v
@@ -303,6 +313,21 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights):
         rows += 1
         line += 1
     return rows, line, weighted, E_NONE, -1, -1, -1, -1
+
+
+@njit(cache=True)
+def warm_callees(text):  # pragma: no cover - compiled
+    """Compile (or load) the kernels :func:`parse_rows` calls rather than inlines.
+
+    A cold run's second process calls this first: :func:`parse_rows`' own compile
+    (in the run, before the read) then finds them in the cache instead of
+    compiling them as it types its calls.  ``text`` is any uint8 array of at least
+    four bytes.
+    """
+    p = data_pointer(text)
+    _value(p, 0, 1, KEEP, MISSING_ERROR)
+    _weight(p, 0, 4)
+    _kept_token_call(p, 0, 4, MISSING_ERROR)
 
 
 @njit(cache=True, nogil=True)
