@@ -162,15 +162,16 @@ class DevicePreparation:
 
 
 class BackgroundCompile:
-    """A cold run's other kernels, compiled in a second process while this one compiles the reader.
+    """A cold run's other kernels, compiled in helper processes while this one compiles the parser.
 
     On a machine whose caches do not hold this version's kernels, a run compiles
     the reader's (in this process, before it reads), then the rest: the
     statistics, initialisation and writer kernels, the CPU backend's or the GPU
-    kernels of the run's shape, one after the other.  Started here, one process
-    per node (node-local rank 0) compiles the rest at the same time, into the
-    same caches; the ranks wait for it before they make their backends, which
-    then load every kernel.  Nothing is started when the caches are warm.
+    kernels of the run's shape, one after the other.  Started here, helper
+    processes on one rank per node (node-local rank 0) compile the rest at the
+    same time, into the same caches: one the CPU kernels, one the GPU kernels
+    (each about as long as the parser's compile).  The ranks wait for them after
+    the read, then load every kernel.  Nothing is started when the caches are warm.
 
     Parameters
     ----------
@@ -182,21 +183,32 @@ class BackgroundCompile:
     """
 
     def __init__(self, comm, data: str, cfg, gpu: bool):
-        self.proc = None
+        self.procs = []
         self.comm = comm
-        if comm.node_rank != 0 or not self._cold(data, cfg, gpu, comm.size):
+        if comm.node_rank != 0:
             return
+        cold_rest, cold_gpu = self._cold(data, cfg, gpu, comm.size)
         args = [sys.executable, "-m", "mpikmeans", "warmup", data, "-k", str(cfg.k), "--dtype", cfg.dtype,
-                "--skip-reader", "--gpu" if gpu else "--no-gpu", "-q"]
-        rows = self._rows(data, comm.size)
+                "--gpu" if gpu else "--no-gpu", "-q"]
+        rows = self._rows(data, comm.size) if cold_gpu else None
         if rows:
             args += ["--rows", str(rows)]
-        env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}  # a job of one, no MPI
-        try:
-            self.proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            log.info("kernel caches are cold: compiling the run's other kernels in process %d", self.proc.pid)
-        except OSError:
-            self.proc = None
+        env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}  # jobs of one, no MPI
+        # two processes: the GPU kernels alone take as long as the parser's compile
+        for part, cold in (("rest", cold_rest), ("gpu", cold_gpu)):
+            if cold:
+                try:
+                    proc = subprocess.Popen(args + ["--part", part], env=env, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.PIPE)
+                except OSError:
+                    continue
+                self.procs.append(proc)
+                log.info("kernel caches are cold: compiling the run's %s kernels in process %d", part, proc.pid)
+
+    @property
+    def proc(self):
+        """The first helper process (None when the caches were warm)."""
+        return self.procs[0] if self.procs else None
 
     @staticmethod
     def _rows(data: str, size: int) -> int | None:
@@ -211,34 +223,35 @@ class BackgroundCompile:
             return None
 
     @staticmethod
-    def _cold(data: str, cfg, gpu: bool, size: int) -> bool:
+    def _cold(data: str, cfg, gpu: bool, size: int) -> tuple:
+        """(the CPU kernels besides the parser are cold, the GPU kernels of this shape are)."""
         from .warmup import rest_warm
 
-        if not rest_warm(cpu_backend=not gpu):
-            return True
+        rest = not rest_warm(cpu_backend=not gpu)
         if not gpu or cfg.k is None:
-            return False
+            return rest, False
         try:
             from .cache import gpu_shape_key, gpu_shape_warm
             from .warmup import data_shape, needs_idx64
 
             m, rows = data_shape(data, size)
-            return not gpu_shape_warm(gpu_shape_key(cfg.k, m, cfg.dtype, needs_idx64(m, rows)))
-        except Exception:  # no numba-cuda, a file the run will report: nothing to start
-            return False
+            return rest, not gpu_shape_warm(gpu_shape_key(cfg.k, m, cfg.dtype, needs_idx64(m, rows)))
+        except Exception:  # a file the run will report itself
+            return rest, False
 
     def stop(self) -> None:
-        """End the compiling process (the run failed before it needed the kernels)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait()
+        """End the compiling processes (the run failed before it needed the kernels)."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
 
     def wait(self) -> None:
-        """Wait (collective) until this node's compiling process, if any, is done."""
-        if self.proc is not None:
-            _, err = self.proc.communicate()
-            if self.proc.returncode != 0:  # the run compiles what is missing itself
-                log.info("background compile ended with %d: %s", self.proc.returncode, (err or b"")[-400:])
+        """Wait (collective) until this node's compiling processes, if any, are done."""
+        for proc in self.procs:
+            _, err = proc.communicate()
+            if proc.returncode != 0:  # the run compiles what is missing itself
+                log.info("background compile ended with %d: %s", proc.returncode, (err or b"")[-400:])
         self.comm.barrier()
 
 

@@ -42,7 +42,7 @@ def test_a_gpu_start_failure_is_raised_where_the_backend_is_made(monkeypatch):
 def test_cold_caches_compile_the_rest_in_a_second_process(monkeypatch, tmp_path):
     data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
     cfg = RunConfig(k=2, backend="cpu").validate()
-    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: True))
+    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: (True, False)))
     bg = runner.BackgroundCompile(SerialComm(), str(data), cfg, gpu=False)
     assert bg.proc is not None
     bg.wait()
@@ -55,7 +55,7 @@ def test_cold_caches_compile_the_rest_in_a_second_process(monkeypatch, tmp_path)
 
 def test_warm_caches_start_nothing(monkeypatch):
     data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
-    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: False))
+    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: (False, False)))
     bg = runner.BackgroundCompile(SerialComm(), str(data), RunConfig(k=2).validate(), gpu=False)
     assert bg.proc is None
     bg.wait()

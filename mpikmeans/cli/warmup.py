@@ -20,10 +20,11 @@ from . import _guarded, main
 @click.option("--rows", type=click.IntRange(min=1),
               help="Rows of the largest rank of the coming run (above 2**31 / M they need other GPU kernels) "
                    "[default: DATA's rows, else 1]")
-@click.option("--skip-reader", is_flag=True, hidden=True,
-              help="Everything but the reader's kernels (a cold run compiles those itself meanwhile).")
+@click.option("--part", type=click.Choice(["all", "rest", "gpu"]), default="all", hidden=True,
+              help="What a cold run's helper processes compile: 'rest' all the CPU kernels but the parser "
+                   "(the run compiles it meanwhile), 'gpu' the GPU kernels only.")
 @click.option("-q", "--quiet", is_flag=True)
-def warmup(data, k, m, gpu, dtype, rows, skip_reader, quiet):
+def warmup(data, k, m, gpu, dtype, rows, part, quiet):
     """Compile (or check the caches hold) every kernel a run will need.
 
     \b
@@ -47,11 +48,11 @@ def warmup(data, k, m, gpu, dtype, rows, skip_reader, quiet):
             raise UsageError("--gpu needs -k (the GPU kernels are compiled for K centres)", collective=True)
         report = {}
         if comm.node_rank == 0:
-            if skip_reader:
+            if part == "rest":
                 report["cpu_s"] = warm_rest(rank_threads(comm), cpu_backend=not use_gpu)
-            else:
+            elif part == "all":
                 report["cpu_s"] = warm_cpu(rank_threads(comm))
-            if use_gpu:
+            if use_gpu and part in ("all", "gpu"):
                 from ..backends.gpu import gpu_available, select_device_for
 
                 if not gpu_available():
@@ -62,7 +63,7 @@ def warmup(data, k, m, gpu, dtype, rows, skip_reader, quiet):
         if comm.rank == 0 and not quiet:
             cache = cache_status()
             line = f"warm: CPU kernels in {report.get('cpu_s', 0.0):.1f} s"
-            if use_gpu:
+            if "gpu_s" in report:
                 line += f", GPU kernels for k={k}, m={shape[0]}, {dtype} in {report['gpu_s']:.1f} s"
             click.echo(line)
             click.echo(f"cache: {cache['root']} ({cache['cpu_kernels_cached']} of {cache['cpu_kernels']} main CPU "
