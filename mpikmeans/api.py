@@ -26,7 +26,7 @@ from .restarts import run_restarts
 from .scaling import METHODS as NORMALIZE_METHODS
 from .scaling import fit_scaler
 
-_EMPTY_POLICIES = ("keep", "farthest")
+_EMPTY_POLICIES = ("farthest", "keep", "drop")
 
 
 class KMeans:
@@ -49,7 +49,9 @@ class KMeans:
         Seed; None draws one (on rank 0, shared with the other ranks).
     normalize : {"none", "minmax", "zscore"}
         Attribute scaling with global statistics; ``minmax`` is Weka's default.
-    empty_cluster : {"keep", "farthest"}
+    empty_cluster : {"farthest", "keep", "drop"}
+        An empty cluster takes the point farthest from its centre (scikit-learn's
+        rule, the default), keeps its centre, or is removed (Weka's).
     backend : {"cpu", "gpu", "auto"} or Backend
         A Backend instance is used as is (loaded with the data by ``fit``).
     comm : Comm, SerialComm or None
@@ -83,7 +85,7 @@ class KMeans:
 
     def __init__(self, n_clusters: int = 8, *, init="k-means++", n_init: int = 1, max_iter: int = 300,
                  tol: float = 0.0, random_state: int | None = 0, normalize: str = "none",
-                 empty_cluster: str = "keep", backend="cpu", comm=None, threads: int | None = None,
+                 empty_cluster: str = "farthest", backend="cpu", comm=None, threads: int | None = None,
                  init_options: dict | None = None):
         self.n_clusters = n_clusters
         self.init = init

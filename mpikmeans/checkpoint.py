@@ -40,7 +40,7 @@ def save(path: str, state: LoopState, settings: dict) -> None:
     buf = io.BytesIO()
     prev = state.prev_centres if state.prev_centres is not None else np.empty((0, state.centres.shape[1]))
     np.savez(buf, centres=state.centres, prev_centres=prev, iteration=np.int64(state.iteration),
-             relocated=np.int64(state.relocated),
+             relocated=np.int64(state.relocated), dropped=np.int64(state.dropped),
              meta=np.frombuffer(json.dumps({"settings": settings, "history": state.history,
                                             "version": __version__, "written": time.time()}).encode(),
                                 dtype=np.uint8))
@@ -66,7 +66,8 @@ def load(path: str) -> tuple[LoopState, dict]:
             prev = z["prev_centres"]
             state = LoopState(iteration=int(z["iteration"]), centres=np.array(z["centres"]),
                               prev_centres=np.array(prev) if prev.size else None,
-                              history=meta["history"], relocated=int(z["relocated"]))
+                              history=meta["history"], relocated=int(z["relocated"]),
+                              dropped=int(z["dropped"]) if "dropped" in z.files else 0)
     except OSError as exc:
         raise UsageError(f"--resume {path}: cannot read: {exc.strerror or exc}") from None
     except (KeyError, ValueError) as exc:

@@ -19,7 +19,7 @@ INIT_METHODS = ("k-means++", "k-means||", "range", "sample")
 NORMALIZE_METHODS = ("none", "minmax", "zscore")
 BACKENDS = ("auto", "cpu", "gpu")
 DTYPES = ("float64", "float32")
-EMPTY_POLICIES = ("keep", "farthest")
+EMPTY_POLICIES = ("farthest", "keep", "drop")
 MISSING_POLICIES = ("error", "drop", "mean")
 
 
@@ -89,7 +89,7 @@ class RunConfig:
     tol: float = 0.0
     backend: str = "auto"
     dtype: str = "float64"
-    empty_cluster: str = "keep"
+    empty_cluster: str = "farthest"
     output_dir: str | None = None
     threads: int | None = None
     share_gpus: bool = False

@@ -43,6 +43,9 @@ class LoopState:
         changed labels exactly as an uninterrupted run does.
     history : list of dict
     relocated : int
+        Empty clusters moved so far (policy ``farthest``).
+    dropped : int
+        Empty clusters removed so far (policy ``drop``).
     """
 
     iteration: int
@@ -50,6 +53,7 @@ class LoopState:
     prev_centres: np.ndarray | None
     history: list = field(default_factory=list)
     relocated: int = 0
+    dropped: int = 0
 
 
 @dataclass
@@ -73,6 +77,8 @@ class KMeansResult:
         (largest centre move), ``changed`` (labels changed), ``seconds``.
     relocated : int
         Empty clusters moved to a far point (policy ``farthest``).
+    dropped : int
+        Empty clusters removed (policy ``drop``): ``centres`` has that many fewer rows.
     cluster_sse : ndarray, shape (k,), float64
         Within-cluster SSE of the final assignment (weighted when rows are).
     """
@@ -87,6 +93,7 @@ class KMeansResult:
     history: list = field(default_factory=list)
     relocated: int = 0
     interrupted: bool = False
+    dropped: int = 0
     state: LoopState | None = None
     cluster_sse: np.ndarray | None = None
 
@@ -158,7 +165,7 @@ def _label_means(comm, x: np.ndarray, labels: np.ndarray, weights, centres: np.n
 
 
 def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *, max_iter: int = 300,
-          tol: float = 0.0, empty_cluster: str = "keep", resume: LoopState | None = None,
+          tol: float = 0.0, empty_cluster: str = "farthest", resume: LoopState | None = None,
           after_iteration=None, stop_requested=None, weights: np.ndarray | None = None) -> KMeansResult:
     """Lloyd's iterations until convergence, ``max_iter`` or a stop request (collective).
 
@@ -177,7 +184,9 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
     tol : float
         Stop when no centre moved more than ``tol`` (Euclidean).  With 0, stop
         when no label changed.
-    empty_cluster : {"keep", "farthest"}
+    empty_cluster : {"farthest", "keep", "drop"}
+        What an empty cluster becomes: the point farthest from its centre
+        (scikit-learn's rule), its old centre, or nothing (Weka's: it is removed).
     resume : LoopState, optional
         Go on from a checkpoint; the result is bit for bit that of the
         uninterrupted run with the same ranks.
@@ -198,7 +207,7 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
     """
     if resume is not None:
         state = resume
-        if state.prev_centres is not None:
+        if state.prev_centres is not None and state.prev_centres.shape == state.centres.shape:
             backend.step(state.prev_centres)  # the labels the uninterrupted run had
     else:
         state = LoopState(0, np.array(centres, dtype=np.float64, copy=True), None, [])
@@ -210,17 +219,24 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
         centres = state.centres
         part = backend.step(centres)
         sums, counts, sse, changed, stop = _merge(comm, part, bool(stop_requested and stop_requested()))
-        relocated = state.relocated
+        relocated, dropped = state.relocated, state.dropped
         if empty_cluster == "farthest" and (counts == 0).any():
             relocated += _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights)
         filled = counts > 0
         new = centres.copy()  # an empty cluster keeps its centre: never a NaN
         new[filled] = sums[filled] / counts[filled, None]
-        shift = float(np.sqrt(((new - centres) ** 2).sum(axis=1)).max())
+        shift = float(np.sqrt(((new - centres)[filled] ** 2).sum(axis=1)).max(initial=0.0))
+        if empty_cluster == "drop" and not filled.all():
+            # Weka's SimpleKMeans: an empty cluster is removed, the others keep their order.
+            # The backend's labels name the old clusters: it starts its count of changes again
+            new = new[filled]
+            dropped += int((~filled).sum())
+            backend.forget_labels()
+            log.info("iteration %d: %d empty cluster(s) dropped, %d left", it, int((~filled).sum()), len(new))
         seconds = time.perf_counter() - t0
         history = state.history + [{"iteration": it, "sse": sse, "shift": shift, "changed": changed,
                                     "seconds": seconds}]
-        state = LoopState(it, new, centres, history, relocated)
+        state = LoopState(it, new, centres, history, relocated, dropped)
         log.info("iter %4d  sse %.10g  max shift %.4g  changed %d  %.4fs", it, sse, shift, changed, seconds)
         if changed == 0:
             reason, converged = STOP_UNCHANGED, True
@@ -236,7 +252,7 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
             return KMeansResult(centres=state.centres, labels=None, inertia=float("nan"), sizes=None,
                                 iterations=state.iteration, converged=False, stop_reason=reason,
                                 history=state.history, relocated=state.relocated, interrupted=True,
-                                state=state)
+                                state=state, dropped=state.dropped)
     centres = state.centres
     labels, dist2 = backend.assign(centres)
     if reason == STOP_UNCHANGED and not getattr(backend, "deterministic", True) and len(x) == len(labels):
@@ -258,4 +274,5 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
                     int((sizes == 0).sum()), k)
     return KMeansResult(centres=centres, labels=labels, inertia=float(tail[k:].sum()), sizes=sizes,
                         iterations=state.iteration, converged=converged, stop_reason=reason,
-                        history=state.history, relocated=state.relocated, state=state, cluster_sse=tail[k:])
+                        history=state.history, relocated=state.relocated, state=state, cluster_sse=tail[k:],
+                        dropped=state.dropped)

@@ -88,7 +88,7 @@ class RestartsResult:
 
 def run_restarts(comm, backend, x: np.ndarray, row_offset: int, n: int, k: int, *, init="k-means++", seed: int = 0,
                  n_init: int = 1, weights: np.ndarray | None = None, max_iter: int = 300, tol: float = 0.0,
-                 empty_cluster: str = "keep", init_options: dict | None = None, resume: LoopState | None = None,
+                 empty_cluster: str = "farthest", init_options: dict | None = None, resume: LoopState | None = None,
                  after_iteration=None, stop_requested=None) -> RestartsResult:
     """``n_init`` initialisations, each followed by :func:`lloyd`; keep the lowest SSE (collective).
 

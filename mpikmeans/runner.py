@@ -504,6 +504,9 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         "max_iter": cfg.max_iter,
         "empty_cluster": cfg.empty_cluster,
         "empty_relocations": result.relocated,
+        "clusters_reseeded": result.relocated,
+        "clusters_dropped": result.dropped,
+        "clusters": int(result.centres.shape[0]),
         "resumed_from": os.path.abspath(cfg.resume) if cfg.resume else None,
         "resumed_at_iteration": resume.iteration if resume is not None else None,
         "mpi_library": comm.library(),
@@ -522,7 +525,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         labels[local.kept] = result.labels
     write_arrays(comm, out_dir, centres, local.names, labels)
     if cfg.write_arff:
-        write_clustered_arff(comm, local, labels, cfg.k, os.path.join(out_dir, CLUSTERED))
+        write_clustered_arff(comm, local, labels, len(centres), os.path.join(out_dir, CLUSTERED))
     t_written = time.perf_counter()
     summary["timings"] = {
         "startup_s": t_ready - t0,

@@ -17,7 +17,7 @@ DEFAULT_YAML = REPO / "configs" / "default.yaml"
 
 DEFAULTS = {
     "k": None, "init": "k-means++", "seed": 0, "max_iter": 300, "tol": 0.0, "backend": "auto",
-    "dtype": "float64", "empty_cluster": "keep", "output_dir": None, "threads": None,
+    "dtype": "float64", "empty_cluster": "farthest", "output_dir": None, "threads": None,
     "share_gpus": False, "chunk_rows": None, "checkpoint": None, "checkpoint_every": None, "resume": None,
     "overwrite": False, "ignore": None, "missing": "error", "n_init": 1, "normalize": "none", "write_arff": False,
 }
@@ -109,7 +109,7 @@ INVALID = [
     ("tol", -0.1), ("tol", "small"), ("tol", float("nan")), ("tol", None),
     ("backend", "tpu"), ("backend", "CPU"), ("backend", None),
     ("dtype", "float16"), ("dtype", "double"),
-    ("empty_cluster", "drop"), ("empty_cluster", None),
+    ("empty_cluster", "nearest"), ("empty_cluster", None),
     ("init", "kmeans++"), ("init", "no-such-file.csv"), ("init", None),
     ("threads", 0), ("threads", -2), ("threads", 1.5),
     ("chunk_rows", 0), ("chunk_rows", 2.5),

@@ -313,5 +313,9 @@ class Serialised(RowDistances):
         with _backend_lock:
             return self.inner.assign(centres)
 
+    def forget_labels(self):
+        with _backend_lock:
+            self.inner.forget_labels()
+
     def close(self):
         pass

@@ -229,6 +229,13 @@ class Backend(RowDistances):
         from the per-iteration time.  Default: nothing to do.
         """
 
+    def forget_labels(self) -> None:
+        """Every row's label unknown: the next :meth:`step` counts every row as changed.
+
+        For a loop that renumbers the clusters (empty ones dropped).
+        """
+        raise NotImplementedError(f"the {self.name} backend cannot forget its labels")
+
     def close(self) -> None:
         """Release memory held for the rows (device buffers, threads)."""
 

@@ -531,6 +531,10 @@ class CPUBackend(Backend):
     def info(self) -> BackendInfo:
         return BackendInfo(name="cpu", devices=[], threads=self.threads, dtype="float64")
 
+    def forget_labels(self) -> None:
+        if self._labels is not None:
+            self._labels[:] = -1
+
     def close(self) -> None:
         self._x = None
         self._labels = None

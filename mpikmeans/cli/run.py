@@ -29,7 +29,7 @@ _RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_
 @click.option("--tol", type=float, help="Stop when no centre moves more than this; 0 = until labels are stable  [default: 0]")
 @click.option("--backend", type=click.Choice(BACKENDS), help="[default: auto]")
 @click.option("--dtype", type=click.Choice(DTYPES), help="Precision of the data on the GPU  [default: float64]")
-@click.option("--empty-cluster", type=click.Choice(EMPTY_POLICIES), help="Empty-cluster policy  [default: keep]")
+@click.option("--empty-cluster", type=click.Choice(EMPTY_POLICIES), help="An empty cluster takes the farthest point (scikit-learn), keeps its centre, or is dropped (Weka)  [default: farthest]")
 @click.option("--ignore", help="Numeric attributes not to cluster: names, first, last, 1-based indices, ranges.")
 @click.option("--missing", type=click.Choice(MISSING_POLICIES), help="Missing values '?'  [default: error]")
 @click.option("--output-dir", "-o", help="Default: DATA's stem + .mpikmeans/")
