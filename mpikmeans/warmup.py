@@ -186,12 +186,12 @@ def rest_warm(cpu_backend: bool = True) -> bool:
     from .io.binary import scan_rows
     from .io.textfmt import _write_fixed
 
-    from .backends import cpu
+    from .backends.cpu import certified, tiles
 
     kernels = [_column_limbs, fixed_potential, scan_rows, serial._assign_serial, serial.weighted_lloyd, _write_fixed,
-               cpu._label_sums]
+               tiles._label_sums]
     if cpu_backend:
-        kernels += [cpu._lloyd_pass, cpu._assign_pass, cpu._tile_potentials, cpu._tile_dist2]
+        kernels += [certified.certified_pass, certified.certified_assign, tiles._tile_potentials, tiles._tile_dist2]
     return all(_cached(k) for k in kernels)
 
 
@@ -213,11 +213,11 @@ def data_shape(data: str, ranks: int = 1) -> tuple:
 
 #: CPU kernels whose presence in Numba's cache says the reader and the CPU backend are warm.
 def _cpu_kernels() -> list:
-    from .backends import cpu
+    from .backends.cpu import certified
     from .io import rowparse, textfmt
 
     return [rowparse.parse_rows, rowparse.parse_parallel, rowparse.column_min_max, rowparse.line_cuts,
-            textfmt._write_fixed, cpu._lloyd_pass, cpu._assign_pass]
+            textfmt._write_fixed, certified.certified_pass, certified.certified_assign]
 
 
 def cache_status() -> dict:

@@ -26,6 +26,8 @@ import pytest
 
 from conftest import run_cli
 
+from mpikmeans.cache import cache_root
+
 REPO = Path(__file__).resolve().parents[1]
 PBS = REPO / "pbs"
 TEMPLATES = sorted(PBS.glob("*.pbs")) + sorted(PBS.glob("*.sbatch"))
@@ -42,6 +44,9 @@ MPI_ENV = {
     "OMPI_MCA_btl_tcp_if_include": "lo",
     "OMPI_MCA_oob_tcp_if_include": "lo",
     "PYTHONUNBUFFERED": "1",
+    # a user's jobs share one HOME, so one kernel cache; the jobs here each get a fresh HOME,
+    # and would otherwise compile every kernel in every rank of every job (50-90 s on 2 cores)
+    "MPIKMEANS_CACHE_DIR": cache_root(),
 }
 
 SRUN_SHIM = r"""#!/bin/bash

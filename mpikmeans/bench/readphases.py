@@ -47,6 +47,12 @@ def phases(path: str, threads: int, repeats: int, warm_file: str) -> dict:
     import mpikmeans.io.rowparse as R
     from mpikmeans.comm import SerialComm
 
+    try:  # the memory check moved out of the reader into io.split; older versions keep it in io.arff
+        import mpikmeans.io.split as S
+    except ImportError:
+        S = A
+    owners = [m for m in (R, S) if m is not A] + [A]
+
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     spent: dict = {}
 
@@ -71,7 +77,7 @@ def phases(path: str, threads: int, repeats: int, warm_file: str) -> dict:
     for name, label in [("line_cuts", "cut_lines"), ("last_newline", "cut_lines"), ("parse_parallel", "parse"),
                         ("column_min_max", "min_max"), ("_parse_span", "span"), ("_read_into", "read_file"),
                         ("read_header", "header"), ("check_memory", "memory_check")]:
-        wrap(R if hasattr(R, name) else A, name, label)
+        wrap(next((m for m in owners if hasattr(m, name)), A), name, label)
     wrap(os, "pread", "read_file")
     flatnonzero = np.flatnonzero
     A.np = type(np)("numpy_wrapped")  # an older reader found newlines with np.flatnonzero: time it too
@@ -92,7 +98,7 @@ def phases(path: str, threads: int, repeats: int, warm_file: str) -> dict:
         spent.clear()
         c0, t0 = time.process_time(), time.perf_counter()
         header = A.shared_header(path, comm)
-        A.check_memory(path, header, comm)
+        (S if hasattr(S, "check_memory") else A).check_memory(path, header, comm)
         data = A.read_arff(path, comm, header=header, threads=threads)
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
         del data

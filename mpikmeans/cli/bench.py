@@ -16,6 +16,7 @@ from dataclasses import asdict
 
 import click
 
+from ..bench.step import SHAPES as STEP_SHAPES, TOOLS as STEP_TOOLS
 from ..config import DTYPES
 from ..errors import MpikmeansError, UsageError
 from . import _guarded, main
@@ -194,6 +195,81 @@ def bench_reference(tool, data, init_path, iterations, repeats, dtype, device):
     except ImportError as exc:
         out = {"error": f"{exc.name or exc} is not installed"}
     click.echo(json.dumps(out))
+
+
+def _shapes(ctx, param, value):
+    """``"200000x100x50,1000000x16x8"`` to ((rows, attributes, K), ...)."""
+    if value is None:
+        return None
+    try:
+        out = tuple(tuple(int(v) for v in part.lower().split("x")) for part in str(value).split(",") if part.strip())
+    except ValueError:
+        out = ()
+    if not out or any(len(t) != 3 or min(t) < 1 for t in out):
+        raise click.BadParameter(f"{value!r}: give ROWSxATTRSxK, comma-separated, as 200000x100x50,1000000x16x8")
+    return out
+
+
+def _thread_counts(ctx, param, value):
+    """``"1,2,all"`` to (1, 2, 0): 0 stands for all the CPUs."""
+    try:
+        out = tuple(0 if v.strip() == "all" else int(v) for v in str(value).split(",") if v.strip())
+    except ValueError:
+        out = ()
+    if not out or min(out) < 0:
+        raise click.BadParameter(f"{value!r}: give thread counts of at least 1 or 'all', as 1,2,all")
+    return out
+
+
+@bench.command("step")
+@click.option("--shapes", default=",".join("x".join(map(str, t)) for t in STEP_SHAPES), show_default=True,
+              callback=_shapes, help="ROWSxATTRSxK, comma-separated.")
+@click.option("--threads", default="1,2,all", show_default=True, callback=_thread_counts,
+              help="Thread counts, comma-separated; 'all': every CPU this process may use.")
+@click.option("--iterations", type=click.IntRange(min=2), default=20, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--tools", default=",".join(STEP_TOOLS), show_default=True,
+              type=click.STRING, help="Which of mpikmeans, sklearn, sklearnex to time.")
+@click.option("--json", "--out", "out", help="Result file  [default: bench/results/step_<host>_<date>.json]")
+@_timeout_option()
+def bench_step(shapes, threads, iterations, repeats, tools, out, timeout_s):
+    """ms per Lloyd iteration on the CPU: mpikmeans against scikit-learn and scikit-learn-intelex (oneDAL)."""
+    import platform
+    from datetime import date
+
+    from ..bench.step import StepSettings, run_step, step_table
+
+    names = tuple(t.strip() for t in tools.split(",") if t.strip())
+    bad = [t for t in names if t not in STEP_TOOLS]
+    if bad or not names:
+        raise click.BadParameter(f"{tools!r}: choose among {', '.join(STEP_TOOLS)}", param_hint="--tools")
+    settings = StepSettings(shapes=shapes, threads=threads, iterations=iterations, repeats=repeats, tools=names,
+                            timeout_s=timeout_s)
+    out = out or f"bench/results/step_{platform.node()}_{date.today()}.json"
+    try:
+        doc = _save(out, "step", settings, run_step(settings, click.echo))
+    except MpikmeansError as exc:
+        _bench_failed(exc)
+    for line in step_table(doc):
+        click.echo(line)
+    click.echo(f"wrote {out}")
+
+
+@bench.command("step-worker", hidden=True)
+@click.argument("tool", type=click.Choice(STEP_TOOLS))
+@click.option("--data", required=True, type=click.Path(dir_okay=False, exists=True), help=".npy (n, m) float64")
+@click.option("--init", "init_path", required=True, type=click.Path(dir_okay=False, exists=True),
+              help=".npy (k, m) float64")
+@click.option("--iterations", type=click.IntRange(min=2), default=20)
+@click.option("--repeats", type=click.IntRange(min=1), default=3)
+@click.option("--threads", type=click.IntRange(min=1), default=1)
+def bench_step_worker(tool, data, init_path, iterations, repeats, threads):
+    """One tool's timing as a JSON line (``bench step`` runs this in a process per tool and thread count)."""
+    import numpy as np
+
+    from ..bench.step import time_tool
+
+    click.echo(json.dumps(time_tool(tool, np.load(data), np.load(init_path), iterations, repeats, threads)))
 
 
 @bench.command("cpu", cls=_ListCommand, list_options=("--ranks", "--gen-ranks"))

@@ -1,4 +1,4 @@
-"""CPU backend: Numba-compiled assignment and accumulation, threaded per rank.
+"""The CPU backend's exact kernels: float64 distances in attribute order, tile by tile.
 
 Rows are cut into a fixed number of contiguous blocks (``_BLOCKS``), whatever the
 thread count; each block accumulates its own float64 partial sums and the
@@ -16,13 +16,9 @@ row-at-a-time loop; the row loop that adds the sums runs in row order as before.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
-from ..jit import njit, prange
 
-from ..cpus import process_threads
-from ..exact import limbs_to_int, scale_factors
-from . import Backend, BackendInfo, StepResult
+from ...jit import njit, prange
 
 #: Row blocks with private partial sums.  Bounds the useful thread count and the
 #: scratch memory (_BLOCKS * k * m float64).
@@ -412,130 +408,3 @@ def _tile_dist2(x, c, tile, out):  # pragma: no cover - compiled
             a = acc[0]
             for r in range(rt):
                 out[t0 + r] = a[r]
-
-
-class CPUBackend(Backend):
-    """Lloyd iteration on the host with Numba, float64 throughout.
-
-    Parameters
-    ----------
-    threads : int, optional
-        Numba threads for this rank, at most Numba's pool
-        (``numba.config.NUMBA_NUM_THREADS``).  A run passes the figure it reads
-        with (:func:`mpikmeans.comm.default_threads`, or ``--threads``); without
-        one, :func:`mpikmeans.cpus.process_threads`: what a one-rank run would
-        use (this process's CPUs within its cgroup quota, lowered by
-        ``OMP_NUM_THREADS`` / ``NUMBA_NUM_THREADS``).
-    """
-
-    name = "cpu"
-
-    def __init__(self, threads: int | None = None):
-        self.threads = max(1, min(threads or process_threads(), numba.config.NUMBA_NUM_THREADS))
-        numba.set_num_threads(self.threads)
-        self._x = None
-        self._labels = None
-        self._weights = None
-        self._cand_dists = None  # (candidates, their distances): what lower_d2 may reuse
-
-    def load(self, x: np.ndarray, weights: np.ndarray | None = None) -> None:
-        """Keep this rank's rows (see :meth:`Backend.load`).
-
-        Parameters
-        ----------
-        x : ndarray, shape (n_local, m), float64
-        weights : ndarray, shape (n_local,), float64, optional
-            Instance weights; all ones when omitted.
-        """
-        self._x = np.ascontiguousarray(x, dtype=np.float64)
-        self._cand_dists = None
-        n = self._x.shape[0]
-        self._labels = np.full(n, -1, dtype=np.int32)
-        if weights is None:
-            self._weights = np.ones(0, dtype=np.float64)
-        else:
-            self._weights = np.ascontiguousarray(weights, dtype=np.float64)
-
-    def step(self, centres: np.ndarray) -> StepResult:
-        centres = np.ascontiguousarray(centres, dtype=np.float64)
-        k, m = centres.shape
-        nb = _BLOCKS
-        part_sums = np.empty((nb, k, m), dtype=np.float64)
-        part_counts = np.empty((nb, k), dtype=np.float64)
-        part_sse = np.empty(nb, dtype=np.float64)
-        part_changed = np.empty(nb, dtype=np.int64)
-        _lloyd_pass(self._x, centres, _tile_rows(m), self._labels, self._weights, self._weights.size > 0,
-                    part_sums, part_counts, part_sse, part_changed)
-        sums, counts, sse, changed = _reduce_blocks(part_sums, part_counts, part_sse, part_changed)
-        return StepResult(sums=sums, counts=counts, sse=float(sse), changed=int(changed))
-
-    def assign(self, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        centres = np.ascontiguousarray(centres, dtype=np.float64)
-        n = self._x.shape[0]
-        labels = np.empty(n, dtype=np.int32)
-        dist2 = np.empty(n, dtype=np.float64)
-        _assign_pass(self._x, centres, _tile_rows(centres.shape[1]), labels, dist2)
-        return labels, dist2
-
-    def dist2_to(self, centre: np.ndarray) -> np.ndarray:
-        """Squared distance to one point: the tile kernel (see :meth:`Backend.dist2_to`)."""
-        n = self._x.shape[0]
-        out = np.empty(n, dtype=np.float64)
-        if n:
-            c = np.ascontiguousarray(centre, dtype=np.float64).reshape(1, -1)
-            _tile_dist2(self._x, c, _tile_rows(c.shape[1]), out)
-        return out
-
-    def lower_d2(self, d2: np.ndarray, centre: np.ndarray) -> np.ndarray:
-        """``min(D², squared distance to centre)`` (see :meth:`Backend.lower_d2`).
-
-        A centre just chosen among the last :meth:`potentials` candidates costs no
-        pass over the rows: their distances were kept.
-        """
-        centre = np.ascontiguousarray(centre, dtype=np.float64).ravel()
-        kept = self._cand_dists
-        if kept is not None:
-            cands, dists = kept
-            for j in range(len(cands)):
-                if cands[j].tobytes() == centre.tobytes():
-                    return np.minimum(d2, dists[j])
-        return np.minimum(d2, self.dist2_to(centre))
-
-    def potentials(self, d2: np.ndarray, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
-        """Every candidate's exact potential in one threaded pass over the rows (see :meth:`Backend.potentials`)."""
-        n = len(self._x)
-        if not n:
-            return super().potentials(d2, cands, weights, s)
-        f1, f2 = scale_factors(s)
-        w = weights if weights is not None else d2[:0]
-        cands = np.ascontiguousarray(cands, dtype=np.float64)
-        nb = min(n, 256)
-        t = len(cands)
-        hi = np.zeros((nb, t), dtype=np.int64)
-        lo = np.zeros((nb, t), dtype=np.int64)
-        vmax = np.zeros((nb, t))
-        dists = np.empty((t, n))
-        _tile_potentials(self._x, cands, d2, w, weights is not None, f1, f2, _tile_rows(cands.shape[1]), dists,
-                         hi, lo, vmax)
-        self._cand_dists = (cands, dists)
-        his, los = hi.sum(axis=0), lo.sum(axis=0)
-        return [(limbs_to_int(his[j], los[j]), float(vmax[:, j].max())) for j in range(t)]
-
-    def warmup(self, k: int, m: int) -> None:
-        x = np.zeros((1, m))
-        cen = np.zeros((k, m))
-        _lloyd_pass(x, cen, _tile_rows(m), np.full(1, -1, dtype=np.int32), np.ones(0), False, np.empty((1, k, m)),
-                    np.empty((1, k)), np.empty(1), np.empty(1, dtype=np.int64))
-        _assign_pass(x, cen, _tile_rows(m), np.empty(1, dtype=np.int32), np.empty(1))
-
-    def info(self) -> BackendInfo:
-        return BackendInfo(name="cpu", devices=[], threads=self.threads, dtype="float64")
-
-    def forget_labels(self) -> None:
-        if self._labels is not None:
-            self._labels[:] = -1
-
-    def close(self) -> None:
-        self._x = None
-        self._labels = None
-        self._cand_dists = None

@@ -1,0 +1,13 @@
+"""The CPU backend: Numba kernels over one rank's rows in host memory.
+
+- :mod:`.backend`: :class:`CPUBackend`, what the Lloyd loop and the initialisation call.
+- :mod:`.certified`: the step and the assignment, float32 screening certified
+  against a rigorous error bound, exact float64 for the rows it cannot certify.
+- :mod:`.tiles`: the exact float64 kernels (the certified kernels' reference,
+  single-point distances, k-means++ potentials) and :func:`label_sums`.
+"""
+
+from .backend import CPUBackend
+from .tiles import _BLOCKS, label_sums
+
+__all__ = ["CPUBackend", "label_sums", "_BLOCKS"]

@@ -1,0 +1,301 @@
+"""The CPU step with float32 distance screening, certified, so the labels are the exact ones.
+
+Finding each row's nearest of K centres is the bulk of a Lloyd step (N K M
+operations).  Here it is done as the GPU does it (see
+:mod:`mpikmeans.backends.gpu`): on data shifted by the mean of the centres
+(``y = x - s``, ``z = c - s``), in float32, in the dot-product form
+``|z|^2 - 2 y.z`` (one fused multiply-add per row, centre and attribute, eight
+rows per vector instruction).  Each row keeps its best and second-best estimate;
+when their gap exceeds a rigorous bound on the float32 rounding error (the
+GPU's), the best is certainly the nearest.  A row whose gap does not (ties,
+near-ties, huge values) gets every distance again in exact float64, in
+attribute order, lowest index on ties.  The labels are therefore those of the
+exact float64 computation.
+
+What is summed is unchanged: every row's exact float64 squared distance to its
+centre (attribute order) and its values, block by block, rows in order, as
+:func:`mpikmeans.backends.cpu.tiles._lloyd_pass` does.  So a step here gives the
+same bits as the exact kernels, faster.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...jit import njit, prange
+
+#: float32 unit roundoff; the bound is the GPU kernel's (kernels.py): tol = TOLF (|y|^2 + zlim) + tiny
+_U32 = 2.0 ** -24
+#: rows whose |y|^2 + 2 max|z|^2 exceeds this take the exact path (float32 overflow guard)
+_BIG = np.float32(1.0e30)
+_TINY = np.float32(1.0e-36)
+#: centres per register block of the screen (and the padding of the centres)
+_CG = 4
+
+
+def centre_data(centres: np.ndarray) -> tuple:
+    """What the float32 screen needs of the centres, padded to whole groups.
+
+    Parameters
+    ----------
+    centres : ndarray, shape (k, m), float64
+
+    Returns
+    -------
+    shift : ndarray, shape (m,), float64
+        ``s``, the mean of the centres.
+    zt : ndarray, shape (kp, m), float32
+        ``-2 z`` with ``z = float32(c - s)``, zeros for padding.
+    cc : ndarray, shape (kp,), float32
+        ``|z|^2`` (+inf for padding: never the nearest).
+    zlim : float
+        ``2 max |z|^2`` with a margin, the bound's centre term (inf when a centre
+        is not finite: every row then takes the exact path).
+    tolf : float
+        The bound's factor ``2.1 (m + 5) u``.
+    """
+    k, m = centres.shape
+    kp = -(-k // _CG) * _CG
+    # huge or non-finite centres overflow float32 here; zlim then sends every row to the exact path
+    with np.errstate(over="ignore", invalid="ignore"):
+        shift = centres.mean(axis=0)
+        z = (centres - shift).astype(np.float32)
+        z64 = z.astype(np.float64)
+        norms = np.einsum("ij,ij->i", z64, z64)
+        zt = np.zeros((kp, m), dtype=np.float32)
+        np.multiply(z, np.float32(-2.0), out=zt[:k])
+        cc = np.full(kp, np.inf, dtype=np.float32)
+        cc[:k] = norms
+    finite = bool(np.isfinite(centres).all())
+    zlim = min(2.0 * float(norms.max()) * (1.0 + 1e-6), 3.0e38) if finite else np.inf
+    return shift, zt, cc, np.float32(zlim), np.float32(2.1 * (m + 5) * _U32)
+
+
+@njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def _screen_tile(x, t0, rt, shift, zt, cc, ys, yy, b1, b2, i1):  # pragma: no cover - compiled
+    """Float32 estimates for rows ``t0..t0+rt-1``: best and second-best centre per row.
+
+    Compiled on its own so that only these float32 operations may be fused and
+    reordered (``contract``, ``reassoc``): the float64 arithmetic of the caller
+    stays one rounding per operation in attribute order.  Reordering a sum does
+    not loosen the bound (it holds for any order of the additions), and it is
+    what lets LLVM vectorise the attribute loop: each of the eight sums (two
+    rows, four centres) becomes a vector of partial sums in a register, and
+    every loaded value feeds four or two fused multiply-adds.
+    """
+    m = x.shape[1]
+    kp = zt.shape[0]
+    for r in range(rt):
+        yr = ys[r]
+        acc = np.float32(0.0)
+        for j in range(m):
+            v = np.float32(x[t0 + r, j] - shift[j])
+            yr[j] = v
+            acc += v * v
+        yy[r] = acc
+        b1[r] = np.float32(np.inf)
+        b2[r] = np.float32(np.inf)
+        i1[r] = 0
+    if rt % 2:
+        # an odd tile: the pair's second row repeats the last row (its results are not kept)
+        ys[rt] = ys[rt - 1]
+    for r in range(0, rt, 2):
+        y0 = ys[r]
+        y1 = ys[r + 1]
+        for c0 in range(0, kp, _CG):
+            z0 = zt[c0]
+            z1 = zt[c0 + 1]
+            z2 = zt[c0 + 2]
+            z3 = zt[c0 + 3]
+            s00 = np.float32(0.0)
+            s01 = np.float32(0.0)
+            s02 = np.float32(0.0)
+            s03 = np.float32(0.0)
+            s10 = np.float32(0.0)
+            s11 = np.float32(0.0)
+            s12 = np.float32(0.0)
+            s13 = np.float32(0.0)
+            for j in range(m):
+                u = y0[j]
+                v = y1[j]
+                w0 = z0[j]
+                w1 = z1[j]
+                w2 = z2[j]
+                w3 = z3[j]
+                s00 += u * w0
+                s01 += u * w1
+                s02 += u * w2
+                s03 += u * w3
+                s10 += v * w0
+                s11 += v * w1
+                s12 += v * w2
+                s13 += v * w3
+            _rank4(b1, b2, i1, r, c0, cc, s00, s01, s02, s03)
+            if r + 1 < rt:
+                _rank4(b1, b2, i1, r + 1, c0, cc, s10, s11, s12, s13)
+
+
+@njit(cache=True, inline="always")
+def _rank4(b1, b2, i1, r, c0, cc, s0, s1, s2, s3):  # pragma: no cover - compiled
+    """Row ``r``'s best and second-best estimates after centres ``c0..c0+3`` (strict '<':
+    the lowest index wins, and an exact tie leaves a gap of 0, so the row is rechecked)."""
+    o1 = b1[r]
+    o2 = b2[r]
+    best = i1[r]
+    for g in range(_CG):
+        d = cc[c0 + g] + (s0 if g == 0 else (s1 if g == 1 else (s2 if g == 2 else s3)))
+        if d < o1:
+            o2 = o1
+            o1 = d
+            best = c0 + g
+        elif d < o2:
+            o2 = d
+    b1[r] = o1
+    b2[r] = o2
+    i1[r] = best
+
+
+@njit(cache=True, inline="always")
+def _exact_nearest(x, i, cen):  # pragma: no cover - compiled
+    """Row ``i``'s nearest centre by every distance in float64, attribute order, lowest index on ties."""
+    m = x.shape[1]
+    lab = 0
+    best = np.inf
+    for c in range(cen.shape[0]):
+        d = 0.0
+        for j in range(m):
+            t = x[i, j] - cen[c, j]
+            d += t * t
+        if c == 0 or d < best:
+            best = d
+            lab = c
+    return lab, best
+
+
+@njit(cache=True, inline="always")
+def _settle_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1, dd, todo):  # pragma: no cover - compiled
+    """Final labels (``i1``) and exact squared distances (``dd``) of the tile's rows; how many were rechecked.
+
+    A row is certified when its float32 gap exceeds the bound; the others get
+    every distance again in float64.  A certified row's distance to its centre is
+    summed in attribute order, as the exact kernels do, four rows side by side:
+    four independent chains of additions instead of one, each still in order.
+    """
+    m = x.shape[1]
+    nc = 0
+    exact = 0
+    for r in range(rt):
+        scale = yy[r] + zlim
+        if b2[r] - b1[r] > tolf * scale + _TINY and scale < _BIG:
+            todo[nc] = r
+            nc += 1
+        else:
+            lab, d = _exact_nearest(x, t0 + r, cen)
+            i1[r] = lab
+            dd[r] = d
+            exact += 1
+    for q in range(0, nc, 4):
+        # a short last group repeats its last row (the same value written twice)
+        ra = todo[q]
+        rb = todo[min(q + 1, nc - 1)]
+        rc = todo[min(q + 2, nc - 1)]
+        rd = todo[min(q + 3, nc - 1)]
+        xa = x[t0 + ra]
+        xb = x[t0 + rb]
+        xc = x[t0 + rc]
+        xd = x[t0 + rd]
+        ca = cen[i1[ra]]
+        cb = cen[i1[rb]]
+        cc = cen[i1[rc]]
+        cd = cen[i1[rd]]
+        da = 0.0
+        db = 0.0
+        dc = 0.0
+        de = 0.0
+        for j in range(m):
+            ta = xa[j] - ca[j]
+            tb = xb[j] - cb[j]
+            tc = xc[j] - cc[j]
+            td = xd[j] - cd[j]
+            da += ta * ta
+            db += tb * tb
+            dc += tc * tc
+            de += td * td
+        dd[ra] = da
+        dd[rb] = db
+        dd[rc] = dc
+        dd[rd] = de
+    return exact
+
+
+@njit(parallel=True, cache=True)
+def certified_pass(x, cen, shift, zt, cc, zlim, tolf, tile, labels, weights, use_weights, part_sums, part_counts,
+                   part_sse, part_changed, part_exact):  # pragma: no cover - compiled
+    """A Lloyd step: labels (certified float32, else exact), then sums, counts, SSE in the exact kernels' order."""
+    n, m = x.shape
+    kp = zt.shape[0]
+    k = cen.shape[0]
+    nb = part_sums.shape[0]
+    for b in prange(nb):
+        ys = np.zeros((tile + 1, m), dtype=np.float32)
+        yy = np.empty(tile, dtype=np.float32)
+        b1 = np.empty(tile, dtype=np.float32)
+        b2 = np.empty(tile, dtype=np.float32)
+        i1 = np.empty(tile, dtype=np.int64)
+        dd = np.empty(tile, dtype=np.float64)
+        todo = np.empty(tile, dtype=np.int64)
+        lo = n * b // nb
+        hi = n * (b + 1) // nb
+        sums = part_sums[b]
+        counts = part_counts[b]
+        sse = 0.0
+        changed = 0
+        exact = 0
+        for c in range(k):
+            counts[c] = 0.0
+            for j in range(m):
+                sums[c, j] = 0.0
+        for t0 in range(lo, hi, tile):
+            rt = min(tile, hi - t0)
+            _screen_tile(x, t0, rt, shift, zt, cc, ys, yy, b1, b2, i1)
+            exact += _settle_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1, dd, todo)
+            # rows in increasing index: the exact kernels' order of additions
+            for r in range(rt):
+                i = t0 + r
+                bi = i1[r]
+                d = dd[r]
+                if labels[i] != bi:
+                    changed += 1
+                    labels[i] = bi
+                w = weights[i] if use_weights else 1.0
+                counts[bi] += w
+                for j in range(m):
+                    sums[bi, j] += w * x[i, j]
+                sse += w * d
+        part_sse[b] = sse
+        part_changed[b] = changed
+        part_exact[b] = exact
+    return kp
+
+
+@njit(parallel=True, cache=True)
+def certified_assign(x, cen, shift, zt, cc, zlim, tolf, tile, labels, dist2):  # pragma: no cover - compiled
+    """Nearest centre (certified, else exact) and exact squared distance of every row."""
+    n, m = x.shape
+    nb = min(n, 256)
+    for b in prange(nb):
+        ys = np.zeros((tile + 1, m), dtype=np.float32)
+        yy = np.empty(tile, dtype=np.float32)
+        b1 = np.empty(tile, dtype=np.float32)
+        b2 = np.empty(tile, dtype=np.float32)
+        i1 = np.empty(tile, dtype=np.int64)
+        dd = np.empty(tile, dtype=np.float64)
+        todo = np.empty(tile, dtype=np.int64)
+        hi = n * (b + 1) // nb
+        for t0 in range(n * b // nb, hi, tile):
+            rt = min(tile, hi - t0)
+            _screen_tile(x, t0, rt, shift, zt, cc, ys, yy, b1, b2, i1)
+            _settle_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1, dd, todo)
+            for r in range(rt):
+                labels[t0 + r] = i1[r]
+                dist2[t0 + r] = dd[r]

@@ -1,0 +1,132 @@
+"""Tests for :mod:`mpikmeans.backends.cpu.certified`: the float32-screened step gives the exact kernels' bits."""
+
+import numpy as np
+import pytest
+
+from mpikmeans.backends.cpu import CPUBackend
+from mpikmeans.backends.cpu import certified as C
+from mpikmeans.backends.cpu import tiles as T
+
+
+def _both_steps(x, cen, w=None, tile=None):
+    """(exact kernels' outputs, certified kernels' outputs, rows rechecked) of one step from no labels."""
+    n, m = x.shape
+    k = len(cen)
+    tile = tile or T._tile_rows(m)
+    ww = np.ones(0) if w is None else w
+    outs = []
+    for exact in (True, False):
+        lab = np.full(n, -1, np.int32)
+        ps, pc = np.empty((T._BLOCKS, k, m)), np.empty((T._BLOCKS, k))
+        pse, pch, pex = np.empty(T._BLOCKS), np.empty(T._BLOCKS, np.int64), np.zeros(T._BLOCKS, np.int64)
+        if exact:
+            T._lloyd_pass(x, cen, tile, lab, ww, w is not None, ps, pc, pse, pch)
+        else:
+            C.certified_pass(x, cen, *C.centre_data(cen), tile, lab, ww, w is not None, ps, pc, pse, pch, pex)
+        outs.append((lab, ps, pc, pse, pch))
+    return outs[0], outs[1], int(pex.sum())
+
+
+def _assert_same(a, b):
+    for u, v in zip(a, b):
+        assert np.array_equal(u, v), "certified step differs from the exact kernels"
+
+
+def _both_assigns(x, cen):
+    n, m = x.shape
+    out = []
+    for fn in (lambda lab, d: T._assign_pass(x, cen, T._tile_rows(m), lab, d),
+               lambda lab, d: C.certified_assign(x, cen, *C.centre_data(cen), T._tile_rows(m), lab, d)):
+        lab, d = np.empty(n, np.int32), np.empty(n)
+        fn(lab, d)
+        out.append((lab, d))
+    return out
+
+
+@pytest.mark.parametrize("n,m,k,offset", [(3000, 7, 3, 0.0), (2500, 16, 8, 0.0), (1000, 5, 1, 0.0),
+                                          (2000, 33, 13, 1e4), (2000, 9, 11, 1e5), (800, 3, 50, 0.0),
+                                          (1500, 130, 6, 0.0), (777, 257, 9, 1e3)])
+def test_step_equals_exact_kernels(n, m, k, offset):
+    rng = np.random.default_rng(n + m + k)
+    x = rng.normal(size=(n, m)) + offset
+    cen = x[rng.choice(n, k, replace=False)].copy()
+    exact, cert, _ = _both_steps(x, cen)
+    _assert_same(exact, cert)
+    w = rng.random(n) * 3
+    exact, cert, _ = _both_steps(x, cen, w)
+    _assert_same(exact, cert)
+    (la, da), (lb, db) = _both_assigns(x, cen)
+    assert np.array_equal(la, lb) and np.array_equal(da, db)
+
+
+def test_ties_are_rechecked_and_go_to_the_lowest_index():
+    # integer data and two identical centres: many exact ties, which float32 cannot certify
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 3, size=(2000, 4)).astype(float)
+    cen = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 2, 1], [2, 2, 0, 0.0]])
+    exact, cert, rechecked = _both_steps(x, cen)
+    _assert_same(exact, cert)
+    assert rechecked > 0
+    assert not (cert[0] == 1).any(), "a tie went to the higher of two equal centres"
+
+
+def test_well_separated_rows_need_no_recheck():
+    rng = np.random.default_rng(2)
+    true = rng.normal(size=(5, 6)) * 100
+    x = true[rng.integers(0, 5, 4000)] + rng.normal(size=(4000, 6))
+    exact, cert, rechecked = _both_steps(x, true.copy())
+    _assert_same(exact, cert)
+    assert rechecked == 0
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e18, 1e25])
+def test_extreme_magnitudes(scale):
+    # 1e18^2 overflows float32 (the exact path); 1e-30 underflows it (near-zero gaps: rechecked)
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1200, 5)) * scale
+    cen = x[:7].copy()
+    exact, cert, _ = _both_steps(x, cen)
+    _assert_same(exact, cert)
+
+
+def test_near_ties_at_a_large_offset():
+    # rows halfway between two centres far from the origin: float32 alone would misorder them
+    rng = np.random.default_rng(4)
+    base = np.full(8, 1e6)
+    cen = np.stack([base, base + 1e-3, base + 2e-3])
+    x = base + 5e-4 + rng.normal(size=(3000, 8)) * 1e-9
+    exact, cert, rechecked = _both_steps(x, cen)
+    _assert_same(exact, cert)
+    assert rechecked > 0
+
+
+@pytest.mark.parametrize("tile", [32, 64])
+def test_any_tile_and_odd_row_counts(tile):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(1001, 12))
+    exact, cert, _ = _both_steps(x, x[:5].copy(), tile=tile)
+    _assert_same(exact, cert)
+
+
+def test_backend_threads_do_not_change_bits():
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(5000, 20))
+    cen = x[:10].copy()
+    results = []
+    for threads in (1, 2):
+        b = CPUBackend(threads=threads)
+        b.load(x)
+        r = b.step(cen)
+        results.append((r.sums.tobytes(), r.counts.tobytes(), r.sse, r.changed))
+    assert results[0] == results[1]
+
+
+def test_centre_data_pads_to_whole_groups():
+    cen = np.arange(15.0).reshape(5, 3)
+    shift, zt, cc, zlim, tolf = C.centre_data(cen)
+    assert zt.shape == (8, 3) and cc.shape == (8,)
+    assert np.isinf(cc[5:]).all() and not zt[5:].any()
+    assert np.allclose(shift, cen.mean(axis=0))
+    assert zlim > 0 and 0 < tolf < 1e-5
+    _, _, _, zlim, _ = C.centre_data(np.array([[np.inf, 0.0]]))
+    assert np.isinf(zlim)
