@@ -207,6 +207,9 @@ def _shapes(ctx, param, value):
         out = ()
     if not out or any(len(t) != 3 or min(t) < 1 for t in out):
         raise click.BadParameter(f"{value!r}: give ROWSxATTRSxK, comma-separated, as 200000x100x50,1000000x16x8")
+    for n, _, k in out:
+        if k > n:
+            raise click.BadParameter(f"{value!r}: K={k} is more than the {n} rows")
     return out
 
 
