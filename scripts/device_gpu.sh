@@ -8,6 +8,7 @@
 #   STAGES=cpu,sweeps SWEEPS=n,m,k bash scripts/device_gpu.sh
 #   STAGES=parity,mpigpu MPI_GPU_NP="1 2" bash scripts/device_gpu.sh   # 2 GPUs
 #   STAGES=tts TTS_ARGS="--repeats 2" bash scripts/device_gpu.sh      # time to solution, spec example
+#   STAGES=step STEP_ARGS="--iterations 10" bash scripts/device_gpu.sh # CPU step against scikit-learn (and oneDAL)
 #
 # On the project's lent GPU machines (numpy 2.5 there breaks numba-cuda) carry a numpy
 # 2.4 wheel in .whl/ (see bench/GPU_NOTES.md); it is installed into /tmp/site first.
@@ -40,6 +41,7 @@ PARITY_ARGS=${PARITY_ARGS:---np 2}        # mpikmeans bench parity options (one 
 MPI_GPU_NP=${MPI_GPU_NP:-1 2}             # mpikmeans bench mpi-gpu rank counts; the others are compared with the first
 MPI_GPU_ARGS=${MPI_GPU_ARGS:-}            # e.g. --iters 12
 TTS_ARGS=${TTS_ARGS:-}                    # mpikmeans bench tts options
+STEP_ARGS=${STEP_ARGS:-}                  # mpikmeans bench step options
 rc=0
 
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -126,6 +128,11 @@ fi
 if has tts; then
     echo "== time to solution"
     python3 -m mpikmeans bench tts --out "$OUT/tts.json" $TTS_ARGS 2>&1 | tee "$OUT/tts.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+fi
+if has step; then
+    echo "== CPU step against scikit-learn and oneDAL"
+    python3 -m mpikmeans bench step --json "$OUT/step.json" $STEP_ARGS 2>&1 | tee "$OUT/step.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 fi
 exit $rc

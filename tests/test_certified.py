@@ -124,8 +124,9 @@ def test_backend_threads_do_not_change_bits():
 def test_centre_data_pads_to_whole_groups():
     cen = np.arange(15.0).reshape(5, 3)
     shift, zt, cc, zlim, tolf = C.centre_data(cen)
-    assert zt.shape == (8, 3) and cc.shape == (8,)
-    assert np.isinf(cc[5:]).all() and not zt[5:].any()
+    assert zt.shape == (8, 8) and cc.shape == (8,)  # centres to groups of 4, attributes to vectors of 8
+    assert np.isinf(cc[5:]).all() and not zt[5:].any() and not zt[:, 3:].any()
+    assert np.array_equal(zt[:5, :3], (-2 * (cen - shift)).astype(np.float32))
     assert np.allclose(shift, cen.mean(axis=0))
     assert zlim > 0 and 0 < tolf < 1e-5
     _, _, _, zlim, _ = C.centre_data(np.array([[np.inf, 0.0]]))
