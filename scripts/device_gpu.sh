@@ -27,6 +27,14 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
     export PYTHONPATH=$PWD
 fi
+# optional wheels with data files (scikit-learn-intelex for bench step: daal, tbb, tcmlib carry
+# their shared libraries as data, which --target drops): a prefix install
+if ls .whl/prefix/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --prefix /tmp/prefix \
+        .whl/prefix/*.whl || exit 1
+    PYTHONPATH=$PYTHONPATH:$(python3 -c 'import sys; print(f"/tmp/prefix/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages")')
+    export LD_LIBRARY_PATH=/tmp/prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 STAGES=${STAGES:-env,tests,bench,ncu}
 BENCH_ARGS=${BENCH_ARGS:-}
 BENCH_VARIANTS=${BENCH_VARIANTS:-'[{}]'}   # JSON, see mpikmeans bench gpu --variants

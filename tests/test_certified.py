@@ -108,6 +108,17 @@ def test_any_tile_and_odd_row_counts(tile):
     _assert_same(exact, cert)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_many_tiles_per_block_keep_the_order_of_additions(weighted):
+    # 20,011 rows in 64 blocks of ~313, tiles of 8: ~40 tiles per block, whose SSE must be one
+    # running sum over the block's rows (as the exact kernels add it), not a sum of tile sums
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(20011, 3)) * 1e3 + rng.normal(size=(20011, 1)) * 1e-3
+    w = rng.random(len(x)) + 0.5 if weighted else None
+    exact, cert, _ = _both_steps(x, x[:7].copy(), w, tile=8)
+    _assert_same(exact, cert)
+
+
 def test_backend_threads_do_not_change_bits():
     rng = np.random.default_rng(6)
     x = rng.normal(size=(5000, 20))

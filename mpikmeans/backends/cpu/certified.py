@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...jit import njit, prange
+from ..serial import _nearest_row as _exact_nearest  # every distance in float64, lowest index on ties
 
 #: float32 unit roundoff; the bound is the GPU kernel's (kernels.py): tol = TOLF (|y|^2 + zlim) + tiny
 _U32 = 2.0 ** -24
@@ -104,14 +105,17 @@ def _screen_tile(x, t0, rt, shift, zt, cc, ys, yy, b1, b2, i1):  # pragma: no co
     if rt % 2:
         # an odd tile: the pair's second row repeats the last row (its results are not kept)
         ys[rt] = ys[rt - 1]
-    for r in range(0, rt, 2):
-        y0 = ys[r]
-        y1 = ys[r + 1]
-        for c0 in range(0, kp, _CG):
-            z0 = zt[c0]
-            z1 = zt[c0 + 1]
-            z2 = zt[c0 + 2]
-            z3 = zt[c0 + 3]
+    # centres outside, rows inside: a group's four centres stay in L1 while the tile's rows (in
+    # L1/L2) stream past; the other way round every pair of rows streamed all K centres, from L3
+    # once K x M outgrew L2 (10^5 x 257, K = 1000: the screen took 1.9 s where the FMAs need ~1)
+    for c0 in range(0, kp, _CG):
+        z0 = zt[c0]
+        z1 = zt[c0 + 1]
+        z2 = zt[c0 + 2]
+        z3 = zt[c0 + 3]
+        for r in range(0, rt, 2):
+            y0 = ys[r]
+            y1 = ys[r + 1]
             s00 = np.float32(0.0)
             s01 = np.float32(0.0)
             s02 = np.float32(0.0)
@@ -162,23 +166,6 @@ def _rank4(b1, b2, i1, r, c0, cc, s0, s1, s2, s3):  # pragma: no cover - compile
     b1[r] = o1
     b2[r] = o2
     i1[r] = best
-
-
-@njit(cache=True, inline="always")
-def _exact_nearest(x, i, cen):  # pragma: no cover - compiled
-    """Row ``i``'s nearest centre by every distance in float64, attribute order, lowest index on ties."""
-    m = x.shape[1]
-    lab = 0
-    best = np.inf
-    for c in range(cen.shape[0]):
-        d = 0.0
-        for j in range(m):
-            t = x[i, j] - cen[c, j]
-            d += t * t
-        if c == 0 or d < best:
-            best = d
-            lab = c
-    return lab, best
 
 
 @njit(cache=True, inline="always")
@@ -236,12 +223,12 @@ def _dist4(x, cen, i1, t0, rt, q):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts):  # pragma: no cover - compiled
+def _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, sse):  # pragma: no cover - compiled
     """Add the tile's rows, in increasing index (the exact kernels' order), to their clusters' sums
-    and counts; store the labels.  Returns the tile's weighted SSE (added in row order) and how
-    many labels changed."""
+    and counts, and their weighted squared distances to ``sse``; store the labels.  Returns the
+    new ``sse`` (one running sum over the block's rows, as the exact kernels add it) and how many
+    labels changed."""
     m = x.shape[1]
-    sse = 0.0
     changed = 0
     for q in range(0, rt, 4):
         d4 = _dist4(x, cen, i1, t0, rt, q)
@@ -270,42 +257,46 @@ def _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts):  
     return sse, changed
 
 
+@njit(cache=True, inline="always")
+def _tile_buffers(tile, mp):  # pragma: no cover - compiled
+    """One thread's scratch for a tile: float32 rows (one spare for an odd tile), |y|^2, best, second, label."""
+    ys = np.zeros((tile + 1, mp), dtype=np.float32)
+    return (ys, np.empty(tile, dtype=np.float32), np.empty(tile, dtype=np.float32), np.empty(tile, dtype=np.float32),
+            np.empty(tile, dtype=np.int64))
+
+
 @njit(parallel=True, cache=True)
 def certified_pass(x, cen, shift, zt, cc, zlim, tolf, tile, labels, weights, use_weights, part_sums, part_counts,
                    part_sse, part_changed, part_exact):  # pragma: no cover - compiled
-    """A Lloyd step: labels (certified float32, else exact), then sums, counts, SSE in the exact kernels' order."""
-    n, m = x.shape
-    kp = zt.shape[0]
-    k = cen.shape[0]
+    """A Lloyd step: labels (certified float32, else exact), then sums, counts, SSE in the exact kernels' order.
+
+    Row block ``b`` of ``part_sums.shape[0]`` (``n b / nb`` to ``n (b + 1) / nb``) is
+    summed into ``part_sums[b]``, ``part_counts[b]``, ``part_sse[b]`` in row order,
+    as :func:`mpikmeans.backends.cpu.tiles._lloyd_pass` sums it; ``part_changed[b]``
+    counts the labels that changed, ``part_exact[b]`` the rows rechecked in float64.
+    """
+    n = x.shape[0]
     nb = part_sums.shape[0]
     for b in prange(nb):
-        ys = np.zeros((tile + 1, zt.shape[1]), dtype=np.float32)
-        yy = np.empty(tile, dtype=np.float32)
-        b1 = np.empty(tile, dtype=np.float32)
-        b2 = np.empty(tile, dtype=np.float32)
-        i1 = np.empty(tile, dtype=np.int64)
+        ys, yy, b1, b2, i1 = _tile_buffers(tile, zt.shape[1])
         lo = n * b // nb
         hi = n * (b + 1) // nb
         sums = part_sums[b]
         counts = part_counts[b]
+        sums[:, :] = 0.0
+        counts[:] = 0.0
         sse = 0.0
         changed = 0
         exact = 0
-        for c in range(k):
-            counts[c] = 0.0
-            for j in range(m):
-                sums[c, j] = 0.0
         for t0 in range(lo, hi, tile):
             rt = min(tile, hi - t0)
             _screen_tile(x, t0, rt, shift, zt, cc, ys, yy, b1, b2, i1)
             exact += _recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1)
-            add, moved = _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts)
-            sse += add
+            sse, moved = _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, sse)
             changed += moved
         part_sse[b] = sse
         part_changed[b] = changed
         part_exact[b] = exact
-    return kp
 
 
 @njit(parallel=True, cache=True)
@@ -314,11 +305,7 @@ def certified_assign(x, cen, shift, zt, cc, zlim, tolf, tile, labels, dist2):  #
     n, m = x.shape
     nb = min(n, 256)
     for b in prange(nb):
-        ys = np.zeros((tile + 1, zt.shape[1]), dtype=np.float32)
-        yy = np.empty(tile, dtype=np.float32)
-        b1 = np.empty(tile, dtype=np.float32)
-        b2 = np.empty(tile, dtype=np.float32)
-        i1 = np.empty(tile, dtype=np.int64)
+        ys, yy, b1, b2, i1 = _tile_buffers(tile, zt.shape[1])
         hi = n * (b + 1) // nb
         for t0 in range(n * b // nb, hi, tile):
             rt = min(tile, hi - t0)
