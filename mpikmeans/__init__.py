@@ -7,7 +7,16 @@ mpikmeans`` (and ``mpikmeans --help``) stays cheap: no numba, no mpi4py.
 
 __version__ = "0.1.0"
 
+import os as _os  # noqa: E402
+import sys as _sys  # noqa: E402
+
 from . import cache as _cache  # noqa: E402
+
+# Numba prints its warnings in bold (ESC[1m ... ESC[0m) where colorama is installed: job logs
+# and pipes get escape codes.  Plain text unless stderr is a terminal (a user may still set it);
+# read once, when numba.core.errors is imported, so before numba is
+if not (getattr(_sys.stderr, "isatty", None) and _sys.stderr.isatty()):
+    _os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
 
 # before numba is imported: compiled kernels are cached per source version (see cache.py)
 _cache.configure()

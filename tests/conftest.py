@@ -70,6 +70,8 @@ def run_cli(args: list, np: int | None = None, timeout: float = 120, cwd=None, e
                            start_new_session=True)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{exc.stdout}\n{exc.stderr}") from None
+    if np is not None:  # job logs stay plain text: no escape codes from any rank (issue 18)
+        assert "\x1b" not in p.stdout + p.stderr, f"escape codes in the output of {' '.join(cmd)}"
     return Result(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
 
 
