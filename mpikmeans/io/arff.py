@@ -198,15 +198,17 @@ def _describe(code: int, path: str, line_no: int, col: int, attrs: list, token: 
     """The message for a bad row: file, line, attribute, what is wrong."""
     where = f"{path}:{line_no}"
     a = len(attrs)
+    noun = "column" if path.lower().endswith(".csv") else "attribute"  # a CSV file's columns
     if "\x00" in token or any(ord(ch) < 32 and ch not in "\t\r" for ch in token) or "\ufffd" in token:
         shown = token.encode("utf-8", "backslashreplace")[:40]
-        attr = f"attribute {attrs[col].name!r}: " if 0 <= col < a else ""
+        attr = f"{noun} {attrs[col].name!r}: " if 0 <= col < a else ""
         return f"{where}: {attr}binary data, not text: {shown!r}"
     if code == rowparse.E_FEW:
         return (f"{where}: row has {col} value{'s' if col != 1 else ''}, expected {a} "
-                f"(attribute {attrs[col].name!r} is missing)")
+                f"({noun} {attrs[col].name!r} is missing)")
     if code == rowparse.E_MANY:
-        return (f"{where}: row has more than {a} values (the header declares {a} attributes; "
+        declared = f"the first line has {a} columns" if noun == "column" else f"the header declares {a} attributes"
+        return (f"{where}: row has more than {a} values ({declared}; "
                 "a decimal comma would split a number in two)")
     if code == rowparse.E_INDEX:
         return f"{where}: sparse index {token!r} is not an attribute index (0..{a - 1})"
@@ -214,7 +216,7 @@ def _describe(code: int, path: str, line_no: int, col: int, attrs: list, token: 
         return f"{where}: malformed sparse row near {token!r}: expected {{index value, ...}}"
     if code == rowparse.E_WEIGHT:
         return f"{where}: instance weight {{{token}}} is not a positive number"
-    return f"{where}: attribute {attrs[col].name!r}: " + _MESSAGES[code].format(token=token)
+    return f"{where}: {noun} {attrs[col].name!r}: " + _MESSAGES[code].format(token=token)
 
 
 #: The reader's compiled kernels, as :func:`warm_up` loads them.

@@ -177,7 +177,12 @@ def parse_header(path: str, head: bytes, complete: bool = True) -> Header:
 
 
 def read_header(path: str) -> Header:
-    """Read and parse the header of ``path`` (see :func:`parse_header`)."""
+    """Read and parse the header of ``path`` (see :func:`parse_header`); for a ``.csv`` file, its
+    first line (see :func:`mpikmeans.io.csvhead.read_csv_header`)."""
+    if path.lower().endswith(".csv"):
+        from .csvhead import read_csv_header  # it builds on this module
+
+        return read_csv_header(path)
     if path.endswith(".gz"):
         raise InputError(f"{path}: compressed input cannot be split by byte offsets; decompress it first")
     try:

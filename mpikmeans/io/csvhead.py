@@ -1,0 +1,103 @@
+"""CSV input: the first line read as the ARFF reader's :class:`~mpikmeans.io.header.Header`.
+
+A numeric CSV file is an ARFF data section without its header: the same
+parallel byte-range reader parses its rows (every rank its lines, exactly, on
+its threads), with the same error messages naming the file, line and column.
+This module only decides what the first line is: column names (any field that
+is not a number makes it a header line) or the first row (the columns are then
+named ``col1 .. colM``).  The delimiter is a comma; a file whose first line is
+split by tabs or semicolons instead is refused with a message saying so.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+
+from ..errors import InputError
+from .header import Attribute, Header
+
+#: how far into the file the first line may end
+_FIRST_LINE_MAX = 1 << 20
+_OTHER_DELIMITERS = {"\t": "tabs", ";": "semicolons", "|": "'|'"}
+
+
+def _is_number(field: str) -> bool:
+    text = field.strip()
+    if text in ("", "?"):  # an empty or missing value: still a data row (the reader decides)
+        return True
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def read_csv_header(path: str) -> Header:
+    """The columns of a comma-separated file and where its rows start.
+
+    Parameters
+    ----------
+    path : str
+
+    Returns
+    -------
+    Header
+        ``relation``: the file's name; ``attributes``: one numeric attribute
+        per column (the header line's names, else ``col1 .. colM``);
+        ``data_offset``/``data_line``: the first data row.
+
+    Raises
+    ------
+    InputError
+        An unreadable or empty file, a header line without data rows, another
+        delimiter than a comma, or a header line naming a column twice.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(min(size, _FIRST_LINE_MAX))
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a CSV file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    start = 3 if head.startswith(b"\xef\xbb\xbf") else 0  # UTF-8 byte-order mark
+    nl = head.find(b"\n", start)
+    if nl < 0:
+        if size > len(head):
+            raise InputError(f"{path}:1: the first line is longer than {_FIRST_LINE_MAX} bytes")
+        nl = len(head)
+    try:
+        first = head[start:nl].decode("utf-8").rstrip("\r")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}:1: the first line is not UTF-8 text") from None
+    if not first.strip():
+        raise InputError(f"{path}:1: the first line is empty: a CSV file starts with its column names or "
+                         "its first row")
+    fields = next(csv.reader(io.StringIO(first), skipinitialspace=True))
+    if len(fields) == 1:
+        for delim, what in _OTHER_DELIMITERS.items():
+            if delim in first:
+                shown = delim.replace("\t", "\\t")
+                raise InputError(f"{path}:1: the columns are separated by {what}; mpikmeans reads comma-separated "
+                                 f"files (convert it first, e.g. tr '{shown}' ',')")
+    named = not all(_is_number(f) for f in fields)
+    if named:
+        names = [f.strip() for f in fields]
+        seen: dict = {}
+        for col, name in enumerate(names, 1):
+            if not name:
+                names[col - 1] = name = f"col{col}"
+            if name in seen:
+                raise InputError(f"{path}:1: column {col} is named {name!r} like column {seen[name]}")
+            seen[name] = col
+        offset, line = min(nl + 1, size), 2
+        if offset >= size or not head[offset:].strip() and size <= len(head):
+            raise InputError(f"{path}: the column names on line 1 are followed by no rows")
+    else:
+        names = [f"col{col}" for col in range(1, len(fields) + 1)]
+        offset, line = start, 1
+    relation = os.path.splitext(os.path.basename(path))[0]
+    attributes = [Attribute(name, "numeric", 1) for name in names]
+    return Header(relation, attributes, offset, line, size, path)
