@@ -31,7 +31,7 @@ from mpikmeans.cache import cache_root
 REPO = Path(__file__).resolve().parents[1]
 PBS = REPO / "pbs"
 TEMPLATES = sorted(PBS.glob("*.pbs")) + sorted(PBS.glob("*.sbatch"))
-SHELL_FILES = TEMPLATES + [PBS / "common.sh", REPO / "scripts" / "start_local_slurm.sh"]
+SHELL_FILES = TEMPLATES + [REPO / "mpikmeans" / "jobs" / "common.sh", REPO / "scripts" / "start_local_slurm.sh"]
 BIN = Path(sys.executable).parent
 ROWS, K = 3000, 3
 BAD_LINE = 2500          # line number (1-based, in the whole file) made malformed
@@ -137,7 +137,7 @@ def torque_env(tmp: Path, workdir: Path, slots: int, jobid: str, np: int | None 
     nodefile.write_text("localhost\n" * slots)
     env = {"PBS_O_WORKDIR": str(workdir), "PBS_NODEFILE": str(nodefile), "PBS_JOBID": f"{jobid}.pbs.test",
            "PBS_JOBNAME": "mpikmeans", "PBS_ENVIRONMENT": "PBS_BATCH", "PBS_O_HOST": "localhost",
-           "PBS_QUEUE": "batch", "MPIKMEANS_PBS_DIR": str(PBS), "MPIRUN_ARGS": "--oversubscribe"}
+           "PBS_QUEUE": "batch", "MPIRUN_ARGS": "--oversubscribe"}
     if np is not None:
         env["PBS_NP"] = str(np)
     env.update({k: str(v) for k, v in settings.items()})
@@ -152,7 +152,7 @@ def slurm_env(tmp: Path, workdir: Path, ntasks: int, jobid: str, **settings) -> 
            "SLURM_JOB_NAME": "mpikmeans", "SLURM_SUBMIT_DIR": str(workdir), "SLURM_NTASKS": str(ntasks),
            "SLURM_NPROCS": str(ntasks), "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1",
            "SLURM_JOB_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": str(ntasks), "SLURM_CPUS_PER_TASK": "1",
-           "SLURM_CLUSTER_NAME": "test", "MPIKMEANS_PBS_DIR": str(PBS),
+           "SLURM_CLUSTER_NAME": "test",
            "SRUN_SHIM_LOG": str(tmp / "srun.log")}
     env.update({k: str(v) for k, v in settings.items()})
     return env
@@ -222,12 +222,11 @@ def test_torque_cpu_job(inputs, tmp_path):
 
 
 def test_torque_cpu_ranks_from_nodefile_submitted_from_checkout(inputs, tmp_path):
-    """No PBS_NP: the ranks are the node file's lines; common.sh found in $PBS_O_WORKDIR/pbs."""
+    """No PBS_NP: the ranks are the node file's lines."""
     good, _ = inputs
     out = tmp_path / "result"
     env = torque_env(tmp_path, REPO, slots=3, jobid="102", DATA=good, K=K, OUT=out,
                      MPIRUN_ARGS="--oversubscribe --bind-to none", ARGS="--seed 4 --init range")
-    del env["MPIKMEANS_PBS_DIR"]
     job = submit(PBS / "mpi_run.pbs", tmp_path, env)
     summary = check_results(out, 3, job)
     assert summary["init"] == "range" and summary["seed"] == 4
@@ -303,10 +302,49 @@ def test_usage_errors_without_mpi(tmp_path):
     env = torque_env(tmp_path, tmp_path, slots=1, jobid="108", np=1, K=2, MPIKMEANS="no-such-mpikmeans")
     job = submit(PBS / "mpi_run.pbs", tmp_path, env)
     assert job.code == 127 and "not found on PATH" in job.out, job.out
-    env = torque_env(tmp_path, tmp_path, slots=1, jobid="109", np=1, K=2)
-    del env["MPIKMEANS_PBS_DIR"]
-    job = submit(PBS / "mpi_run.pbs", tmp_path, env)
-    assert job.code == 2 and "common.sh not found" in job.out, job.out
+
+
+# ------------------------------------------------------------ mpikmeans template: one source
+
+@pytest.mark.parametrize("kind", ["pbs", "pbs-gpu", "pbspro", "slurm"])
+def test_template_command_writes_the_repository_files(kind, tmp_path):
+    from mpikmeans.jobs import file_name
+
+    repo_copy = (PBS / file_name(kind)).read_text()
+    assert "@MPIKMEANS_JOB_FUNCTIONS@" not in repo_copy and "source " not in repo_copy.replace("# source ", "")
+    out = tmp_path / "job"
+    r = run_cli(["template", kind, "-o", out])
+    assert r.code == 0, r.err
+    assert out.read_text() == repo_copy, f"pbs/{file_name(kind)} differs from `mpikmeans template {kind}`"
+    assert os.access(out, os.X_OK)
+    r = run_cli(["template", kind])
+    assert r.code == 0 and r.out == repo_copy
+    r = run_cli(["template", kind, "-o", out])
+    assert r.code == 2 and "exists; pass --force" in r.err
+    assert run_cli(["template", kind, "-o", out, "--force"]).code == 0
+
+
+def test_template_command_errors(tmp_path):
+    r = run_cli(["template", "lsf"])
+    assert r.code == 2 and "'lsf' is not one of" in r.err
+    r = run_cli(["template", "pbs", "-o", tmp_path / "no" / "such" / "dir" / "job.pbs"])
+    assert r.code != 0 and "Traceback" not in r.err
+
+
+def test_written_template_runs_outside_a_checkout(inputs, tmp_path):
+    """`mpikmeans template pbs -o job.pbs` in a data directory: the job runs, and fails fast on bad input."""
+    good, bad = inputs
+    work = make_workdir(tmp_path, good)
+    shutil.copy(bad, work / bad.name)
+    job_file = work / "job.pbs"
+    assert run_cli(["template", "pbs", "-o", job_file]).code == 0
+    env = torque_env(tmp_path, work, slots=2, jobid="130", np=2, DATA=good.name, K=K)
+    job = submit(job_file, tmp_path, env)
+    check_results(work / "blobs.130.mpikmeans", 2, job)
+    env = torque_env(tmp_path, work, slots=2, jobid="131", np=2, DATA=bad.name, K=K)
+    job = submit(job_file, tmp_path, env)
+    assert job.code == 3 and f"bad.arff:{BAD_LINE}" in job.out, job.out
+    assert job.seconds < 20, f"took {job.seconds:.1f} s\n{job.out}"
 
 
 # ----------------------------------------------------------------------------- Torque, GPU

@@ -2,9 +2,8 @@
 
 scripts/start_local_slurm.sh starts slurmctld and slurmd (Debian's slurm-wlm packages,
 auth/none, no systemd, no munge) in a temporary directory on free ports; every test
-submits the unmodified template from a directory that is not the checkout, so the
-job also has to find pbs/common.sh through `scontrol show job` (sbatch runs a spool
-copy). Skipped unless running as root with slurmctld, slurmd and sbatch installed:
+submits the unmodified template from a directory that is not the checkout (sbatch runs
+a spool copy: the template is self-contained, it sources nothing). Skipped unless running as root with slurmctld, slurmd and sbatch installed:
     apt-get install --no-install-recommends slurmctld slurmd slurm-client libpmix-dev
 """
 

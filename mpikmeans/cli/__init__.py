@@ -114,9 +114,9 @@ def entry() -> None:
 
 
 # the commands register themselves on ``main`` when imported
-from . import bench, data, info, run, warmup  # noqa: E402
+from . import bench, data, info, run, template, warmup  # noqa: E402
 
-COMMANDS = (bench, data, info, run, warmup)
+COMMANDS = (bench, data, info, run, template, warmup)
 
 if __name__ == "__main__":  # pragma: no cover
     entry()
