@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Shared by the job templates in pbs/ (Torque, PBS Pro, Slurm); sourced, never run.
+# The functions every job template shares (Torque, PBS Pro, Slurm): `mpikmeans template` writes
+# them into each script (see mpikmeans/jobs/__init__.py), so no script sources this file.
 #
 # A template sets the scheduler's resources in its #PBS/#SBATCH lines, works out
 # the rank count from the allocation, then calls, in order:
