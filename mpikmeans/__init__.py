@@ -18,12 +18,8 @@ from . import cache as _cache  # noqa: E402
 if not (getattr(_sys.stderr, "isatty", None) and _sys.stderr.isatty()):
     _os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
 
-from . import vectors as _vectors  # noqa: E402
-
-# before numba is imported: compiled kernels are cached per source version (see cache.py), and
-# compiled for 512-bit vectors where the CPU has them (see vectors.py)
+# before numba is imported: compiled kernels are cached per source version (see cache.py)
 _cache.configure()
-_vectors.configure()
 
 __all__ = ["KMeans", "__version__"]
 
