@@ -4,8 +4,9 @@ Finding each row's nearest of K centres is the bulk of a Lloyd step (N K M
 operations).  Here it is done as the GPU does it (see
 :mod:`mpikmeans.backends.gpu`): on data shifted by the mean of the centres
 (``y = x - s``, ``z = c - s``), in float32, in the dot-product form
-``|z|^2 - 2 y.z`` (one fused multiply-add per row, centre and attribute, eight
-rows per vector instruction).  Each row keeps its best and second-best estimate;
+``|z|^2 - 2 y.z`` (one fused multiply-add per row, centre and attribute; the
+attribute loop vectorised, two rows by four centres per register block).  Each
+row keeps its best and second-best estimate;
 when their gap exceeds a rigorous bound on the float32 rounding error (the
 GPU's), the best is certainly the nearest.  A row whose gap does not (ties,
 near-ties, huge values) gets every distance again in exact float64, in
