@@ -40,6 +40,10 @@ _SIM_PROGRAM = textwrap.dedent(
 
     assert G.SIM, "the simulator is not on"
 
+    # this process's share of the scenarios (the fixture runs the parts side by side)
+    PART, PARTS = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (0, 1)
+    _count = [0]
+
     def blobs(n, m, k, seed, offset=0.0):
         r = np.random.default_rng(seed)
         c = r.uniform(-10, 10, size=(k, m)) + offset
@@ -49,6 +53,9 @@ _SIM_PROGRAM = textwrap.dedent(
         return x, start
 
     def compare(name, x, cent, dtype="float64", chunk=None, weights=None, tune=None, iters=2):
+        _count[0] += 1
+        if (_count[0] - 1) % PARTS != PART:
+            return
         cpu = CPUBackend(threads=1)
         cpu.load(x, weights)
         gpu = G.GPUBackend(dtype=dtype, chunk_rows=chunk, tune=tune or {})
@@ -134,6 +141,9 @@ _SIM_PROGRAM = textwrap.dedent(
     compare("delta_offset", x7, x7[:12].copy(), tune=always, iters=5)
     compare("delta_weighted_is_full", x6, c6, weights=w6, tune=always, iters=2)
 
+    if PART != 0:
+        sys.exit(0)  # the scenarios below run in part 0 only
+
     # incremental steps through the exact kernel: tied rows flagged with their label
     # kept (same centres again), then moved (centres 0 and 1 swapped), then back
     cpu = CPUBackend(threads=1)
@@ -197,17 +207,26 @@ def sim():
     env = dict(os.environ)
     env["NUMBA_ENABLE_CUDASIM"] = "1"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _SIM_PROGRAM], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        if "No module named 'numba.cuda'" in proc.stderr or "numba_cuda" in proc.stderr and "ModuleNotFound" in proc.stderr:
-            pytest.skip("numba-cuda is not installed")
-        raise AssertionError(f"simulator run failed:\n{proc.stdout}\n{proc.stderr[-4000:]}")
+    # the scenarios in two processes side by side: the simulator runs on one core each
+    parts = 2
+    procs = [subprocess.Popen([sys.executable, "-c", _SIM_PROGRAM, str(i), str(parts)], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(parts)]
     records = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            rec = json.loads(line)
-            records[rec["name"]] = rec
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for proc, (stdout, stderr) in zip(procs, outs):
+        if proc.returncode != 0:
+            if "No module named 'numba.cuda'" in stderr or "numba_cuda" in stderr and "ModuleNotFound" in stderr:
+                pytest.skip("numba-cuda is not installed")
+            raise AssertionError(f"simulator run failed:\n{stdout}\n{stderr[-4000:]}")
+        for line in stdout.splitlines():
+            if line.startswith("{"):
+                rec = json.loads(line)
+                records[rec["name"]] = rec
     return records
 
 

@@ -24,7 +24,9 @@ def test_tiny_step_against_scikit_learn(tmp_path):
     me, sk, ex = points["mpikmeans"], points["sklearn"], points["sklearnex"]
     for p in (me, sk):
         assert (p["rows"], p["attrs"], p["k"], p["threads"]) == (3000, 5, 4, 1)
-        assert p["ms_per_iteration"] > 0 and p["sse"] > 0 and len(p["labels_sha1"]) == 40
+        assert p["sse"] > 0 and len(p["labels_sha1"]) == 40 and p["fit_s"] > 0
+        # tiny data: the difference of two fits may be below the timer's noise, and then says so
+        assert p["ms_per_iteration"] > 0 or "below the timing noise" in p["note"]
     # the same initial centres, whole Lloyd iterations: scikit-learn's answer
     assert me["iterations"] == sk["iterations"]
     assert me["sse"] == pytest.approx(sk["sse"], rel=1e-9)

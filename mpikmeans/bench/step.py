@@ -118,9 +118,13 @@ def time_tool(tool: str, x, init, iterations: int, repeats: int, threads: int) -
     n_long, n_short = long_[-1][1], short[-1][1]
     per = (statistics.median(t for t, _ in long_) - statistics.median(t for t, _ in short)) / max(n_long - n_short, 1)
     labels = np.ascontiguousarray(fit.labels_, dtype=np.int32)
-    return {"ms_per_iteration": 1e3 * per, "iterations": n_long, "sse": float(fit.inertia_),
-            "labels_sha1": hashlib.sha1(labels.tobytes()).hexdigest(), "version": _library_version(tool),
-            "fit_s": statistics.median(t for t, _ in long_)}
+    out = {"ms_per_iteration": 1e3 * per, "iterations": n_long, "sse": float(fit.inertia_),
+           "labels_sha1": hashlib.sha1(labels.tobytes()).hexdigest(), "version": _library_version(tool),
+           "fit_s": statistics.median(t for t, _ in long_)}
+    if per <= 0:
+        # the iterations cost less than the fits' noise: the difference says nothing
+        out["note"] = "below the timing noise: use more rows, --iterations or --repeats"
+    return out
 
 
 def thread_env(threads: int) -> dict:
@@ -195,7 +199,8 @@ def _line(p: dict) -> str:
     head = f"{p['rows']}x{p['attrs']} K={p['k']} threads={p['threads']:<3} {p['tool']:<10}"
     if "error" in p:
         return f"{head} skipped: {p['error']}"
-    return f"{head} {p['ms_per_iteration']:9.2f} ms/iter  SSE {p['sse']:.10g}  ({p['iterations']} iterations)"
+    note = f"  [{p['note']}]" if "note" in p else ""
+    return f"{head} {p['ms_per_iteration']:9.2f} ms/iter  SSE {p['sse']:.10g}  ({p['iterations']} iterations){note}"
 
 
 def step_table(doc: dict) -> list:
