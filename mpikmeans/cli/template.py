@@ -7,6 +7,8 @@ import stat
 
 import click
 
+from ..errors import RunError
+from ..io.output import write_atomic
 from ..jobs import KINDS, render
 from . import main
 
@@ -36,14 +38,11 @@ def template(kind, output, force):
         return
     if os.path.exists(output) and not force:
         raise click.UsageError(f"{output} exists; pass --force to replace it")
-    tmp = f"{output}.tmp-{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        os.replace(tmp, output)
+        write_atomic(output, text.encode("utf-8"))
+        os.chmod(output, os.stat(output).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    except RunError as exc:
+        raise click.ClickException(exc.message) from None
     except OSError as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         raise click.FileError(output, hint=exc.strerror) from None
     click.echo(f"wrote {output} ({KINDS[kind][1]})", err=True)

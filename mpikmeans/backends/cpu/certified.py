@@ -224,6 +224,12 @@ def _dist4(x, cen, i1, t0, rt, q):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
+def _nth(d4, g):  # pragma: no cover - compiled
+    """Element ``g`` of :func:`_dist4`'s four distances (a tuple takes only constant indices)."""
+    return d4[0] if g == 0 else (d4[1] if g == 1 else (d4[2] if g == 2 else d4[3]))
+
+
+@njit(cache=True, inline="always")
 def _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, sse):  # pragma: no cover - compiled
     """Add the tile's rows, in increasing index (the exact kernels' order), to their clusters' sums
     and counts, and their weighted squared distances to ``sse``; store the labels.  Returns the
@@ -240,7 +246,7 @@ def _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, ss
             if labels[i] != bi:
                 changed += 1
                 labels[i] = bi
-            d = d4[0] if g == 0 else (d4[1] if g == 1 else (d4[2] if g == 2 else d4[3]))
+            d = _nth(d4, g)
             row = x[i]
             acc = sums[bi]
             if use_weights:
@@ -316,4 +322,4 @@ def certified_assign(x, cen, shift, zt, cc, zlim, tolf, tile, labels, dist2):  #
                 d4 = _dist4(x, cen, i1, t0, rt, q)
                 for g in range(min(4, rt - q)):
                     labels[t0 + q + g] = i1[q + g]
-                    dist2[t0 + q + g] = d4[0] if g == 0 else (d4[1] if g == 1 else (d4[2] if g == 2 else d4[3]))
+                    dist2[t0 + q + g] = _nth(d4, g)
