@@ -17,7 +17,7 @@ from ..jit import njit
 from . import RowDistances
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _nearest_row(x, i, c):  # pragma: no cover - compiled
     """Nearest centre of row ``i`` and its squared distance (lowest index on ties)."""
     m = x.shape[1]

@@ -59,19 +59,19 @@ MISSING_ERROR = 0
 MISSING_NAN = 1    # store NaN; the caller drops the row or fills in the mean
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _blank(c):
     return c == _SPACE or c == _TAB or c == _CR
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _skip_blanks(p, i, n):
     while i < n and _blank(p[i]):
         i += 1
     return i
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _scan_token(p, i, n, quoted_ok):
     """Span of the token at ``i``: ``(start, end, next, ok)``.
 
@@ -104,8 +104,8 @@ def _scan_token(p, i, n, quoted_ok):
 
 
 # not inlined (unlike the helpers around it): only quoted, missing and malformed
-# tokens get here, and each inlined copy of the number parser costs the caller's
-# first compile tens of seconds (Numba's IR inlining copies it whole)
+# tokens get here, and another inlined copy of the number parser would only make
+# the hot loop's code and the parser's first compile larger
 @njit(cache=True)
 def _value(p, ts, te, kind, missing_mode):
     """Parse one token of a kept attribute: ``(value, error code)``."""
@@ -123,7 +123,7 @@ def _value(p, ts, te, kind, missing_mode):
     return 0.0, E_NUMBER
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _kept_token(p, i, n, missing_mode):
     """Parse the token at ``i`` of a kept attribute: ``(value, error code, ts, te, next)``.
 
@@ -152,8 +152,9 @@ def _kept_token(p, i, n, missing_mode):
 def _kept_token_call(p, i, n, missing_mode):
     """:func:`_kept_token` as a call, not inlined: for the values of sparse rows.
 
-    Sparse rows are rare; each inlined copy of the number parser adds seconds to
-    the parser's first compile, so only dense rows (the usual ones) inline it.
+    Sparse rows are rare; each inlined copy of the number parser adds to the
+    parser's code and its first compile, so only dense rows (the usual ones)
+    inline it.
     """
     return _kept_token(p, i, n, missing_mode)
 

@@ -23,7 +23,7 @@ MAX_FIELD = _MAX_FIELD = 22
 _PAIRS = np.frombuffer("".join(f"{i:02d}" for i in range(100)).encode(), dtype=np.uint8).copy()
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _write_digits(out, end, u, width, pairs):
     """Write ``u`` in decimal ending just before ``end``, zero-padded to ``width``; return the start."""
     p = end
@@ -47,7 +47,7 @@ def _write_digits(out, end, u, width, pairs):
     return p
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _ndigits(u):
     n = 1
     while u >= 10:
@@ -83,7 +83,7 @@ _TEN4 = np.uint64(10000)
 _TEN8 = np.uint64(10**8)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _eight_digits(u):
     """The 8 decimal digits of ``u < 10**8`` as ASCII, first digit in the lowest byte.
 
@@ -102,7 +102,7 @@ def _eight_digits(u):
     return x + _ZEROS8
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _write_width(out, end, u, width, pairs):
     """Write ``u < 10**width`` as exactly ``width`` digits ending just before ``end``."""
     p = end
@@ -118,7 +118,7 @@ def _write_width(out, end, u, width, pairs):
         out[p - 1] = np.uint8(48 + u)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _put_fixed(out, pos, v, decimals, scale, pairs):
     """Write ``v / 10**decimals`` at ``out[pos]``; return the position after it.
 

@@ -104,8 +104,11 @@ def _screen_tile(x, t0, rt, shift, zt, cc, ys, yy, b1, b2, i1):  # pragma: no co
         b2[r] = np.float32(np.inf)
         i1[r] = 0
     if rt % 2:
-        # an odd tile: the pair's second row repeats the last row (its results are not kept)
-        ys[rt] = ys[rt - 1]
+        # an odd tile: the pair's second row repeats the last row (its results are not kept);
+        # element by element: an array-to-array slice assignment compiles Numba's formatted
+        # shape-mismatch error (string code, ~2 s of every cold compile)
+        for j in range(m):
+            ys[rt, j] = ys[rt - 1, j]
     # centres outside, rows inside: a group's four centres stay in L1 while the tile's rows (in
     # L1/L2) stream past; the other way round every pair of rows streamed all K centres, from L3
     # once K x M outgrew L2 (10^5 x 257, K = 1000: the screen took 1.9 s where the FMAs need ~1)
@@ -145,7 +148,7 @@ def _screen_tile(x, t0, rt, shift, zt, cc, ys, yy, b1, b2, i1):  # pragma: no co
                 _rank4(b1, b2, i1, r + 1, c0, cc, s10, s11, s12, s13)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _rank4(b1, b2, i1, r, c0, cc, s0, s1, s2, s3):  # pragma: no cover - compiled
     """Row ``r``'s best and second-best estimates after centres ``c0..c0+3``.
 
@@ -169,7 +172,7 @@ def _rank4(b1, b2, i1, r, c0, cc, s0, s1, s2, s3):  # pragma: no cover - compile
     i1[r] = best
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1):  # pragma: no cover - compiled
     """Exact labels (``i1``) for the tile's rows that float32 could not certify; how many there were.
 
@@ -186,7 +189,7 @@ def _recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1):  # pragma: no cov
     return exact
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _dist4(x, cen, i1, t0, rt, q):  # pragma: no cover - compiled
     """Exact squared distances of rows ``t0+q .. t0+q+3`` to their centres ``i1[q..q+3]``.
 
@@ -223,13 +226,13 @@ def _dist4(x, cen, i1, t0, rt, q):  # pragma: no cover - compiled
     return da, db, dc, de
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _nth(d4, g):  # pragma: no cover - compiled
     """Element ``g`` of :func:`_dist4`'s four distances (a tuple takes only constant indices)."""
     return d4[0] if g == 0 else (d4[1] if g == 1 else (d4[2] if g == 2 else d4[3]))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, sse):  # pragma: no cover - compiled
     """Add the tile's rows, in increasing index (the exact kernels' order), to their clusters' sums
     and counts, and their weighted squared distances to ``sse``; store the labels.  Returns the
@@ -264,7 +267,7 @@ def _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, ss
     return sse, changed
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, forceinline=True)
 def _tile_buffers(tile, mp):  # pragma: no cover - compiled
     """One thread's scratch for a tile: float32 rows (one spare for an odd tile), |y|^2, best, second, label."""
     ys = np.zeros((tile + 1, mp), dtype=np.float32)

@@ -41,7 +41,7 @@ def _tile_rows(m: int) -> int:
 _PAD = 8
 
 
-@njit(cache=True, fastmath=False, inline="always")
+@njit(cache=True, fastmath=False, forceinline=True)
 def _load_tile(x, t0, rt, xt):  # pragma: no cover - compiled
     """Rows ``t0 .. t0+rt-1`` of ``x`` into the transposed scratch ``xt`` (m, >= T)."""
     m = x.shape[1]
@@ -50,7 +50,7 @@ def _load_tile(x, t0, rt, xt):  # pragma: no cover - compiled
             xt[j, r] = x[t0 + r, j]
 
 
-@njit(cache=True, fastmath=False, inline="always")
+@njit(cache=True, fastmath=False, forceinline=True)
 def _four_dists(xt, rv, cen, c0, c1, c2, c3, acc):  # pragma: no cover - compiled
     """Squared distances of the tile's rows to centres ``c0..c3`` into ``acc[0..3, :rv]``.
 
@@ -139,7 +139,7 @@ def _four_dists(xt, rv, cen, c0, c1, c2, c3, acc):  # pragma: no cover - compile
             a3[r] += tp * tp
 
 
-@njit(cache=True, fastmath=False, inline="always")
+@njit(cache=True, fastmath=False, forceinline=True)
 def _one_dist(xt, rv, cen, c0, acc):  # pragma: no cover - compiled
     """:func:`_four_dists` for one centre, into ``acc[0, :rv]``: the same operations, so the same bits."""
     m = xt.shape[0]
