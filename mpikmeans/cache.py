@@ -218,13 +218,7 @@ class KernelStore:
             self.misses += 1
             return None
         try:
-            if not blob.startswith(_MAGIC):
-                raise ValueError("not a kernel cache entry")
-            digest, size = _HEAD.unpack_from(blob, len(_MAGIC))
-            payload = blob[len(_MAGIC) + _HEAD.size:]
-            if len(payload) != size or hashlib.sha256(payload).digest() != digest:
-                raise ValueError(f"checksum mismatch ({len(payload)} of {size} bytes)")
-            value = loads(payload)
+            value = loads(self.payload(blob))
         except Exception as exc:
             log.warning("kernel cache entry %s is damaged (%s): compiling again", path, exc)
             try:
@@ -235,6 +229,17 @@ class KernelStore:
             return None
         self.hits += 1
         return value
+
+    @staticmethod
+    def payload(blob: bytes) -> bytes:
+        """The stored bytes of an entry file's content ``blob``; ValueError when it is not whole."""
+        if not blob.startswith(_MAGIC):
+            raise ValueError("not a kernel cache entry")
+        digest, size = _HEAD.unpack_from(blob, len(_MAGIC))
+        payload = blob[len(_MAGIC) + _HEAD.size:]
+        if len(payload) != size or hashlib.sha256(payload).digest() != digest:
+            raise ValueError(f"checksum mismatch ({len(payload)} of {size} bytes)")
+        return payload
 
     def put(self, key: tuple, value, dumps=pickle.dumps) -> bool:
         """Store ``value`` for ``key`` atomically; False when the directory cannot be written.

@@ -169,8 +169,10 @@ class BackgroundCompile:
     statistics, initialisation and writer kernels, the CPU backend's or the GPU
     kernels of the run's shape, one after the other.  Started here, helper
     processes on one rank per node (node-local rank 0) compile the rest at the
-    same time, into the same caches: one the CPU kernels, one the GPU kernels
-    (each about as long as the parser's compile).  The ranks wait for them after
+    same time, into the same caches: each part of
+    :data:`mpikmeans.warmup.HELPER_PARTS` that is cold in a process of its own
+    (also on two cores: the parser's compile ends first, and the parts then share
+    the cores instead of waiting for each other).  The ranks wait for them after
     the read, then load every kernel.  Nothing is started when the caches are warm.
 
     Parameters
@@ -187,23 +189,23 @@ class BackgroundCompile:
         self.comm = comm
         if comm.node_rank != 0:
             return
-        cold_rest, cold_gpu = self._cold(data, cfg, gpu, comm.size)
+        cold = self._cold(data, cfg, gpu, comm.size)
+        if not cold:
+            return
         args = [sys.executable, "-m", "mpikmeans", "warmup", data, "-k", str(cfg.k), "--dtype", cfg.dtype,
                 "--gpu" if gpu else "--no-gpu", "-q"]
-        rows = self._rows(data, comm.size) if cold_gpu else None
+        rows = self._rows(data, comm.size) if any(p.startswith("gpu") for p in cold) else None
         if rows:
             args += ["--rows", str(rows)]
         env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}  # jobs of one, no MPI
-        # two processes: the GPU kernels alone take as long as the parser's compile
-        for part, cold in (("rest", cold_rest), ("gpu", cold_gpu)):
-            if cold:
-                try:
-                    proc = subprocess.Popen(args + ["--part", part], env=env, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.PIPE)
-                except OSError:
-                    continue
-                self.procs.append(proc)
-                log.info("kernel caches are cold: compiling the run's %s kernels in process %d", part, proc.pid)
+        for part in cold:
+            try:
+                proc = subprocess.Popen(args + ["--part", part], env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE)
+            except OSError:
+                continue
+            self.procs.append(proc)
+            log.info("kernel caches are cold: compiling the run's %s kernels in process %d", part, proc.pid)
 
     @property
     def proc(self):
@@ -223,21 +225,25 @@ class BackgroundCompile:
             return None
 
     @staticmethod
-    def _cold(data: str, cfg, gpu: bool, size: int) -> tuple:
-        """(the CPU kernels besides the parser are cold, the GPU kernels of this shape are)."""
-        from .warmup import rest_warm
+    def _cold(data: str, cfg, gpu: bool, size: int) -> list:
+        """The parts of :data:`mpikmeans.warmup.HELPER_PARTS` this run needs and the caches lack."""
+        from .warmup import cpu_backend_warm, rest_warm
 
-        rest = not rest_warm(cpu_backend=not gpu)
-        if not gpu or cfg.k is None:
-            return rest, False
+        cold = [] if rest_warm() else ["rest"]
+        if not gpu:
+            return cold + ([] if cpu_backend_warm() else ["cpu"])
+        if cfg.k is None:
+            return cold
         try:
             from .cache import gpu_shape_key, gpu_shape_warm
             from .warmup import data_shape, needs_idx64
 
             m, rows = data_shape(data, size)
-            return rest, not gpu_shape_warm(gpu_shape_key(cfg.k, m, cfg.dtype, needs_idx64(m, rows)))
+            if not gpu_shape_warm(gpu_shape_key(cfg.k, m, cfg.dtype, needs_idx64(m, rows))):
+                cold += ["gpu-step", "gpu-init"]
         except Exception:  # a file the run will report itself
-            return rest, False
+            pass
+        return cold
 
     def stop(self) -> None:
         """End the compiling processes (the run failed before it needed the kernels)."""

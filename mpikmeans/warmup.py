@@ -59,15 +59,21 @@ def warm_cpu(threads: int = 1) -> float:
     return time.perf_counter() - t0
 
 
-def warm_rest(threads: int = 1, cpu_backend: bool = True) -> float:
-    """Compile (or load) every CPU kernel of a run but the reader's, on tiny arrays.
+#: What a cold run's helper processes compile (``mpikmeans warmup --part``), each part in a
+#: process of its own where the node has the cores: ``rest`` the CPU kernels of every run
+#: besides the reader's and the backend's, ``cpu`` the CPU backend's, ``gpu-step`` and
+#: ``gpu-init`` the GPU kernels of the run's shape (its Lloyd step; its initialisations).
+HELPER_PARTS = ("rest", "cpu", "gpu-step", "gpu-init")
 
-    What a cold run compiles besides the parser itself: the kernels the parser calls
-    and the reader's small ones (first, while the run compiles the parser), then
-    what comes after the read: the statistics, the ``.npy`` scan, the
-    initialisations' and the CPU backend's kernels (``cpu_backend``), the writer.
-    A run starts this in a second process (:class:`mpikmeans.runner.BackgroundCompile`)
-    while it compiles the reader itself.
+
+def warm_rest(threads: int = 1) -> float:
+    """Compile (or load) the CPU kernels every run needs besides the reader's and the backend's.
+
+    The reader's small kernels, the statistics, the ``.npy`` scan, the exact
+    sums the initialisations draw with, the serial kernels, the final sums of a
+    GPU run and the writer, on tiny arrays.  A cold run starts this in a helper
+    process (:class:`mpikmeans.runner.BackgroundCompile`) while it compiles the
+    parser itself.
 
     Returns
     -------
@@ -76,21 +82,18 @@ def warm_rest(threads: int = 1, cpu_backend: bool = True) -> float:
     """
     import numba
 
+    from .backends.cpu import label_sums
     from .backends.serial import SerialRows, weighted_lloyd
     from .comm import SerialComm
     from .exact import column_limb_sums, fixed_potential, scale_factors
+    from .io import rowparse
     from .io.binary import scan_rows
     from .io.output import write_arrays
 
-    from .io import rowparse
-
     t0 = time.perf_counter()
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    r = np.random.default_rng(0)
-    x = r.normal(size=(64, 3))
-    # first what the run's own compile of the parser will call, then the reader's small kernels
+    x = np.random.default_rng(0).normal(size=(64, 3))
     text = np.frombuffer(b"1,2\n3,4\n", dtype=np.uint8).copy()
-    rowparse.warm_callees(text)
     rowparse.last_newline(text, 0)
     rowparse.line_cuts(text, 1)
     rowparse.column_min_max(x, 1)
@@ -103,24 +106,35 @@ def warm_rest(threads: int = 1, cpu_backend: bool = True) -> float:
     scan_rows(x, 1)
     SerialRows(x).assign(c)
     weighted_lloyd(x, np.ones(len(x)), c.copy(), 2)
-    from .backends.cpu import label_sums
-
     label_sums(x, np.zeros(len(x), dtype=np.int32), 3)  # a GPU run's centres at its fixed point too
-    if cpu_backend:
-        from .backends.cpu import CPUBackend
-
-        backend = CPUBackend(threads=threads)
-        backend.load(x)
-        backend.warmup(3, 3)
-        d2 = backend.dist2_to(c[0])
-        backend.potentials(d2, c, None, 0)
-        backend.lower_d2(d2, c[1])
-        backend.step(c)
     tmp = tempfile.mkdtemp(prefix="mpikmeans-warmup-")
     try:
         write_arrays(SerialComm(), tmp, c, ["a", "b", "c"], np.zeros(len(x), dtype=np.int32))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return time.perf_counter() - t0
+
+
+def warm_cpu_backend(threads: int = 1) -> float:
+    """Compile (or load) the CPU backend's kernels: its step, assignment and initialisation passes.
+
+    Returns
+    -------
+    float
+        Seconds it took.
+    """
+    from .backends.cpu import CPUBackend
+
+    t0 = time.perf_counter()
+    x = np.random.default_rng(0).normal(size=(64, 3))
+    c = x[:3].copy()
+    backend = CPUBackend(threads=threads)
+    backend.load(x)
+    backend.warmup(3, 3)
+    d2 = backend.dist2_to(c[0])
+    backend.potentials(d2, c, None, 0)
+    backend.lower_d2(d2, c[1])
+    backend.step(c)
     return time.perf_counter() - t0
 
 
@@ -132,7 +146,7 @@ def needs_idx64(m: int, rows: int) -> bool:
 
 
 def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int = 0,
-             trials: int | None = None) -> float:
+             trials: int | None = None, parts: tuple = ("step", "init")) -> float:
     """Compile (or load) the GPU kernels of a run with ``k`` centres of ``m`` attributes.
 
     Parameters
@@ -145,6 +159,9 @@ def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int 
     device : int
     trials : int, optional
         k-means++ candidates per centre (default :func:`default_trials`).
+    parts : tuple of {"step", "init"}
+        The Lloyd step's kernels (full, incremental and final assignment), the
+        initialisations' passes, or both.
 
     Returns
     -------
@@ -159,14 +176,15 @@ def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int 
     r = np.random.default_rng(0)
     x = r.normal(size=(max(64, 2 * k), m))
     backend.load(x)
-    backend.warmup(k, m)  # the step's, the incremental step's and the final assignment's kernels
-    # the initialisations' passes
-    d2 = backend.dist2_to(x[0])
-    s = fixed_scale(backend.d2_max(d2, None))
-    backend.potentials(d2, x[: trials or default_trials(k)], None, s)
-    backend.d2_fixed(d2, None, s)
-    backend.lower_d2(d2, x[1])
-    backend.nearest(x[:3])
+    if "step" in parts:
+        backend.warmup(k, m)  # the step's, the incremental step's and the final assignment's kernels
+    if "init" in parts:
+        d2 = backend.dist2_to(x[0])
+        s = fixed_scale(backend.d2_max(d2, None))
+        backend.potentials(d2, x[: trials or default_trials(k)], None, s)
+        backend.d2_fixed(d2, None, s)
+        backend.lower_d2(d2, x[1])
+        backend.nearest(x[:3])
     backend.close()
     return time.perf_counter() - t0
 
@@ -179,19 +197,24 @@ def _cached(dispatcher) -> bool:
         return False
 
 
-def rest_warm(cpu_backend: bool = True) -> bool:
+def rest_warm() -> bool:
     """Whether the kernels :func:`warm_rest` compiles are all in Numba's cache."""
     from .backends import serial
+    from .backends.cpu import tiles
     from .exact import _column_limbs, fixed_potential
     from .io.binary import scan_rows
     from .io.textfmt import _write_fixed
 
-    from .backends.cpu import certified, tiles
-
     kernels = [_column_limbs, fixed_potential, scan_rows, serial._assign_serial, serial.weighted_lloyd, _write_fixed,
                tiles._label_sums]
-    if cpu_backend:
-        kernels += [certified.certified_pass, certified.certified_assign, tiles._tile_potentials, tiles._tile_dist2]
+    return all(_cached(k) for k in kernels)
+
+
+def cpu_backend_warm() -> bool:
+    """Whether the kernels :func:`warm_cpu_backend` compiles are all in Numba's cache."""
+    from .backends.cpu import certified, tiles
+
+    kernels = [certified.certified_pass, certified.certified_assign, tiles._tile_potentials, tiles._tile_dist2]
     return all(_cached(k) for k in kernels)
 
 

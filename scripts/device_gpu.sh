@@ -9,6 +9,7 @@
 #   STAGES=parity,mpigpu MPI_GPU_NP="1 2" bash scripts/device_gpu.sh   # 2 GPUs
 #   STAGES=tts TTS_ARGS="--repeats 2" bash scripts/device_gpu.sh      # time to solution, spec example
 #   STAGES=step STEP_ARGS="--iterations 10" bash scripts/device_gpu.sh # CPU step against scikit-learn (and oneDAL)
+#   STAGES=compile COMPILE_ARGS="--gpu 50,100" bash scripts/device_gpu.sh  # every kernel's first compile
 #
 # On the project's lent GPU machines (numpy 2.5 there breaks numba-cuda) carry a numpy
 # 2.4 wheel in .whl/ (see bench/GPU_NOTES.md); it is installed into /tmp/site first.
@@ -50,6 +51,8 @@ MPI_GPU_NP=${MPI_GPU_NP:-1 2}             # mpikmeans bench mpi-gpu rank counts;
 MPI_GPU_ARGS=${MPI_GPU_ARGS:-}            # e.g. --iters 12
 TTS_ARGS=${TTS_ARGS:-}                    # mpikmeans bench tts options
 STEP_ARGS=${STEP_ARGS:-}                  # mpikmeans bench step options
+COMPILE_ARGS=${COMPILE_ARGS:---gpu 50,100} # mpikmeans bench compile options
+GPU_TESTS=${GPU_TESTS:-tests/test_backend_gpu.py tests/test_cache.py}  # the files whose gpu tests run
 rc=0
 
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -64,7 +67,7 @@ fi
 
 if has tests; then
     echo "== GPU tests"
-    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_backend_gpu.py -rs 2>&1 | tee "$OUT/tests.log"
+    python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS -rs --durations 5 2>&1 | tee "$OUT/tests.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 fi
 
@@ -136,6 +139,11 @@ fi
 if has tts; then
     echo "== time to solution"
     python3 -m mpikmeans bench tts --out "$OUT/tts.json" $TTS_ARGS 2>&1 | tee "$OUT/tts.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+fi
+if has compile; then
+    echo "== first compile of every kernel"
+    python3 -m mpikmeans bench compile --threads "$(nproc)" --out "$OUT/compile.json" $COMPILE_ARGS 2>&1 | tee "$OUT/compile.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 fi
 if has step; then

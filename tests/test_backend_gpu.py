@@ -698,12 +698,13 @@ def test_gpu_zero_rows_and_info():
 
 @pytest.fixture
 def empty_store(tmp_path, monkeypatch):
-    """A kernel store of its own, empty: GPU kernels are compiled, not loaded."""
+    """A kernel store of its own, empty, and none in memory: GPU kernels are compiled, not loaded."""
     from mpikmeans.backends.gpu import compiled
     from mpikmeans.cache import KernelStore
 
     store = KernelStore(str(tmp_path / "cuda"))
     monkeypatch.setattr(compiled, "_store", lambda: store)
+    monkeypatch.setattr(compiled, "_IN_PROCESS", {})
     return store
 
 
@@ -734,10 +735,13 @@ def test_gpu_kernels_load_from_the_store_and_a_damaged_entry_is_rebuilt(empty_st
     import os
     import time
 
+    from mpikmeans.backends.gpu import compiled
+
     G = _real_gpu()
     x, c = _blobs(40_000, 23, 9, seed=6)
     results, times = [], []
     for attempt in range(3):
+        compiled._IN_PROCESS.clear()  # each attempt as a new process: only the store holds kernels
         if attempt == 2:  # damage every entry: each is refused, compiled again and rewritten
             for f in os.listdir(empty_store.path):
                 path = os.path.join(empty_store.path, f)
@@ -760,6 +764,26 @@ def test_gpu_kernels_load_from_the_store_and_a_damaged_entry_is_rebuilt(empty_st
         assert np.array_equal(r.counts, results[0].counts) and r.changed == results[0].changed
         assert np.abs(r.sums - results[0].sums).max() <= 1e-12 * np.abs(results[0].sums).max()
         assert abs(r.sse - results[0].sse) <= 1e-12 * results[0].sse
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_kernel_launched_again_is_not_read_from_the_store_again(empty_store):
+    """The initialisations launch a few kernels hundreds of times: each is read (and loaded
+    onto the device) once per process, not at every launch."""
+    G = _real_gpu()
+    x, c = _blobs(20_000, 13, 5, seed=7)
+    gpu = G.GPUBackend(dtype="float64")
+    gpu.load(x)
+    d2 = gpu.dist2_to(c[0])
+    gpu.lower_d2(d2, c[1])
+    reads = empty_store.hits + empty_store.misses
+    assert reads >= 2
+    for j in range(5):
+        gpu.lower_d2(d2, c[j])
+        gpu.dist2_to(c[j])
+    assert empty_store.hits + empty_store.misses == reads
+    gpu.close()
 
 
 @pytest.mark.gpu

@@ -250,3 +250,52 @@ def test_a_child_with_its_own_cache_root_is_not_held_to_the_parents(tmp_path):
     got = subprocess.run([sys.executable, "-c", code], env=inherited, capture_output=True, text=True, timeout=120,
                          check=True).stdout.strip()
     assert got == os.path.join(str(tmp_path / "child"), "numba", C.source_hash())
+
+
+# ---------------------------------------------------------------------------------------- GPU jobs, for real
+
+def _usable_gpu() -> bool:
+    try:
+        from mpikmeans.backends import gpu as G
+    except Exception:
+        return False
+    return not G.SIM and G.gpu_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.skipif(not _usable_gpu(), reason="needs a real CUDA GPU")
+def test_two_gpu_jobs_of_four_ranks_start_on_an_empty_cache_and_a_damaged_store_is_rebuilt(tmp_path):
+    """Eight ranks and their helper processes compile into one empty cache at once; then every
+    GPU kernel entry is truncated, and the next job refuses each, compiles it again and rewrites it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from conftest import run_cli
+
+    data = tmp_path / "d.arff"
+    r = run_cli(["gen-data", data, "-n", 20000, "-m", 12, "-k", 5, "--seed", 4], timeout=300)
+    assert r.code == 0, r.err
+    cache = tmp_path / "cache"
+    env = {"MPIKMEANS_CACHE_DIR": cache}
+
+    def job(name):
+        return run_cli(["run", data, "-k", 5, "--backend", "gpu", "--share-gpus", "-o", tmp_path / name, "-q"],
+                       np=4, timeout=600, env=env)
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(job, ["a", "b"]))
+    for r in results:
+        assert r.code == 0, r.err
+    centres = (tmp_path / "a" / "centers.csv").read_bytes()
+    assert (tmp_path / "b" / "centers.csv").read_bytes() == centres
+    store = cache / "cuda"
+    entries = sorted(store.glob("*.kernel"))
+    assert entries and not list(store.glob("*.tmp-*"))
+    for f in entries:
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    r = job("c")
+    assert r.code == 0, r.err
+    assert (tmp_path / "c" / "centers.csv").read_bytes() == centres
+    for f in entries:  # every damaged entry was refused, compiled again and rewritten whole
+        assert C.KernelStore.payload(f.read_bytes())

@@ -2,8 +2,9 @@
 
 - a CPU run starts no GPU preparation; the start of a GPU that cannot be had is
   reported where the backend is made, not lost in its thread;
-- on cold caches a second process compiles the run's other kernels and the run
-  waits for it; on warm caches none is started; a run that fails stops it.
+- on cold caches helper processes compile the run's other kernels (one per
+  cold part) and the run waits for them; on warm caches none is started; a run
+  that fails stops them.
 """
 
 from __future__ import annotations
@@ -39,23 +40,40 @@ def test_a_gpu_start_failure_is_raised_where_the_backend_is_made(monkeypatch):
         start.result()
 
 
-def test_cold_caches_compile_the_rest_in_a_second_process(monkeypatch, tmp_path):
+def test_cold_caches_compile_the_rest_in_helper_processes(monkeypatch, tmp_path):
     data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
     cfg = RunConfig(k=2, backend="cpu").validate()
-    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: (True, False)))
+    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: ["rest", "cpu"]))
     bg = runner.BackgroundCompile(SerialComm(), str(data), cfg, gpu=False)
-    assert bg.proc is not None
+    assert len(bg.procs) == 2
     bg.wait()
-    assert bg.proc.returncode == 0, bg.proc.stderr
-    # a failed run stops it
+    for proc in bg.procs:
+        assert proc.returncode == 0, proc.stderr
+    # a failed run stops them
     bg = runner.BackgroundCompile(SerialComm(), str(data), cfg, gpu=False)
     bg.stop()
-    assert bg.proc.returncode is not None
+    assert all(proc.returncode is not None for proc in bg.procs)
+
+
+def test_the_cold_parts_of_a_run(monkeypatch):
+    """A CPU run's helpers compile the rest and the CPU backend; a GPU run's the rest and its shape's GPU kernels."""
+    import mpikmeans.cache as cache
+    import mpikmeans.warmup as warmup
+
+    data = str(Path(__file__).resolve().parents[1] / "data" / "sample.arff")
+    cfg = RunConfig(k=2).validate()
+    for rest, cpu, shape in [(False, False, False), (True, True, True), (True, False, True)]:
+        monkeypatch.setattr(warmup, "rest_warm", lambda: rest)
+        monkeypatch.setattr(warmup, "cpu_backend_warm", lambda: cpu)
+        monkeypatch.setattr(cache, "gpu_shape_warm", lambda key: shape)
+        cold = runner.BackgroundCompile._cold
+        assert cold(data, cfg, False, 1) == ["rest"] * (not rest) + ["cpu"] * (not cpu)
+        assert cold(data, cfg, True, 1) == ["rest"] * (not rest) + ["gpu-step", "gpu-init"] * (not shape)
 
 
 def test_warm_caches_start_nothing(monkeypatch):
     data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
-    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: (False, False)))
+    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: []))
     bg = runner.BackgroundCompile(SerialComm(), str(data), RunConfig(k=2).validate(), gpu=False)
     assert bg.proc is None
     bg.wait()
@@ -64,9 +82,9 @@ def test_warm_caches_start_nothing(monkeypatch):
 def test_after_a_cpu_run_the_rest_is_warm(tmp_path):
     from conftest import run_cli
 
-    from mpikmeans.warmup import rest_warm
+    from mpikmeans.warmup import cpu_backend_warm, rest_warm
 
     data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
     r = run_cli(["run", data, "-k", 2, "--backend", "cpu", "-o", tmp_path / "o", "-q"])
     assert r.code == 0, r.err
-    assert rest_warm(cpu_backend=True)
+    assert rest_warm() and cpu_backend_warm()

@@ -56,6 +56,8 @@ out["cpu_s"] = warm_cpu(int(sys.argv[1]))
 if sys.argv[2] != "0":
     k, m, dtype = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     out["gpu_s"] = warm_gpu(k, m, dtype)
+    from mpikmeans.backends.gpu.compiled import COMPILE_TIMES
+    out["gpu_kernels"] = [{"kernel": n, "seconds": s} for n, s in COMPILE_TIMES]
 out["total_s"] = time.perf_counter() - t0
 out["kernels"] = sorted(({"kernel": n, "seconds": s, "compiles": counts[n]} for n, s in totals.items()),
                         key=lambda r: -r["seconds"])
@@ -79,7 +81,8 @@ def compile_costs(launch: Launch, threads: int = 1, gpu_shape: tuple | None = No
     -------
     dict
         ``cpu_s``, ``gpu_s`` (whole warm-ups), ``total_s`` and ``kernels``: per
-        dispatcher, ``kernel``, ``seconds``, ``compiles``, longest first.
+        dispatcher, ``kernel``, ``seconds``, ``compiles``, longest first; with a
+        GPU shape, ``gpu_kernels``: each GPU kernel compiled, ``kernel``, ``seconds``.
     """
     cache = tempfile.mkdtemp(prefix="mpikmeans-compile-")
     try:
@@ -92,6 +95,8 @@ def compile_costs(launch: Launch, threads: int = 1, gpu_shape: tuple | None = No
         shutil.rmtree(cache, ignore_errors=True)
     for r in result["kernels"][:12]:
         progress(f"{r['seconds']:8.2f} s  {r['kernel']} ({r['compiles']} compile{'s' if r['compiles'] != 1 else ''})")
+    for r in result.get("gpu_kernels", []):
+        progress(f"{r['seconds']:8.2f} s  GPU kernel {r['kernel']}")
     progress(f"CPU warm-up {result['cpu_s']:.1f} s" + (f", GPU {result['gpu_s']:.1f} s" if "gpu_s" in result else "")
              + f"; whole child process {result['wall_s']:.1f} s ({os.cpu_count()} CPUs)")
     return result

@@ -6,6 +6,7 @@ import click
 
 from ..config import DTYPES
 from ..errors import UsageError
+from ..warmup import HELPER_PARTS
 from . import _guarded, main
 
 
@@ -20,11 +21,13 @@ from . import _guarded, main
 @click.option("--rows", type=click.IntRange(min=1),
               help="Rows of the largest rank of the coming run (above 2**31 / M they need other GPU kernels) "
                    "[default: DATA's rows, else 1]")
-@click.option("--part", type=click.Choice(["all", "rest", "gpu"]), default="all", hidden=True,
-              help="What a cold run's helper processes compile: 'rest' all the CPU kernels but the parser "
-                   "(the run compiles it meanwhile), 'gpu' the GPU kernels only.")
+@click.option("--part", "parts", type=click.Choice(("all",) + HELPER_PARTS), multiple=True, hidden=True,
+              help="What a cold run's helper processes compile (repeatable; default all): 'rest' the CPU "
+                   "kernels but the parser's (the run compiles it meanwhile) and the backend's, 'cpu' the CPU "
+                   "backend's, 'gpu-step' and 'gpu-init' the GPU kernels of the Lloyd step and of the "
+                   "initialisations.")
 @click.option("-q", "--quiet", is_flag=True)
-def warmup(data, k, m, gpu, dtype, rows, part, quiet):
+def warmup(data, k, m, gpu, dtype, rows, parts, quiet):
     """Compile (or check the caches hold) every kernel a run will need.
 
     \b
@@ -38,7 +41,7 @@ def warmup(data, k, m, gpu, dtype, rows, part, quiet):
 
     def body(comm):
         from ..runner import gpu_possible, rank_threads
-        from ..warmup import cache_status, warm_cpu, warm_gpu, warm_rest
+        from ..warmup import cache_status, warm_cpu, warm_cpu_backend, warm_gpu, warm_rest
 
         use_gpu = gpu
         if use_gpu is None:
@@ -47,18 +50,22 @@ def warmup(data, k, m, gpu, dtype, rows, part, quiet):
         if use_gpu and k is None:
             raise UsageError("--gpu needs -k (the GPU kernels are compiled for K centres)", collective=True)
         report = {}
+        todo = set(parts or ["all"])
         if comm.node_rank == 0:
-            if part == "rest":
-                report["cpu_s"] = warm_rest(rank_threads(comm), cpu_backend=not use_gpu)
-            elif part == "all":
-                report["cpu_s"] = warm_cpu(rank_threads(comm))
-            if use_gpu and part in ("all", "gpu"):
+            threads = rank_threads(comm)
+            if "all" in todo:
+                report["cpu_s"] = warm_cpu(threads)
+            else:
+                report["cpu_s"] = (warm_rest(threads) if "rest" in todo else 0.0) + \
+                    (warm_cpu_backend(threads) if "cpu" in todo else 0.0)
+            gpu_parts = tuple(p for p in ("step", "init") if todo & {"all", f"gpu-{p}"})
+            if use_gpu and gpu_parts:
                 from ..backends.gpu import gpu_available, select_device_for
 
                 if not gpu_available():
                     raise UsageError("--gpu: no usable CUDA GPU here", collective=True)
                 device = select_device_for(0, 1, False)
-                report["gpu_s"] = warm_gpu(k, shape[0], dtype, shape[1], device)
+                report["gpu_s"] = warm_gpu(k, shape[0], dtype, shape[1], device, parts=gpu_parts)
         comm.barrier()
         if comm.rank == 0 and not quiet:
             cache = cache_status()

@@ -316,21 +316,6 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights):
     return rows, line, weighted, E_NONE, -1, -1, -1, -1
 
 
-@njit(cache=True)
-def warm_callees(text):  # pragma: no cover - compiled
-    """Compile (or load) the kernels :func:`parse_rows` calls rather than inlines.
-
-    A cold run's second process calls this first: :func:`parse_rows`' own compile
-    (in the run, before the read) then finds them in the cache instead of
-    compiling them as it types its calls.  ``text`` is any uint8 array of at least
-    four bytes.
-    """
-    p = data_pointer(text)
-    _value(p, 0, 1, KEEP, MISSING_ERROR)
-    _weight(p, 0, 4)
-    _kept_token_call(p, 0, 4, MISSING_ERROR)
-
-
 @njit(cache=True, nogil=True)
 def line_cuts(buf, parts):
     """Cut ``buf`` into ``parts`` spans of whole lines; also count each span's newlines.

@@ -23,6 +23,7 @@ import functools
 import logging
 import os
 import sys
+import time
 
 from ...cache import KernelStore, cache_root, source_hash
 from .device import SIM, cuda
@@ -30,6 +31,14 @@ from .device import SIM, cuda
 log = logging.getLogger("mpikmeans.backends.gpu")
 
 from ...cache import GPU_SOURCES as SOURCES  # noqa: E402  (the modules whose code the kernels compile)
+
+
+#: (kernel name, seconds) of every kernel this process compiled rather than loaded (``bench compile``)
+COMPILE_TIMES: list = []
+#: The kernels this process has compiled or loaded, by key: the initialisations launch the same
+#: few kernels hundreds of times, and each load from the store reads, checks and unpickles a
+#: file and loads a module onto the device (milliseconds)
+_IN_PROCESS: dict = {}
 
 
 def store_dir() -> str:
@@ -86,14 +95,20 @@ def compiled(name: str, spec: tuple, dispatcher, args: tuple):
         return None
     argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
     key = (name, spec, tuple(str(t) for t in argtypes), toolchain())
-    store = _store()
-    kernel = store.get(key)
+    kernel = _IN_PROCESS.get(key)
     if kernel is not None:
         return kernel
+    kernel = _store().get(key)
+    if kernel is not None:
+        _IN_PROCESS[key] = kernel
+        return kernel
+    t0 = time.perf_counter()
     kernel = dispatcher.compile(argtypes)
     kernel._codelibrary.get_cubin()  # this device's machine code goes into the entry: a load compiles nothing
+    COMPILE_TIMES.append((name, time.perf_counter() - t0))
+    _IN_PROCESS[key] = kernel
     try:
-        store.put(key, kernel, dumps=_dumps)
+        _store().put(key, kernel, dumps=_dumps)
     except Exception as exc:  # pragma: no cover - depends on numba-cuda internals
         log.warning("GPU kernel %s could not be cached (%s): it is compiled in every run", name, exc)
     return kernel
