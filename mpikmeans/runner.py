@@ -186,6 +186,10 @@ class BackgroundCompile:
 
     def __init__(self, comm, data: str, cfg, gpu: bool):
         self.procs = []
+        self.parts = []
+        #: wall seconds of each helper, by part (filled by :meth:`wait`)
+        self.seconds = {}
+        self._watchers = []
         self.comm = comm
         if comm.node_rank != 0:
             return
@@ -205,7 +209,18 @@ class BackgroundCompile:
             except OSError:
                 continue
             self.procs.append(proc)
+            self.parts.append(part)
+            watcher = threading.Thread(target=self._watch, args=(part, proc, time.perf_counter()), daemon=True,
+                                       name=f"mpikmeans-compile-{part}")
+            watcher.start()
+            self._watchers.append(watcher)
             log.info("kernel caches are cold: compiling the run's %s kernels in process %d", part, proc.pid)
+
+    def _watch(self, part: str, proc, t0: float) -> None:
+        _, err = proc.communicate()
+        self.seconds[part] = time.perf_counter() - t0
+        if proc.returncode != 0:  # the run compiles what is missing itself
+            log.info("background compile of %s ended with %d: %s", part, proc.returncode, (err or b"")[-400:])
 
     @property
     def proc(self):
@@ -227,11 +242,11 @@ class BackgroundCompile:
     @staticmethod
     def _cold(data: str, cfg, gpu: bool, size: int) -> list:
         """The parts of :data:`mpikmeans.warmup.HELPER_PARTS` this run needs and the caches lack."""
-        from .warmup import cpu_backend_warm, rest_warm
+        from .warmup import GPU_PARTS, cpu_backend_cold, rest_warm
 
         cold = [] if rest_warm() else ["rest"]
         if not gpu:
-            return cold + ([] if cpu_backend_warm() else ["cpu"])
+            return cold + [f"cpu-{p}" for p in cpu_backend_cold()]
         if cfg.k is None:
             return cold
         try:
@@ -240,7 +255,7 @@ class BackgroundCompile:
 
             m, rows = data_shape(data, size)
             if not gpu_shape_warm(gpu_shape_key(cfg.k, m, cfg.dtype, needs_idx64(m, rows))):
-                cold += ["gpu-step", "gpu-init"]
+                cold += [f"gpu-{p}" for p in GPU_PARTS]
         except Exception:  # a file the run will report itself
             pass
         return cold
@@ -250,14 +265,13 @@ class BackgroundCompile:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.terminate()
-                proc.wait()
+        for watcher in self._watchers:
+            watcher.join()
 
     def wait(self) -> None:
         """Wait (collective) until this node's compiling processes, if any, are done."""
-        for proc in self.procs:
-            _, err = proc.communicate()
-            if proc.returncode != 0:  # the run compiles what is missing itself
-                log.info("background compile ended with %d: %s", proc.returncode, (err or b"")[-400:])
+        for watcher in self._watchers:
+            watcher.join()
         self.comm.barrier()
 
 
@@ -424,11 +438,12 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
                     local.missing, "rows" if cfg.missing == "drop" else "values")
 
     compiling.wait()  # a cold run's other kernels: compiled meanwhile, loaded from here on
+    t_compiled = time.perf_counter()
     full_means = global_means(comm, local.x, local.mins, local.maxs)
     # scaled in place: no second copy of the rows (centres go back to data units at the end)
     scaler = fit_scaler(comm, local.x, cfg.normalize, local.mins, local.maxs)
     x = scaler.transform(local.x, out=local.x)
-    setup_parts = {"statistics_s": time.perf_counter() - t_read}
+    setup_parts = {"compile_wait_s": t_compiled - t_read, "statistics_s": time.perf_counter() - t_compiled}
 
     backend, error = None, None
     try:
@@ -518,6 +533,8 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         "mpi_library": comm.library(),
         "bytes_read": int(comm.allreduce(np.array([local.bytes_read], dtype=np.int64), "sum")[0]),
         "timings": {},
+        # a cold run's helper processes on this node, by part: wall seconds (empty when the caches were warm)
+        "background_compile_s": dict(compiling.seconds),
         "history": result.history,
     }
     if result.interrupted:

@@ -59,11 +59,16 @@ def warm_cpu(threads: int = 1) -> float:
     return time.perf_counter() - t0
 
 
+#: The GPU kernels of a run's shape, in parts compiled side by side: the Lloyd step's three
+#: kernel pairs (full step, final assignment, incremental step) and the initialisations' passes.
+GPU_PARTS = ("full", "assign", "delta", "init")
+#: The CPU backend's kernels, in parts compiled side by side: the Lloyd step and final assignment,
+#: and the initialisations' passes.
+CPU_PARTS = ("step", "init")
 #: What a cold run's helper processes compile (``mpikmeans warmup --part``), each part in a
-#: process of its own where the node has the cores: ``rest`` the CPU kernels of every run
-#: besides the reader's and the backend's, ``cpu`` the CPU backend's, ``gpu-step`` and
-#: ``gpu-init`` the GPU kernels of the run's shape (its Lloyd step; its initialisations).
-HELPER_PARTS = ("rest", "cpu", "gpu-step", "gpu-init")
+#: process of its own: ``rest`` the CPU kernels of every run besides the reader's and the
+#: backend's, ``cpu-*`` the CPU backend's, ``gpu-*`` the GPU kernels of the run's shape.
+HELPER_PARTS = ("rest",) + tuple(f"cpu-{p}" for p in CPU_PARTS) + tuple(f"gpu-{p}" for p in GPU_PARTS)
 
 
 def warm_rest(threads: int = 1) -> float:
@@ -115,8 +120,13 @@ def warm_rest(threads: int = 1) -> float:
     return time.perf_counter() - t0
 
 
-def warm_cpu_backend(threads: int = 1) -> float:
-    """Compile (or load) the CPU backend's kernels: its step, assignment and initialisation passes.
+def warm_cpu_backend(threads: int = 1, parts: tuple = CPU_PARTS) -> float:
+    """Compile (or load) the CPU backend's kernels: its step and assignment, its initialisation passes.
+
+    Parameters
+    ----------
+    threads : int
+    parts : tuple of :data:`CPU_PARTS`
 
     Returns
     -------
@@ -130,11 +140,13 @@ def warm_cpu_backend(threads: int = 1) -> float:
     c = x[:3].copy()
     backend = CPUBackend(threads=threads)
     backend.load(x)
-    backend.warmup(3, 3)
-    d2 = backend.dist2_to(c[0])
-    backend.potentials(d2, c, None, 0)
-    backend.lower_d2(d2, c[1])
-    backend.step(c)
+    if "step" in parts:
+        backend.warmup(3, 3)
+        backend.step(c)
+    if "init" in parts:
+        d2 = backend.dist2_to(c[0])
+        backend.potentials(d2, c, None, 0)
+        backend.lower_d2(d2, c[1])
     return time.perf_counter() - t0
 
 
@@ -146,7 +158,7 @@ def needs_idx64(m: int, rows: int) -> bool:
 
 
 def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int = 0,
-             trials: int | None = None, parts: tuple = ("step", "init")) -> float:
+             trials: int | None = None, parts: tuple = GPU_PARTS) -> float:
     """Compile (or load) the GPU kernels of a run with ``k`` centres of ``m`` attributes.
 
     Parameters
@@ -159,9 +171,10 @@ def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int 
     device : int
     trials : int, optional
         k-means++ candidates per centre (default :func:`default_trials`).
-    parts : tuple of {"step", "init"}
-        The Lloyd step's kernels (full, incremental and final assignment), the
-        initialisations' passes, or both.
+    parts : tuple of :data:`GPU_PARTS`
+        Which kernels: the Lloyd step's (``full``, ``assign``, ``delta``: see
+        :meth:`mpikmeans.backends.gpu.GPUBackend.warmup`) and the
+        initialisations' passes (``init``).
 
     Returns
     -------
@@ -176,8 +189,9 @@ def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int 
     r = np.random.default_rng(0)
     x = r.normal(size=(max(64, 2 * k), m))
     backend.load(x)
-    if "step" in parts:
-        backend.warmup(k, m)  # the step's, the incremental step's and the final assignment's kernels
+    kinds = tuple(p for p in parts if p in backend.STEP_KINDS)
+    if kinds:
+        backend.warmup(k, m, kinds)
     if "init" in parts:
         d2 = backend.dist2_to(x[0])
         s = fixed_scale(backend.d2_max(d2, None))
@@ -210,12 +224,13 @@ def rest_warm() -> bool:
     return all(_cached(k) for k in kernels)
 
 
-def cpu_backend_warm() -> bool:
-    """Whether the kernels :func:`warm_cpu_backend` compiles are all in Numba's cache."""
+def cpu_backend_cold() -> list:
+    """The parts of :data:`CPU_PARTS` whose kernels (:func:`warm_cpu_backend`) Numba's cache lacks."""
     from .backends.cpu import certified, tiles
 
-    kernels = [certified.certified_pass, certified.certified_assign, tiles._tile_potentials, tiles._tile_dist2]
-    return all(_cached(k) for k in kernels)
+    kernels = {"step": [certified.certified_pass, certified.certified_assign],
+               "init": [tiles._tile_potentials, tiles._tile_dist2]}
+    return [p for p in CPU_PARTS if not all(_cached(k) for k in kernels[p])]
 
 
 def data_shape(data: str, ranks: int = 1) -> tuple:
@@ -239,7 +254,7 @@ def _cpu_kernels() -> list:
     from .backends.cpu import certified
     from .io import rowparse, textfmt
 
-    return [rowparse.parse_rows, rowparse.parse_parallel, rowparse.column_min_max, rowparse.line_cuts,
+    return [rowparse.parse_rows, rowparse._min_max_rows, rowparse._combine_min_max, rowparse.line_cuts,
             textfmt._write_fixed, certified.certified_pass, certified.certified_assign]
 
 

@@ -299,3 +299,15 @@ def test_two_gpu_jobs_of_four_ranks_start_on_an_empty_cache_and_a_damaged_store_
     assert (tmp_path / "c" / "centers.csv").read_bytes() == centres
     for f in entries:  # every damaged entry was refused, compiled again and rewritten whole
         assert C.KernelStore.payload(f.read_bytes())
+
+
+def test_info_says_whether_the_kernel_caches_are_warm(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from conftest import run_cli
+
+    r = run_cli(["info"], env={"MPIKMEANS_CACHE_DIR": tmp_path / "empty"})
+    assert r.code == 0, r.err
+    assert "CPU kernels cold" in r.out and " 0 of " in r.out
+    r = run_cli(["info"])  # the suite's cache, filled by its first run (conftest.warm_numba_cache)
+    assert r.code == 0, r.err
+    assert "CPU kernels warm" in r.out, r.out

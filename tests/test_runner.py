@@ -43,12 +43,13 @@ def test_a_gpu_start_failure_is_raised_where_the_backend_is_made(monkeypatch):
 def test_cold_caches_compile_the_rest_in_helper_processes(monkeypatch, tmp_path):
     data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
     cfg = RunConfig(k=2, backend="cpu").validate()
-    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: ["rest", "cpu"]))
+    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: ["rest", "cpu-step"]))
     bg = runner.BackgroundCompile(SerialComm(), str(data), cfg, gpu=False)
     assert len(bg.procs) == 2
     bg.wait()
     for proc in bg.procs:
         assert proc.returncode == 0, proc.stderr
+    assert sorted(bg.seconds) == ["cpu-step", "rest"] and all(v > 0 for v in bg.seconds.values())
     # a failed run stops them
     bg = runner.BackgroundCompile(SerialComm(), str(data), cfg, gpu=False)
     bg.stop()
@@ -64,11 +65,12 @@ def test_the_cold_parts_of_a_run(monkeypatch):
     cfg = RunConfig(k=2).validate()
     for rest, cpu, shape in [(False, False, False), (True, True, True), (True, False, True)]:
         monkeypatch.setattr(warmup, "rest_warm", lambda: rest)
-        monkeypatch.setattr(warmup, "cpu_backend_warm", lambda: cpu)
+        monkeypatch.setattr(warmup, "cpu_backend_cold", lambda: [] if cpu else ["step", "init"])
         monkeypatch.setattr(cache, "gpu_shape_warm", lambda key: shape)
         cold = runner.BackgroundCompile._cold
-        assert cold(data, cfg, False, 1) == ["rest"] * (not rest) + ["cpu"] * (not cpu)
-        assert cold(data, cfg, True, 1) == ["rest"] * (not rest) + ["gpu-step", "gpu-init"] * (not shape)
+        assert cold(data, cfg, False, 1) == ["rest"] * (not rest) + ["cpu-step", "cpu-init"] * (not cpu)
+        gpu = ["gpu-full", "gpu-assign", "gpu-delta", "gpu-init"]
+        assert cold(data, cfg, True, 1) == ["rest"] * (not rest) + gpu * (not shape)
 
 
 def test_warm_caches_start_nothing(monkeypatch):
@@ -82,9 +84,9 @@ def test_warm_caches_start_nothing(monkeypatch):
 def test_after_a_cpu_run_the_rest_is_warm(tmp_path):
     from conftest import run_cli
 
-    from mpikmeans.warmup import cpu_backend_warm, rest_warm
+    from mpikmeans.warmup import cpu_backend_cold, rest_warm
 
     data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
     r = run_cli(["run", data, "-k", 2, "--backend", "cpu", "-o", tmp_path / "o", "-q"])
     assert r.code == 0, r.err
-    assert rest_warm() and cpu_backend_warm()
+    assert rest_warm() and cpu_backend_cold() == []

@@ -6,7 +6,7 @@ import click
 
 from ..config import DTYPES
 from ..errors import UsageError
-from ..warmup import HELPER_PARTS
+from ..warmup import CPU_PARTS, GPU_PARTS, HELPER_PARTS
 from . import _guarded, main
 
 
@@ -23,9 +23,10 @@ from . import _guarded, main
                    "[default: DATA's rows, else 1]")
 @click.option("--part", "parts", type=click.Choice(("all",) + HELPER_PARTS), multiple=True, hidden=True,
               help="What a cold run's helper processes compile (repeatable; default all): 'rest' the CPU "
-                   "kernels but the parser's (the run compiles it meanwhile) and the backend's, 'cpu' the CPU "
-                   "backend's, 'gpu-step' and 'gpu-init' the GPU kernels of the Lloyd step and of the "
-                   "initialisations.")
+                   "kernels but the parser's (the run compiles it meanwhile) and the backend's, 'cpu-step' and "
+                   "'cpu-init' the CPU backend's (step and assignment; initialisations), 'gpu-full', "
+                   "'gpu-assign', 'gpu-delta' and 'gpu-init' the GPU kernels of the full step, the final "
+                   "assignment, the incremental step and the initialisations.")
 @click.option("-q", "--quiet", is_flag=True)
 def warmup(data, k, m, gpu, dtype, rows, parts, quiet):
     """Compile (or check the caches hold) every kernel a run will need.
@@ -56,9 +57,10 @@ def warmup(data, k, m, gpu, dtype, rows, parts, quiet):
             if "all" in todo:
                 report["cpu_s"] = warm_cpu(threads)
             else:
+                cpu_parts = tuple(p for p in CPU_PARTS if f"cpu-{p}" in todo)
                 report["cpu_s"] = (warm_rest(threads) if "rest" in todo else 0.0) + \
-                    (warm_cpu_backend(threads) if "cpu" in todo else 0.0)
-            gpu_parts = tuple(p for p in ("step", "init") if todo & {"all", f"gpu-{p}"})
+                    (warm_cpu_backend(threads, cpu_parts) if cpu_parts else 0.0)
+            gpu_parts = tuple(p for p in GPU_PARTS if todo & {"all", f"gpu-{p}"})
             if use_gpu and gpu_parts:
                 from ..backends.gpu import gpu_available, select_device_for
 

@@ -394,24 +394,30 @@ class GPUBackend(Backend):
         return StepResult(sums=pack.r_sums, counts=pack.r_cnt, sse=float(pack.hout[pack.r_sse]),
                           changed=int(ctr[0])), busy
 
-    def warmup(self, k: int, m: int) -> None:
+    #: The kernel pairs of a run with k centres: the full step, the final assignment, the incremental step
+    STEP_KINDS = ("full", "assign", "delta")
+
+    def warmup(self, k: int, m: int, kinds: tuple = STEP_KINDS) -> None:
         """Compile the step's and the final assignment's kernels for k centres (see :meth:`Backend.warmup`).
 
         Building the per-k state prepares (so compiles) both launches; without this
         the first step and the closing assignment would carry seconds of JIT into
-        the timed Lloyd loop.
+        the timed Lloyd loop.  ``kinds`` (of :data:`STEP_KINDS`) chooses which: a
+        cold run's helper processes compile them side by side.
         """
         if self.n == 0 or k < 1:
             return
-        st = self._state(k, False)
-        self._state(k, True)
-        if self._delta_allowed():
+        if "full" in kinds:
+            st = self._state(k, False)
+            # the host-side helpers too (CPU kernels, cached on disk after the first run)
+            zeros = np.zeros((k, self.m))
+            st.pack.fill(zeros)  # overwritten by every step's fill
+            add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros)
+        if "assign" in kinds:
+            self._state(k, True)
+        if "delta" in kinds and self._delta_allowed():
             self._state(k, False, True)
-        # the host-side helpers too (compiled, cached on disk after the first run)
-        zeros = np.zeros((k, self.m))
-        st.pack.fill(zeros)  # overwritten by every step's fill
-        add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros)
-        if not SIM:
+        if not SIM and set(kinds) >= set(self.STEP_KINDS):  # a helper's share leaves the marking to the run
             idx64 = bool(self.tune.get("idx64")) or self.m * self.rows.ld >= 2**31
             mark_gpu_shape_warm(gpu_shape_key(k, self.m, self.dtype, idx64))
 
