@@ -5,6 +5,11 @@
 mpikmeans`` (and ``mpikmeans --help``) stays cheap: no numba, no mpi4py.
 """
 
+import time as _time
+
+#: When the package was first imported: a command's process start, for its ``launch_s``
+IMPORTED_AT = _time.perf_counter()
+
 __version__ = "0.1.0"
 
 import os as _os  # noqa: E402

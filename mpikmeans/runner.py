@@ -112,10 +112,11 @@ class DevicePreparation:
     """The GPU's one-time start (numba-cuda's import, the driver, the device context), begun early.
 
     It takes the better part of a second and needs nothing from the data, so a
-    thread starts it before the read, which runs in compiled code without the
-    GIL: by the time the rows are there, the device is ready for them.  Nothing
-    is started when the backend is ``cpu``, or ``auto`` on a node without NVIDIA
-    devices.
+    thread starts it as the read begins, which runs in compiled code without the
+    GIL: by the time the rows are there, the device is ready for them.  (Started
+    before the reader's own start-up, loading its kernels, the two took turns at
+    the GIL: a second of start-up on the H100 machine.)  Nothing is started when
+    the backend is ``cpu``, or ``auto`` on a node without NVIDIA devices.
 
     Parameters
     ----------
@@ -394,7 +395,7 @@ def read_input(comm, data: str, cfg, threads: int):
     return read_arff(data, comm, header=header, ignore=cfg.ignore, missing=cfg.missing, threads=threads)
 
 
-def run_job(comm, data: str, cfg) -> RunOutcome:
+def run_job(comm, data: str, cfg, launched_at: float | None = None) -> RunOutcome:
     """Read, cluster and write results (collective: every rank calls it).
 
     Parameters
@@ -404,6 +405,10 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         The ARFF file.
     cfg : RunConfig
         Validated settings.
+    launched_at : float, optional
+        ``time.perf_counter()`` when the command's process imported the package:
+        its imports, MPI's start and the options before the run are reported as
+        ``timings.launch_s``.
 
     Returns
     -------
@@ -418,13 +423,13 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
     threads = rank_threads(comm, cfg.threads)
     # the one-time start-up is timed apart: startup_s (with the output directory
     # check above), so read_s is the reading alone whatever the share of each rank
-    # first what looks in the caches (in this thread), then the GPU's start in another: the
-    # two would import the same modules at once, which Python does not allow
+    # first what looks in the caches and the reader's start (in this thread), then the GPU's
+    # start in another: the two would import the same modules at once, which Python does not allow
     compiling = BackgroundCompile(comm, data, cfg, gpu_wanted(cfg))
-    gpu_start = DevicePreparation(comm, cfg)  # overlaps the read
     try:
         prepare_read(comm, data, threads)
         t_ready = time.perf_counter()
+        gpu_start = DevicePreparation(comm, cfg)  # overlaps the read
         local = read_input(comm, data, cfg, threads)
     except BaseException:
         compiling.stop()
@@ -551,6 +556,7 @@ def run_job(comm, data: str, cfg) -> RunOutcome:
         write_clustered_arff(comm, local, labels, len(centres), os.path.join(out_dir, CLUSTERED))
     t_written = time.perf_counter()
     summary["timings"] = {
+        **({"launch_s": t0 - launched_at} if launched_at is not None else {}),
         "startup_s": t_ready - t0,
         "read_s": t_read - t_ready,
         "setup_s": t_setup - t_read,

@@ -65,6 +65,8 @@ def test_output_contract(small, tmp_path):
     t = summary["timings"]
     assert f"read {t['read_s']:.3f} s (" in r.out
     assert f"start-up {t['startup_s']:.3f} s), backend set-up" in r.out
+    # and before it, the process's own start (imports, MPI, options), not part of total_s
+    assert 0 < t["launch_s"] < 60 and f"launch {t['launch_s']:.3f} s, read" in r.out
     assert not list(out.glob(".*tmp*"))
 
 

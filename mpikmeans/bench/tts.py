@@ -30,8 +30,9 @@ from ..errors import RunError, UsageError
 from .data import gen_arff
 from .harness import Launch, Progress, quiet, stats
 
-#: The phases of ``summary.json``'s ``timings``, in the order a run goes through them.
-PHASES = ("startup_s", "read_s", "setup_s", "init_s", "compute_s", "write_s", "total_s")
+#: The phases of ``summary.json``'s ``timings``, in the order a run goes through them
+#: (``launch_s``, the process's imports and MPI's start before the run, is not in ``total_s``).
+PHASES = ("launch_s", "startup_s", "read_s", "setup_s", "init_s", "compute_s", "write_s", "total_s")
 
 
 @dataclass
@@ -56,7 +57,7 @@ def _run(launch: Launch, ranks: int, data: str, k: int, out: str, run_args: tupl
         summary = json.load(f)
     with open(os.path.join(out, "centers.csv"), "rb") as f:
         centres = f.read()
-    return {"wall_s": ran.wall_s, "timings": {p: summary["timings"][p] for p in PHASES},
+    return {"wall_s": ran.wall_s, "timings": {p: summary["timings"].get(p, float("nan")) for p in PHASES},
             "setup_parts": summary["timings"].get("setup_parts"),
             "iterations": summary["iterations"], "inertia": summary["inertia"], "backend": summary["backend"],
             "devices": summary["devices"], "dtype": summary["dtype"], "init": summary["init"],
@@ -152,7 +153,8 @@ def _line(label: str, r: dict) -> str:
     t = r["timings"]
     parts = r.get("setup_parts") or {}
     setup = ", ".join(f"{k[:-2]} {v:.2f}" for k, v in parts.items())
-    return (f"{label}: total {t['total_s']:.2f} s (start-up {t['startup_s']:.2f}, read {t['read_s']:.2f}, "
+    return (f"{label}: total {t['total_s']:.2f} s (after a launch of {t['launch_s']:.2f}: start-up "
+            f"{t['startup_s']:.2f}, read {t['read_s']:.2f}, "
             f"set-up {t['setup_s']:.2f} [{setup}], init {t['init_s']:.2f}, compute {t['compute_s']:.2f} in "
             f"{r['iterations']} iterations, write {t['write_s']:.2f}); whole command {r['wall_s']:.2f} s")
 

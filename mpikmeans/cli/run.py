@@ -66,7 +66,9 @@ def run(ctx, data, config_path, dry_run, verbose, quiet, **options):
             if comm.rank == 0:
                 _print_plan(plans, cfg)
             return 0
-        outcome = run_job(comm, data, cfg)
+        from .. import IMPORTED_AT
+
+        outcome = run_job(comm, data, cfg, launched_at=IMPORTED_AT)
         if comm.rank == 0 and outcome.interrupted_by:
             s = outcome.summary
             click.echo(f"mpikmeans: stopped by {outcome.interrupted_by} after iteration {s['iterations']}; "
@@ -139,7 +141,8 @@ def _print_summary(s: dict, out_dir: str) -> None:
     shown = " ".join(str(v) for v in sizes[:20]) + (" ..." if len(sizes) > 20 else "")
     click.echo(f"cluster sizes: {shown}")
     rate = f"{mb / t['read_s']:.0f} MB/s, " if t["read_s"] > 0 else ""
-    click.echo(f"timings: read {t['read_s']:.3f} s ({rate}start-up {t['startup_s']:.3f} s), "
+    launch = f"launch {t['launch_s']:.3f} s, " if "launch_s" in t else ""
+    click.echo(f"timings: {launch}read {t['read_s']:.3f} s ({rate}start-up {t['startup_s']:.3f} s), "
                f"backend set-up {t['setup_s']:.3f} s, "
                f"init {t['init_s']:.3f} s, "
                f"compute {t['compute_s']:.3f} s ({1e3 * t['per_iteration_s']:.2f} ms/iteration), "
