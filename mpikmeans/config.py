@@ -21,6 +21,7 @@ BACKENDS = ("auto", "cpu", "gpu")
 DTYPES = ("float64", "float32")
 EMPTY_POLICIES = ("farthest", "keep", "drop")
 MISSING_POLICIES = ("error", "drop", "mean")
+NOMINAL_POLICIES = ("skip", "weka")
 
 
 @dataclass
@@ -69,11 +70,14 @@ class RunConfig:
     overwrite : bool
         Replace results already in the output directory.
     ignore : str or None
-        Numeric attributes not to cluster: names, ``first``, ``last``, 1-based
+        Attributes not to cluster: names, ``first``, ``last``, 1-based
         indices or ranges, comma-separated (as Weka's ``-I``).
     missing : str
         ``?`` values: ``error``, ``drop`` the row, or fill in the attribute's
-        global ``mean`` (as Weka's SimpleKMeans).
+        global ``mean`` (a nominal attribute's mode; as Weka's SimpleKMeans).
+    nominal : str
+        Nominal attributes: ``skip`` them, or cluster them as Weka's SimpleKMeans
+        does (``weka``: 0/1 distance, the mode as the centroid's value).
     n_init : int
         Initialisations to run; the lowest SSE is kept.
     normalize : str
@@ -100,6 +104,7 @@ class RunConfig:
     overwrite: bool = False
     ignore: str | None = None
     missing: str = "error"
+    nominal: str = "skip"
     n_init: int = 1
     normalize: str = "none"
     write_arff: bool = False
@@ -126,6 +131,7 @@ class RunConfig:
         for key in ("share_gpus", "overwrite", "write_arff"):
             _check(isinstance(getattr(self, key), bool), key.replace("_", "-"), getattr(self, key), "true or false")
         _check(self.missing in MISSING_POLICIES, "missing", self.missing, " or ".join(MISSING_POLICIES))
+        _check(self.nominal in NOMINAL_POLICIES, "nominal", self.nominal, " or ".join(NOMINAL_POLICIES))
         if isinstance(self.ignore, int) and not isinstance(self.ignore, bool):
             self.ignore = str(self.ignore)
         for key in ("output_dir", "checkpoint", "resume", "ignore"):

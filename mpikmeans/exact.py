@@ -308,3 +308,56 @@ def exact_label_sums(comm, labels: np.ndarray, weights, size: int) -> np.ndarray
         lo += np.rint(np.bincount(lab, weights=(part & LIMB_MASK).astype(np.float64), minlength=size)).astype(np.int64)
     both = comm.allreduce(np.concatenate([hi, lo]), "sum")
     return np.array([math.ldexp(float(limbs_to_int(h, l_)), -s) for h, l_ in zip(both[:size], both[size:])])
+
+
+# =========================================================================== exact column sums and means
+
+def exact_column_sums(comm, v: np.ndarray, vmax: np.ndarray | None = None, center: np.ndarray | None = None) -> list:
+    """Per-column sums over all ranks as exact Python ints with their scales (collective).
+
+    Parameters
+    ----------
+    v : ndarray, shape (n_local, m), float64
+    vmax : ndarray, shape (m,), optional
+        Each column's largest magnitude over all ranks, when known (the reader's
+        global min and max give it): saves a pass and a collective.
+    center : ndarray, shape (m,), optional
+        Sum ``(v - center)**2`` instead (``vmax`` then bounds those).
+
+    Returns
+    -------
+    list of (int, int)
+        Per column ``(total, s)``: the global sum is ``total * 2**-s`` up to
+        a rounding of each value to ``2**-53`` of the column's largest
+        magnitude; exactly the same for any split of the rows.
+    """
+    m = v.shape[1]
+    if vmax is None:
+        local = np.zeros(m)
+        if len(v):
+            local = np.abs(v).max(axis=0) if center is None else ((v - center) ** 2).max(axis=0)
+        vmax = comm.allreduce(local, "max")
+    scales = np.array([fixed_scale(float(a)) for a in vmax], dtype=np.int64)
+    hi, lo = column_limb_sums(v, scales, center)
+    both = comm.allreduce(np.concatenate([hi, lo]).astype(np.int64), "sum")
+    return [(limbs_to_int(both[j], both[m + j]), int(scales[j])) for j in range(m)]
+
+
+def exact_column_means(comm, v: np.ndarray, n, vmax=None, center=None) -> np.ndarray:
+    """Per-column means over all ranks: :func:`exact_column_sums` divided by ``n``, rounded once (collective).
+
+    Parameters
+    ----------
+    v, vmax, center
+        As :func:`exact_column_sums`.
+    n : int or ndarray, shape (m,), int
+        The divisor: the rows, or each column's own count (> 0).
+
+    Returns
+    -------
+    ndarray, shape (m,), float64
+        The same bits for any split of the rows (Python's int / int is correctly rounded).
+    """
+    sums = exact_column_sums(comm, v, vmax, center)
+    counts = np.broadcast_to(np.asarray(n, dtype=np.int64), (len(sums),))
+    return np.array([math.ldexp(total / int(c), -s) if total else 0.0 for (total, s), c in zip(sums, counts)])

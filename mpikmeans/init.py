@@ -247,9 +247,30 @@ def row_uniforms(key: tuple, row_offset: int, n_local: int) -> np.ndarray:
     return out
 
 
+def _local_lloyd(cands: np.ndarray, cw: np.ndarray, centres: np.ndarray, max_iter: int, layout,
+                 weighted: bool) -> np.ndarray:
+    """:func:`weighted_lloyd` on the candidates, each new centre's nominal blocks its cluster's mode."""
+    from .lloyd import _means
+
+    rows = SerialRows(cands)
+    labels = None
+    k, m = centres.shape
+    for _ in range(max_iter):
+        new_labels = rows.assign(centres)[0]
+        if labels is not None and np.array_equal(new_labels, labels):
+            break
+        labels = new_labels
+        sums = np.zeros((k, m))
+        np.add.at(sums, labels, cw[:, None] * cands)
+        counts = np.bincount(labels, weights=cw, minlength=k)
+        filled = counts > 0
+        centres[filled] = _means(sums, counts, filled, layout, weighted)
+    return centres
+
+
 def init_kmeans_parallel(comm, k: int, x: np.ndarray, row_offset: int, n: int, seed: int, rounds: int = 5,
                          oversampling: float | None = None, weights: np.ndarray | None = None, *, backend=None,
-                         local_iter: int = 30) -> np.ndarray:
+                         local_iter: int = 30, layout=None) -> np.ndarray:
     """k-means|| (Bahmani et al. 2012), as Spark and cuML do it (collective).
 
     One uniform first centre; then ``rounds`` rounds in which every row joins
@@ -275,6 +296,9 @@ def init_kmeans_parallel(comm, k: int, x: np.ndarray, row_offset: int, n: int, s
         ``l / k``; default 2.
     local_iter : int
         Weighted Lloyd iterations on the candidates (Spark: 30).
+    layout : mpikmeans.nominal.Layout, optional
+        With nominal attributes, those iterations give each centre's blocks its
+        cluster's mode (as the main loop does).
 
     Returns
     -------
@@ -322,7 +346,10 @@ def init_kmeans_parallel(comm, k: int, x: np.ndarray, row_offset: int, n: int, s
         # one computation, broadcast: every rank gets the same bits even on
         # nodes whose CPUs might round differently
         centres = init_kmeanspp(SerialComm(), k, cands, 0, len(cands), local_seed, weights=cw)
-        centres = weighted_lloyd(cands, cw, centres, local_iter)
+        if layout is not None and layout.has_nominal:
+            centres = _local_lloyd(cands, cw, centres, local_iter, layout, weights is not None)
+        else:
+            centres = weighted_lloyd(cands, cw, centres, local_iter)
     log.info("k-means||: %d candidates from %d rounds", len(cands), rounds)
     return comm.bcast(centres, root=0)
 
@@ -332,7 +359,7 @@ def init_kmeans_parallel(comm, k: int, x: np.ndarray, row_offset: int, n: int, s
 def initial_centres(comm, method: str, k: int, x: np.ndarray, row_offset: int, n: int, seed: int, *,
                     weights: np.ndarray | None = None, backend=None, mins: np.ndarray | None = None,
                     maxs: np.ndarray | None = None, rounds: int = 5, oversampling: float | None = None,
-                    n_local_trials: int | None = None) -> np.ndarray:
+                    n_local_trials: int | None = None, layout=None) -> np.ndarray:
     """Initial centres by method name (collective).
 
     Parameters
@@ -344,6 +371,10 @@ def initial_centres(comm, method: str, k: int, x: np.ndarray, row_offset: int, n
         Global bounds for ``range`` (computed when omitted).
     rounds, oversampling : for ``k-means||``
     n_local_trials : for ``k-means++``
+    layout : mpikmeans.nominal.Layout, optional
+        Nominal attributes' one-hot blocks: every centre's blocks are one-hot
+        (rows drawn as centres are already; ``range`` takes each block's largest
+        draw, so a uniform category).
 
     Returns
     -------
@@ -353,11 +384,13 @@ def initial_centres(comm, method: str, k: int, x: np.ndarray, row_offset: int, n
     if method == "k-means++":
         return init_kmeanspp(comm, k, x, row_offset, n, seed, n_local_trials, weights, backend=backend)
     if method == "k-means||":
-        return init_kmeans_parallel(comm, k, x, row_offset, n, seed, rounds, oversampling, weights, backend=backend)
+        return init_kmeans_parallel(comm, k, x, row_offset, n, seed, rounds, oversampling, weights, backend=backend,
+                                    layout=layout)
     if method == "range":
         if mins is None or maxs is None:
             mins, maxs = global_extent(comm, x)
-        return init_range(k, mins, maxs, seed)
+        centres = init_range(k, mins, maxs, seed)
+        return centres if layout is None else layout.project(centres)
     if method == "sample":
         return init_sample(comm, k, x, row_offset, n, seed)
     raise UsageError(f"--init {method!r}: expected one of {', '.join(INIT_METHODS)} or a file of centres")

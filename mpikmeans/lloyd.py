@@ -147,10 +147,10 @@ def _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights
     return moved
 
 
-def _label_means(comm, x: np.ndarray, labels: np.ndarray, weights, centres: np.ndarray) -> np.ndarray:
+def _label_means(comm, x: np.ndarray, labels: np.ndarray, weights, centres: np.ndarray, layout=None) -> np.ndarray:
     """Centres as the global means of the rows with each label, summed in a fixed order (collective).
 
-    An empty cluster keeps its centre.
+    An empty cluster keeps its centre; nominal attributes take their cluster's mode (``layout``).
     """
     from .backends.cpu import label_sums
 
@@ -160,13 +160,22 @@ def _label_means(comm, x: np.ndarray, labels: np.ndarray, weights, centres: np.n
     sums, counts = buf[: k * m].reshape(k, m), buf[k * m:]
     filled = counts > 0
     new = centres.copy()
-    new[filled] = sums[filled] / counts[filled, None]
+    new[filled] = _means(sums, counts, filled, layout, weights is not None)
+    return new
+
+
+def _means(sums: np.ndarray, counts: np.ndarray, filled: np.ndarray, layout, weighted: bool) -> np.ndarray:
+    """The new centres of the ``filled`` clusters: their means, a nominal attribute's block its mode."""
+    new = sums[filled] / counts[filled, None]
+    if layout is not None:
+        layout.project(new, sums[filled], weighted)
     return new
 
 
 def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *, max_iter: int = 300,
           tol: float = 0.0, empty_cluster: str = "farthest", resume: LoopState | None = None,
-          after_iteration=None, stop_requested=None, weights: np.ndarray | None = None) -> KMeansResult:
+          after_iteration=None, stop_requested=None, weights: np.ndarray | None = None,
+          layout=None) -> KMeansResult:
     """Lloyd's iterations until convergence, ``max_iter`` or a stop request (collective).
 
     Parameters
@@ -199,6 +208,10 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
     weights : ndarray, shape (n_local,), float64, optional
         The instance weights the backend was loaded with (for the final SSE
         and for relocating empty clusters).
+    layout : mpikmeans.nominal.Layout, optional
+        With nominal attributes (one-hot blocks), each new centre's block is its
+        cluster's mode (:meth:`~mpikmeans.nominal.Layout.project`), as Weka's
+        SimpleKMeans; None or numeric attributes only: the plain means.
 
     Returns
     -------
@@ -224,7 +237,7 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
             relocated += _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights)
         filled = counts > 0
         new = centres.copy()  # an empty cluster keeps its centre: never a NaN
-        new[filled] = sums[filled] / counts[filled, None]
+        new[filled] = _means(sums, counts, filled, layout, weights is not None)
         shift = float(np.sqrt(((new - centres)[filled] ** 2).sum(axis=1)).max(initial=0.0))
         if empty_cluster == "drop" and not filled.all():
             # Weka's SimpleKMeans: an empty cluster is removed, the others keep their order.
@@ -259,7 +272,7 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
         # a fixed point: the centres are the means of these labels.  The device added
         # them with atomics, in an order that changes from run to run; summed again
         # here in a fixed order, they are the same bits in every run
-        centres = _label_means(comm, x, labels, weights, centres)
+        centres = _label_means(comm, x, labels, weights, centres, layout)
         labels, dist2 = backend.assign(centres)
         state.centres = centres
     k = centres.shape[0]

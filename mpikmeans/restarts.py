@@ -89,7 +89,7 @@ class RestartsResult:
 def run_restarts(comm, backend, x: np.ndarray, row_offset: int, n: int, k: int, *, init="k-means++", seed: int = 0,
                  n_init: int = 1, weights: np.ndarray | None = None, max_iter: int = 300, tol: float = 0.0,
                  empty_cluster: str = "farthest", init_options: dict | None = None, resume: LoopState | None = None,
-                 after_iteration=None, stop_requested=None) -> RestartsResult:
+                 after_iteration=None, stop_requested=None, layout=None) -> RestartsResult:
     """``n_init`` initialisations, each followed by :func:`lloyd`; keep the lowest SSE (collective).
 
     Parameters
@@ -116,6 +116,9 @@ def run_restarts(comm, backend, x: np.ndarray, row_offset: int, n: int, k: int, 
         ``rounds``, ``oversampling``, ``n_local_trials``).
     resume : LoopState, optional
         Go on from a checkpoint (``n_init`` must be 1).
+    layout : mpikmeans.nominal.Layout, optional
+        Nominal attributes' one-hot blocks: centres take their clusters' modes
+        there (see :func:`lloyd` and :func:`initial_centres`).
 
     Returns
     -------
@@ -136,10 +139,11 @@ def run_restarts(comm, backend, x: np.ndarray, row_offset: int, n: int, k: int, 
             centres = check_centres(np.asarray(init, dtype=np.float64), k, x.shape[1], "initial centres")
         else:
             centres = initial_centres(comm, init, k, x, row_offset, n, s, weights=weights, backend=backend,
-                                      **(init_options or {}))
+                                      layout=layout, **(init_options or {}))
         t1 = time.perf_counter()
         res = lloyd(comm, backend, x, row_offset, centres, max_iter=max_iter, tol=tol, empty_cluster=empty_cluster,
-                    resume=resume, after_iteration=after_iteration, stop_requested=stop_requested, weights=weights)
+                    resume=resume, after_iteration=after_iteration, stop_requested=stop_requested, weights=weights,
+                    layout=layout)
         t2 = time.perf_counter()
         summaries.append({"restart": i, "seed": s, "inertia": res.inertia, "iterations": res.iterations,
                           "converged": res.converged, "stop_reason": res.stop_reason, "init_s": t1 - t0,

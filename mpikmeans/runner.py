@@ -32,7 +32,8 @@ from .interrupt import StopRequest
 from .init import INIT_METHODS, check_centres
 from .restarts import run_restarts
 from .scaling import fit_scaler, global_means
-from .io.output import CENTERS, CLUSTERED, LABELS, SUMMARY, read_centres_csv, write_arrays, write_summary
+from .io.output import (CENTERS, CLUSTERED, LABELS, SUMMARY, read_centres_csv, read_centres_fields, write_arrays,
+                        write_summary)
 from .io.wekaout import write_clustered_arff
 
 log = logging.getLogger("mpikmeans")
@@ -55,6 +56,9 @@ class RunOutcome:
         Final centres in data units.
     full_means : ndarray, shape (m,), or None
         Mean of every attribute over all rows (Weka's "Full Data" column).
+    table : list of list, or None
+        Weka's centroid table: the "Full Data" row, then one row per centre, of
+        attribute values (a nominal attribute's category name, else a float).
     """
 
     summary: dict
@@ -63,6 +67,7 @@ class RunOutcome:
     checkpoint: str | None = None
     centres: np.ndarray | None = None
     full_means: np.ndarray | None = None
+    table: list | None = None
 
 
 def default_output_dir(data: str) -> str:
@@ -286,18 +291,29 @@ def _make_backend(cfg, threads: int, device: int | None, reason: str = ""):
 
 
 def _init_for(comm, cfg, local, scaler):
-    """What :func:`run_restarts` starts from: a method name, or the centres of ``--init FILE`` (scaled)."""
+    """What :func:`run_restarts` starts from: a method name, or the centres of ``--init FILE`` (scaled).
+
+    With nominal attributes clustered, the file gives their categories by name
+    (as centers.csv writes them).
+    """
     k, m = cfg.k, local.m
     if k > local.n:
         raise UsageError(f"-k {k} is more than the {local.n} rows of {local.path}", collective=True)
     if cfg.init in INIT_METHODS:
         return cfg.init
+    layout = local.layout
 
     def read_file():
         try:
-            return check_centres(read_centres_csv(cfg.init, local.names)[0], k, m, cfg.init)
+            if layout.has_nominal:
+                rows, _ = read_centres_fields(cfg.init, local.names)
+                centres = layout.encode([fields for _, fields in rows], f"--init {cfg.init}")
+            else:
+                centres = read_centres_csv(cfg.init, local.names)[0]
+            return check_centres(centres, k, m, cfg.init)
         except (ValueError, OSError) as exc:
-            raise UsageError(f"--init {cfg.init}: {exc}") from None
+            message = str(exc)
+            raise UsageError(message if message.startswith("--init") else f"--init {cfg.init}: {message}") from None
         except MpikmeansError as exc:  # wrong shape: a usage error of this run
             raise UsageError(exc.message) from None
 
@@ -307,7 +323,7 @@ def _init_for(comm, cfg, local, scaler):
 def _binding_settings(cfg, local) -> dict:
     return {"data": os.path.abspath(local.path), "data_size": local.header.file_size, "n": local.n,
             "m": local.m, "k": cfg.k, "tol": cfg.tol, "empty_cluster": cfg.empty_cluster,
-            "init": cfg.init, "seed": cfg.seed, "normalize": cfg.normalize}
+            "init": cfg.init, "seed": cfg.seed, "normalize": cfg.normalize, "nominal": cfg.nominal}
 
 
 def _resume_state(comm, cfg, settings: dict):
@@ -385,14 +401,15 @@ def read_input(comm, data: str, cfg, threads: int):
     if data.endswith(".npy"):
         from .io.binary import read_npy
 
-        if cfg.ignore or cfg.missing != "error" or cfg.write_arff:
-            raise UsageError("--ignore, --missing and --write-arff need the ARFF file, not a .npy cache",
+        if cfg.ignore or cfg.missing != "error" or cfg.write_arff or cfg.nominal != "skip":
+            raise UsageError("--ignore, --missing, --nominal and --write-arff need the ARFF file, not a .npy cache",
                              collective=True)
         return read_npy(data, comm, threads)
     header = shared_header(data, comm)
     check_memory(data, header, comm)
     numba.set_num_threads(threads)
-    return read_arff(data, comm, header=header, ignore=cfg.ignore, missing=cfg.missing, threads=threads)
+    return read_arff(data, comm, header=header, ignore=cfg.ignore, missing=cfg.missing, threads=threads,
+                     nominal=cfg.nominal)
 
 
 def run_job(comm, data: str, cfg, launched_at: float | None = None) -> RunOutcome:
@@ -437,16 +454,19 @@ def run_job(comm, data: str, cfg, launched_at: float | None = None) -> RunOutcom
     t_read = time.perf_counter()
     sel = local.selection
     if sel.skipped:
-        log.warning("not clustered (not numeric): %s", ", ".join(sel.skipped))
+        log.warning("not clustered (not numeric%s): %s", " or nominal" if cfg.nominal == "weka" else "",
+                    ", ".join(sel.skipped))
     if local.missing:
         log.warning("missing values: %s %d %s", "dropped" if cfg.missing == "drop" else "replaced by the mean",
                     local.missing, "rows" if cfg.missing == "drop" else "values")
 
     compiling.wait()  # a cold run's other kernels: compiled meanwhile, loaded from here on
     t_compiled = time.perf_counter()
-    full_means = global_means(comm, local.x, local.mins, local.maxs)
+    layout = local.layout
+    # Weka's "Full Data" column: the means, a nominal attribute's mode (exact means: the same for any split)
+    full_means = layout.project(global_means(comm, local.x, local.mins, local.maxs)[None, :])[0]
     # scaled in place: no second copy of the rows (centres go back to data units at the end)
-    scaler = fit_scaler(comm, local.x, cfg.normalize, local.mins, local.maxs)
+    scaler = fit_scaler(comm, local.x, cfg.normalize, local.mins, local.maxs, layout.numeric_columns())
     x = scaler.transform(local.x, out=local.x)
     setup_parts = {"compile_wait_s": t_compiled - t_read, "statistics_s": time.perf_counter() - t_compiled}
 
@@ -483,7 +503,8 @@ def run_job(comm, data: str, cfg, launched_at: float | None = None) -> RunOutcom
                                 empty_cluster=cfg.empty_cluster,
                                 init_options={"mins": local.mins, "maxs": local.maxs}
                                 if cfg.normalize == "none" and cfg.init == "range" else None,
-                                resume=resume, after_iteration=checkpointer, stop_requested=stop)
+                                resume=resume, after_iteration=checkpointer, stop_requested=stop,
+                                layout=layout if layout.has_nominal else None)
     result = restarts.best
     centres = scaler.inverse(result.centres)
     t_compute = time.perf_counter()
@@ -498,7 +519,10 @@ def run_job(comm, data: str, cfg, launched_at: float | None = None) -> RunOutcom
         "relation": local.header.relation,
         "k": cfg.k,
         "n": local.n,
-        "m": local.m,
+        "m": len(local.names),  # attributes clustered (a nominal one takes several columns: "columns")
+        "columns": local.m,
+        "nominal": cfg.nominal,
+        "nominal_attributes": [name for name, v in zip(layout.names, layout.values) if v is not None],
         "attributes": local.names,
         "skipped_attributes": sel.skipped,
         "ignored_attributes": sel.ignored,
@@ -551,7 +575,7 @@ def run_job(comm, data: str, cfg, launched_at: float | None = None) -> RunOutcom
     if local.kept is not None:  # rows dropped for a missing value get -1, in input order
         labels = np.full(len(local.kept), -1, dtype=np.int32)
         labels[local.kept] = result.labels
-    write_arrays(comm, out_dir, centres, local.names, labels)
+    write_arrays(comm, out_dir, layout.decode(centres) if layout.has_nominal else centres, local.names, labels)
     if cfg.write_arff:
         write_clustered_arff(comm, local, labels, len(centres), os.path.join(out_dir, CLUSTERED))
     t_written = time.perf_counter()
@@ -570,4 +594,4 @@ def run_job(comm, data: str, cfg, launched_at: float | None = None) -> RunOutcom
     write_summary(comm, out_dir, summary)
     backend.close()
     return RunOutcome(summary, out_dir, checkpoint=ckpt_path if checkpointer.written else None, centres=centres,
-                      full_means=full_means)
+                      full_means=full_means, table=layout.decode(np.vstack([full_means, centres])))

@@ -20,13 +20,12 @@ Centres found in the scaled space go back to data units with
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import InputError, UsageError
-from .exact import column_limb_sums, fixed_scale, limbs_to_int
+from .exact import exact_column_means, exact_column_sums
 from .init import global_extent
 
 METHODS = ("none", "minmax", "zscore")
@@ -114,43 +113,6 @@ class Scaler:
                 "constant": [int(j) for j in np.flatnonzero(self.constant)]}
 
 
-def exact_column_sums(comm, v: np.ndarray, vmax: np.ndarray | None = None, center: np.ndarray | None = None) -> list:
-    """Per-column sums over all ranks as exact Python ints with their scales (collective).
-
-    Parameters
-    ----------
-    v : ndarray, shape (n_local, m), float64
-    vmax : ndarray, shape (m,), optional
-        Each column's largest magnitude over all ranks, when known (the reader's
-        global min and max give it): saves a pass and a collective.
-    center : ndarray, shape (m,), optional
-        Sum ``(v - center)**2`` instead (``vmax`` then bounds those).
-
-    Returns
-    -------
-    list of (int, int)
-        Per column ``(total, s)``: the global sum is ``total * 2**-s`` up to
-        a rounding of each value to ``2**-53`` of the column's largest
-        magnitude; exactly the same for any split of the rows.
-    """
-    m = v.shape[1]
-    if vmax is None:
-        local = np.zeros(m)
-        if len(v):
-            local = np.abs(v).max(axis=0) if center is None else ((v - center) ** 2).max(axis=0)
-        vmax = comm.allreduce(local, "max")
-    scales = np.array([fixed_scale(float(a)) for a in vmax], dtype=np.int64)
-    hi, lo = column_limb_sums(v, scales, center)
-    both = comm.allreduce(np.concatenate([hi, lo]).astype(np.int64), "sum")
-    return [(limbs_to_int(both[j], both[m + j]), int(scales[j])) for j in range(m)]
-
-
-def _exact_means(comm, v: np.ndarray, n: int, vmax=None, center=None) -> np.ndarray:
-    # Python's int / int is correctly rounded: one rounding, whatever the split
-    sums = exact_column_sums(comm, v, vmax, center)
-    return np.array([math.ldexp(total / n, -s) if total else 0.0 for total, s in sums])
-
-
 def global_means(comm, x: np.ndarray, mins: np.ndarray | None = None, maxs: np.ndarray | None = None) -> np.ndarray:
     """Per-attribute mean of the rows of all ranks, the same bits for any split (collective).
 
@@ -174,7 +136,7 @@ def global_means(comm, x: np.ndarray, mins: np.ndarray | None = None, maxs: np.n
     if n == 0:
         exact_column_sums(comm, x, vmax)  # the same collectives as the other ranks
         return np.full(x.shape[1], np.nan)
-    return _exact_means(comm, x, n, vmax)
+    return exact_column_means(comm, x, n, vmax)
 
 
 def _largest(mins, maxs):
@@ -185,7 +147,7 @@ def _largest(mins, maxs):
 
 
 def fit_scaler(comm, x: np.ndarray, method: str, mins: np.ndarray | None = None,
-               maxs: np.ndarray | None = None) -> Scaler:
+               maxs: np.ndarray | None = None, numeric: np.ndarray | None = None) -> Scaler:
     """Global scaling statistics of the rows of all ranks (collective).
 
     Parameters
@@ -197,6 +159,10 @@ def fit_scaler(comm, x: np.ndarray, method: str, mins: np.ndarray | None = None,
     mins, maxs : ndarray, shape (m,), optional
         The global per-attribute extremes, when known (the reader's): no pass
         over the rows to find them.
+    numeric : ndarray, shape (m,), bool, optional
+        The columns to scale; the others (a nominal attribute's one-hot block,
+        see :mod:`mpikmeans.nominal`) are left as they are, as Weka leaves its
+        0/1 nominal distance.  Default: all.
 
     Returns
     -------
@@ -216,6 +182,16 @@ def fit_scaler(comm, x: np.ndarray, method: str, mins: np.ndarray | None = None,
     m = x.shape[1]
     if method == "none":
         return Scaler("none", np.zeros(m), np.ones(m), np.zeros(m, dtype=bool))
+    scaler = _fit(comm, x, method, mins, maxs)
+    if numeric is not None and not numeric.all():
+        # (x - 0) / 1 is x exactly: the one-hot blocks pass through unchanged
+        scaler.offset = np.where(numeric, scaler.offset, 0.0)
+        scaler.scale = np.where(numeric, scaler.scale, 1.0)
+        scaler.constant = scaler.constant & numeric
+    return scaler
+
+
+def _fit(comm, x: np.ndarray, method: str, mins, maxs) -> Scaler:
     n = int(comm.allreduce(np.array([len(x)], dtype=np.int64), "sum")[0])
     if n == 0:
         raise InputError("no rows to scale")
@@ -228,7 +204,7 @@ def fit_scaler(comm, x: np.ndarray, method: str, mins: np.ndarray | None = None,
     mean = global_means(comm, x, mins, maxs)
     # (x - mean)**2 is largest at an extreme (rounding is monotone): its bound needs no pass
     dev2_max = np.maximum((maxs - mean) ** 2, (mins - mean) ** 2)
-    std = np.sqrt(_exact_means(comm, x, n, dev2_max, center=mean))
+    std = np.sqrt(exact_column_means(comm, x, n, dev2_max, center=mean))
     # exact means make a constant column's deviations exactly 0; min == max
     # says so without trusting that
     std = np.where(constant | (std == 0.0), 1.0, std)

@@ -16,7 +16,8 @@ from threadcomm import run_ranks  # noqa: E402
 
 from mpikmeans.comm import SerialComm  # noqa: E402
 from mpikmeans.errors import InputError, UsageError  # noqa: E402
-from mpikmeans.scaling import exact_column_sums, fit_scaler, global_means  # noqa: E402
+from mpikmeans.exact import exact_column_sums  # noqa: E402
+from mpikmeans.scaling import fit_scaler, global_means  # noqa: E402
 
 SPLITS = [[0, 1001], [0, 500, 1001], [0, 0, 1, 700, 1001], [0, 250, 250, 600, 1001], [0, 1, 2, 3, 4, 1001]]
 

@@ -36,7 +36,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from threadcomm import Serialised, run_ranks  # noqa: E402
 
+from conftest import run_cli  # noqa: E402
+
+from mpikmeans.comm import SerialComm  # noqa: E402
 from mpikmeans.io.arff import read_arff  # noqa: E402
+from mpikmeans.io.output import centres_csv, read_centres_fields  # noqa: E402
 from mpikmeans.lloyd import STOP_UNCHANGED, lloyd  # noqa: E402
 from mpikmeans.scaling import fit_scaler  # noqa: E402
 
@@ -60,6 +64,12 @@ CASES = [("iris", 3, 10), ("iris", 5, 3), ("glass", 6, 10), ("diabetes", 2, 10),
 
 #: Weka prints centroids with 4 decimals, rounding half up (Utils.doubleToString)
 PRINTED = 0.5e-4 + 1e-9
+
+#: Weka's examples with nominal attributes (labor with missing values too), K, seed, and whether
+#: the last attribute is a nominal class to ignore (-c last; cpu.with.vendor's class is numeric
+#: and is clustered): clustered by this tool with WEKA_OPTIONS, as Weka's SimpleKMeans does by default
+NOMINAL_CASES = [("labor", 2, 10, True), ("credit-g", 3, 10, True), ("cpu.with.vendor", 3, 10, False)]
+WEKA_OPTIONS = ["--nominal", "weka", "--normalize", "minmax", "--missing", "mean"]
 
 
 def _why_no_weka() -> str | None:
@@ -110,32 +120,64 @@ def weka_load_summary(path) -> dict:
     return {"instances": int(inst.group(1)), "attributes": int(attrs.group(1)), "types": types}
 
 
-def weka_simple_kmeans(path: Path, k: int, seed: int) -> dict:
+def weka_table(out: str, names: list, k: int) -> list:
+    """Weka's printed centroid table: per attribute of ``names`` (in order), its k + 1 cells
+    (Full Data, then each cluster) as text.  Cells are right-aligned under the header's
+    column titles, so a category name with blanks in it stays one cell."""
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("Attribute"))
+    ends = [m.end() for m in re.finditer(r"Full Data|\S+", lines[head][len("Attribute"):])][-(k + 1):]
+    ends = [e + len("Attribute") for e in ends]
+    cells = []
+    for name, line in zip(names, lines[head + 3:]):
+        assert line.startswith(name), (name, line)
+        starts = [len(name)] + ends[:-1]
+        cells.append([line[a:b].strip() for a, b in zip(starts, ends)])
+    return cells
+
+
+def weka_simple_kmeans(path: Path, k: int, seed: int, names: list | None = None, class_last: bool = True) -> dict:
     """SimpleKMeans on ``path`` with the last attribute (the class) ignored.
+
+    Parameters
+    ----------
+    names : list of str, optional
+        The clustered attributes, in order (default: the table's first words).
+    class_last : bool
+        The last attribute is a nominal class, not clustered (``-c last``);
+        False clusters every attribute.
 
     Returns
     -------
     dict
-        ``iterations``, ``sse`` (normalised units), ``n``, ``sizes`` (k,),
-        ``full`` (m,) the Full Data column, ``centroids`` (k, m) as printed.
+        ``iterations``, ``sse`` (normalised units), ``n``, ``sizes`` (k,), ``cells``
+        (per attribute, Full Data then each cluster, as printed), and when every
+        attribute is numeric ``full`` (m,) the Full Data column and ``centroids``
+        (k, m) as printed.
     """
     out = run_weka("weka.clusterers.SimpleKMeans", "-N", str(k), "-S", str(seed), "-I", "500",
-                   "-t", str(path), "-c", "last")
+                   "-t", str(path), *(["-c", "last"] if class_last else []))
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("Attribute"))
     sizes = [int(v) for v in re.findall(r"\((\d+)\)", lines[head + 1])]
-    table = []
-    for line in lines[head + 3:]:
-        if not line.strip():
-            break
-        table.append([float(v) for v in line.split()[-(k + 1):]])
-    table = np.array(table)
-    return {"iterations": int(re.search(r"Number of iterations:\s*(\d+)", out).group(1)),
-            "sse": float(re.search(r"Within cluster sum of squared errors:\s*(\S+)", out).group(1)),
-            "n": sizes[0], "sizes": sizes[1:], "full": table[:, 0], "centroids": table[:, 1:].T.copy()}
+    if names is None:
+        names = []
+        for line in lines[head + 3:]:
+            if not line.strip():
+                break
+            names.append(line.split()[0])
+    cells = weka_table(out, names, k)
+    run = {"iterations": int(re.search(r"Number of iterations:\s*(\d+)", out).group(1)),
+           "sse": float(re.search(r"Within cluster sum of squared errors:\s*(\S+)", out).group(1)),
+           "n": sizes[0], "sizes": sizes[1:], "cells": cells}
+    try:
+        table = np.array([[float(v) for v in row] for row in cells])
+    except ValueError:  # nominal attributes: categories in the table
+        return run
+    return {**run, "full": table[:, 0], "centroids": table[:, 1:].T.copy()}
 
 
-def weka_assignment(path: Path, k: int, seed: int, out: Path) -> np.ndarray:
+def weka_assignment(path: Path, k: int, seed: int, out: Path, ignore_last: bool = True) -> np.ndarray:
     """Weka's cluster (0-based) of every row, from AddCluster with the same model.
 
     Returns
@@ -143,7 +185,8 @@ def weka_assignment(path: Path, k: int, seed: int, out: Path) -> np.ndarray:
     ndarray, shape (n,), int64
     """
     run_weka("weka.filters.unsupervised.attribute.AddCluster", "-W",
-             f"weka.clusterers.SimpleKMeans -N {k} -S {seed} -I 500", "-I", "last", "-i", str(path), "-o", str(out))
+             f"weka.clusterers.SimpleKMeans -N {k} -S {seed} -I 500", *(["-I", "last"] if ignore_last else []),
+             "-i", str(path), "-o", str(out))
     labels, data = [], False
     for line in out.read_text().splitlines():
         text = line.strip()
@@ -263,6 +306,116 @@ def test_api_with_minmax_reproduces_weka(weka_runs, name, k, seed):
     assert km.n_iter_ == 2
     assert np.abs(km.cluster_centers_ - weka["centroids"]).max() <= PRINTED
     assert km.inertia_ == pytest.approx(weka["sse"], rel=1e-12)
+
+
+# =========================================================================== nominal attributes (--nominal weka)
+
+def read_weka_style(path: Path, ignore_last: bool = True, comm=None):
+    """Our reading of ``path`` as WEKA_OPTIONS reads it (with ``--ignore last`` where the class is
+    not clustered): nominal attributes as one-hot blocks, missing values replaced by the mean or mode."""
+    return read_arff(str(path), comm or SerialComm(), ignore="last" if ignore_last else None, missing="mean",
+                     nominal="weka")
+
+
+@pytest.fixture(scope="module")
+def weka_nominal_runs(tmp_path_factory):
+    """(Weka's result, our reading) per nominal case, computed once."""
+    tmp = tmp_path_factory.mktemp("weka-nominal")
+    cache = {}
+
+    def get(name, k, seed, class_last):
+        key = (name, k, seed)
+        if key not in cache:
+            path = EXAMPLES / f"{name}.arff"
+            loc = read_weka_style(path, class_last)
+            run = weka_simple_kmeans(path, k, seed, loc.names, class_last)
+            run["labels"] = weka_assignment(path, k, seed, tmp / f"{name}-{k}-{seed}.arff", class_last)
+            cache[key] = run, loc
+        return cache[key]
+
+    return get
+
+
+def _weka_centroids(loc, labels: np.ndarray, k: int) -> tuple:
+    """Weka's final centroids in full precision, from its final clusters (what its last update
+    computed): each numeric attribute's mean, each nominal one's mode; and the Full Data row."""
+    layout, x = loc.layout, loc.x
+    sums = np.array([x[labels == j].sum(axis=0) for j in range(k)])
+    counts = np.bincount(labels, minlength=k).astype(np.float64)
+    centres = layout.project(sums / counts[:, None], sums)
+    total = x.sum(axis=0)[None, :]
+    full = layout.project(total / len(x), total)[0]
+    return centres, full
+
+
+@needs_weka
+@needs_examples
+@pytest.mark.parametrize("name,k,seed,class_last", NOMINAL_CASES)
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_weka_nominal_result_is_a_fixed_point_of_a_run(weka_nominal_runs, name, k, seed, class_last, ranks,
+                                                         tmp_path):
+    """From Weka's final centroids (numeric means and nominal modes, written as category names),
+    ``mpikmeans run --nominal weka --normalize minmax`` assigns every row as Weka did, gives back
+    the same centroids and Weka's SSE, and stops after the next step changes nothing."""
+    path = EXAMPLES / f"{name}.arff"
+    weka, loc = weka_nominal_runs(name, k, seed, class_last)
+    layout = loc.layout
+    assert layout.has_nominal and weka["iterations"] < 500  # converged: its centroids are its clusters'
+    labels = weka["labels"]
+    assert weka["n"] == len(loc.x) == len(labels)
+    assert np.bincount(labels, minlength=k).tolist() == weka["sizes"]
+    centres, full = _weka_centroids(loc, labels, k)
+    # they print as Weka printed them: numbers to its 4 decimals, categories by name
+    table = layout.decode(np.vstack([full, centres]))
+    for a, printed in enumerate(weka["cells"]):
+        for col, cell in enumerate(printed):
+            ours = table[col][a]
+            if isinstance(ours, str):
+                assert ours == cell, (loc.names[a], col, ours, cell)
+            else:
+                assert abs(ours - float(cell)) <= PRINTED * max(1.0, abs(ours)), (loc.names[a], col, ours, cell)
+
+    start = tmp_path / "weka-centroids.csv"
+    start.write_bytes(centres_csv(layout.decode(centres), loc.names))
+    out = tmp_path / "out"
+    ignore = ["--ignore", "last"] if class_last else []
+    r = run_cli(["run", path, "-k", k, *WEKA_OPTIONS, *ignore, "--init", start, "-o", out, "-q"], np=ranks,
+                timeout=300)
+    assert r.code == 0, r.err
+    summary = __import__("json").loads((out / "summary.json").read_text())
+    assert np.array_equal(np.loadtxt(out / "labels.txt", dtype=np.int64), labels)
+    assert summary["iterations"] == 2 and summary["stop_reason"] == STOP_UNCHANGED
+    assert summary["sizes"] == weka["sizes"] and summary["nominal_attributes"]
+    rows, header = read_centres_fields(str(out / "centers.csv"), loc.names)
+    assert header == loc.names
+    want = layout.decode(centres)
+    for got, expected in zip((fields for _, fields in rows), want):
+        for field, value in zip(got, expected):
+            if isinstance(value, str):
+                assert field == value
+            else:
+                assert float(field) == pytest.approx(value, rel=1e-9, abs=1e-12)
+    # the SSE in Weka's normalised units (nominal mismatches count 1), which Weka prints in full
+    assert summary["inertia"] == pytest.approx(weka["sse"], rel=1e-12)
+
+
+@needs_examples
+@pytest.mark.parametrize("name,k,seed,class_last", NOMINAL_CASES)
+def test_nominal_reading_is_one_hot_and_the_same_at_any_rank_count(name, k, seed, class_last):
+    path = EXAMPLES / f"{name}.arff"
+    one = read_weka_style(path, class_last)
+    three = run_ranks(3, lambda comm: read_weka_style(path, class_last, comm))
+    assert np.concatenate([loc.x for loc in three]).tobytes() == one.x.tobytes()
+    layout = one.layout
+    for _, s, values in layout.blocks():
+        block = one.x[:, s:s + len(values)]
+        assert ((block == 0) | (block == layout_one())).all() and ((block > 0).sum(axis=1) == 1).all()
+
+
+def layout_one() -> float:
+    from mpikmeans.nominal import ONE
+
+    return ONE
 
 
 @needs_weka

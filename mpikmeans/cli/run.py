@@ -5,14 +5,15 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
-from ..config import BACKENDS, DTYPES, EMPTY_POLICIES, MISSING_POLICIES, NORMALIZE_METHODS, build_config, load_yaml
+from ..config import (BACKENDS, DTYPES, EMPTY_POLICIES, MISSING_POLICIES, NOMINAL_POLICIES, NORMALIZE_METHODS,
+                      build_config, load_yaml)
 from ..errors import UsageError
 from . import _guarded, main
 
 
 _RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_cluster", "output_dir",
              "threads", "share_gpus", "chunk_rows", "checkpoint", "checkpoint_every", "resume", "overwrite",
-             "ignore", "missing", "n_init", "normalize", "write_arff")
+             "ignore", "missing", "nominal", "n_init", "normalize", "write_arff")
 
 
 @main.command()
@@ -30,8 +31,11 @@ _RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_
 @click.option("--backend", type=click.Choice(BACKENDS), help="[default: auto]")
 @click.option("--dtype", type=click.Choice(DTYPES), help="Precision of the data on the GPU  [default: float64]")
 @click.option("--empty-cluster", type=click.Choice(EMPTY_POLICIES), help="An empty cluster takes the farthest point (scikit-learn), keeps its centre, or is dropped (Weka)  [default: farthest]")
-@click.option("--ignore", help="Numeric attributes not to cluster: names, first, last, 1-based indices, ranges.")
+@click.option("--ignore", help="Attributes not to cluster: names, first, last, 1-based indices, ranges.")
 @click.option("--missing", type=click.Choice(MISSING_POLICIES), help="Missing values '?'  [default: error]")
+@click.option("--nominal", type=click.Choice(NOMINAL_POLICIES),
+              help="Nominal attributes: skip them, or cluster them as Weka's SimpleKMeans (0/1 distance, the "
+                   "mode as centroid)  [default: skip]")
 @click.option("--output-dir", "-o", help="Default: DATA's stem + .mpikmeans/")
 @click.option("--overwrite", is_flag=True, default=None, help="Replace results already in the output directory.")
 @click.option("--threads", type=int, help="CPU threads per rank, for parsing and the CPU backend  [default: the "
@@ -101,15 +105,16 @@ _TABLE_CELLS = 400
 
 def _print_centroids(outcome) -> None:
     """A centroid table like Weka's SimpleKMeans: Full Data column, then one per cluster."""
-    s, c = outcome.summary, outcome.centres
-    k, m = c.shape
+    s, table = outcome.summary, outcome.table
+    names = s["attributes"]
+    k, m = len(table) - 1, len(names)
     if k * m > _TABLE_CELLS:
         click.echo(f"({k} x {m} centroids: see centers.csv)")
         return
-    names = s["attributes"]
     heads = ["Full Data"] + [str(j) for j in range(k)]
     sizes = [f"({s['n']}.0)"] + [f"({v}.0)" for v in s["sizes"]]
-    cols = [[f"{v:.4f}" for v in outcome.full_means]] + [[f"{v:.4f}" for v in c[j]] for j in range(k)]
+    # numbers with Weka's 4 decimals, a nominal attribute's category as its name
+    cols = [[v if isinstance(v, str) else f"{v:.4f}" for v in row] for row in table]
     widths = [max(len(h), len(z), *(len(v) for v in col)) for h, z, col in zip(heads, sizes, cols)]
     name_w = max(len("Attribute"), *(len(n) for n in names))
     click.echo("\nFinal cluster centroids:")

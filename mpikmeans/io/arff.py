@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError, UsageError
+from ..exact import exact_column_means
+from ..nominal import ONE, Layout
 from . import rowparse
 from .header import Header, shared_header
 from .split import READ_PIECE, byte_ranges, first_line_start
@@ -42,7 +44,9 @@ class LocalData:
     Attributes
     ----------
     x : ndarray, shape (n_local, m), float64
-        This rank's rows, in file order (the clustered attributes only).
+        This rank's rows, in file order (the clustered attributes only; a
+        nominal attribute clustered as Weka does takes a block of columns, see
+        :attr:`layout`).
     row_offset : int
         Global index of this rank's first row (among the rows kept).
     n : int
@@ -86,12 +90,22 @@ class LocalData:
 
     @property
     def m(self) -> int:
+        """Columns of ``x``."""
         return self.x.shape[1]
+
+    @property
+    def layout(self) -> Layout:
+        """Which columns hold which clustered attribute."""
+        if self.selection is not None and self.selection.layout is not None:
+            return self.selection.layout
+        return Layout.numeric(self.names)
 
 
 # --------------------------------------------------------------------------- parse
 
 MISSING_POLICIES = ("error", "drop", "mean")
+#: What becomes of nominal attributes: not clustered, or clustered as Weka's SimpleKMeans does
+NOMINAL_POLICIES = ("skip", "weka")
 
 
 @dataclass
@@ -101,15 +115,21 @@ class Selection:
     Attributes
     ----------
     kinds : ndarray, shape (a,), int64
-        ``rowparse.KEEP`` or ``rowparse.SKIP`` per header attribute.
+        ``rowparse.KEEP``, ``rowparse.NOMINAL`` or ``rowparse.SKIP`` per header attribute.
     outcol : ndarray, shape (a,), int64
-        Column of each kept attribute in the data array (-1 if skipped).
+        Column of each kept attribute in the data array, the first of a
+        nominal attribute's block (-1 if skipped).
     names : list of str
         Kept attribute names, in order.
     skipped : list of str
-        Non-numeric attributes (not clustered), in order.
+        Attributes not clustered for their type, in order.
     ignored : list of str
-        Numeric attributes dropped with ``--ignore``.
+        Attributes dropped with ``--ignore``.
+    layout : Layout, optional
+        The columns of each kept attribute (None: one each).
+    nominal : tuple, optional
+        The parser's table of the nominal attributes' categories
+        (:func:`rowparse.nominal_table`; None: no nominal attribute is clustered).
     """
 
     kinds: np.ndarray
@@ -117,6 +137,13 @@ class Selection:
     names: list
     skipped: list
     ignored: list
+    layout: Layout | None = None
+    nominal: tuple | None = None
+
+    @property
+    def columns(self) -> int:
+        """Columns of the data array."""
+        return len(self.names) if self.layout is None else self.layout.columns
 
 
 def _ignore_indices(spec: str, header: Header) -> set:
@@ -156,33 +183,47 @@ def _ignore_indices(spec: str, header: Header) -> set:
     return out
 
 
-def select_attributes(header: Header, ignore: str | None = None) -> Selection:
-    """Decide which attributes are clustered: the numeric ones not ignored.
+def select_attributes(header: Header, ignore: str | None = None, nominal: str = "skip") -> Selection:
+    """Decide which attributes are clustered: the numeric ones not ignored, and with
+    ``nominal="weka"`` the nominal ones not ignored too (one-hot blocks, see :mod:`mpikmeans.nominal`).
 
     Raises
     ------
     UsageError
-        ``ignore`` names an attribute that does not exist.
+        ``ignore`` names an attribute that does not exist; an unknown ``nominal``.
     InputError
-        No numeric attribute is left to cluster.
+        No attribute is left to cluster.
     """
+    if nominal not in NOMINAL_POLICIES:
+        raise UsageError(f"--nominal {nominal!r}: expected one of {', '.join(NOMINAL_POLICIES)}")
     ignored_idx = _ignore_indices(ignore, header) if ignore else set()
     kinds = np.full(len(header.attributes), rowparse.SKIP, dtype=np.int64)
     outcol = np.full(len(header.attributes), -1, dtype=np.int64)
-    names, skipped, ignored = [], [], []
+    names, starts, values, skipped, ignored = [], [], [], [], []
+    column = 0
     for idx, attr in enumerate(header.attributes):
-        if attr.kind != "numeric":
+        clustered = attr.kind == "numeric" or (attr.kind == "nominal" and nominal == "weka")
+        if not clustered:
             skipped.append(attr.name)
         elif idx in ignored_idx:
             ignored.append(attr.name)
         else:
-            kinds[idx] = rowparse.KEEP
-            outcol[idx] = len(names)
+            kinds[idx] = rowparse.KEEP if attr.kind == "numeric" else rowparse.NOMINAL
+            outcol[idx] = column
             names.append(attr.name)
+            starts.append(column)
+            values.append(None if attr.kind == "numeric" else tuple(attr.values))
+            column += 1 if attr.kind == "numeric" else len(attr.values)
     if not names:
         what = f" ({len(ignored)} ignored with --ignore)" if ignored else ""
-        raise InputError(f"{header.path}: no numeric attribute is left to cluster{what}")
-    return Selection(kinds, outcol, names, skipped, ignored)
+        kinds_named = "numeric or nominal" if nominal == "weka" else "numeric"
+        raise InputError(f"{header.path}: no {kinds_named} attribute is left to cluster{what}")
+    layout = Layout(names, starts, values)
+    if not layout.has_nominal:
+        return Selection(kinds, outcol, names, skipped, ignored)
+    table = rowparse.nominal_table([a.values if kinds[j] == rowparse.NOMINAL else None
+                                    for j, a in enumerate(header.attributes)])
+    return Selection(kinds, outcol, names, skipped, ignored, layout, table)
 
 
 _MESSAGES = {
@@ -191,6 +232,7 @@ _MESSAGES = {
     rowparse.E_MISSING: "missing value '?' (use --missing drop or --missing mean to accept them)",
     rowparse.E_NUMBER: "{token!r} is not a number",
     rowparse.E_QUOTE: "a quote that is never closed: {token!r}",
+    rowparse.E_NOMINAL: "{token!r} is not one of its values ({values})",
 }
 
 
@@ -216,7 +258,8 @@ def _describe(code: int, path: str, line_no: int, col: int, attrs: list, token: 
         return f"{where}: malformed sparse row near {token!r}: expected {{index value, ...}}"
     if code == rowparse.E_WEIGHT:
         return f"{where}: instance weight {{{token}}} is not a positive number"
-    return f"{where}: {noun} {attrs[col].name!r}: " + _MESSAGES[code].format(token=token)
+    values = ", ".join(attrs[col].values[:8]) + (", ..." if len(attrs[col].values) > 8 else "")
+    return f"{where}: {noun} {attrs[col].name!r}: " + _MESSAGES[code].format(token=token, values=values)
 
 
 #: The reader's compiled kernels, as :func:`warm_up` loads them.
@@ -307,7 +350,7 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
     ``start`` (the caller adds this rank's first line number once counts are
     exchanged).
     """
-    m = len(sel.names)
+    m = sel.columns
     parts = max(1, threads)
     out = np.empty((0, m))
     weights = np.empty(0)
@@ -364,7 +407,7 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
             res = np.empty((parts, 8), dtype=np.int64)
             first = rows
             rowparse.parse_parallel(text, cuts, seg + first, sel.kinds, sel.outcol, missing_mode, out, weights, res,
-                                    pool)
+                                    pool, sel.nominal)
             for t in range(parts):
                 got, lines, has_w, err, err_line, err_col, ts, te = (int(v) for v in res[t])
                 base = first + int(seg[t])
@@ -390,7 +433,7 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
 
 
 def read_local(path: str, header: Header, comm, ignore: str | None = None, missing: str = "error",
-               threads: int = 1) -> LocalData:
+               threads: int = 1, nominal: str = "skip") -> LocalData:
     """Read this rank's rows of an ARFF file (collective: every rank calls it).
 
     Parameters
@@ -403,9 +446,13 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
         Numeric attributes not to cluster (see :func:`select_attributes`).
     missing : {"error", "drop", "mean"}
         What to do with ``?``: refuse the file, drop the rows that have one,
-        or replace it by the attribute's global mean (as Weka's SimpleKMeans).
+        or replace it by the attribute's global mean, a nominal attribute's
+        mode (as Weka's SimpleKMeans).
     threads : int
         Threads parsing this rank's text.
+    nominal : {"skip", "weka"}
+        Nominal attributes are not clustered, or clustered as Weka does
+        (see :func:`select_attributes`).
 
     Returns
     -------
@@ -417,8 +464,8 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
         On every rank, if any rank found a bad row: the message names the file,
         the 1-based line number and the attribute of the first bad row.
     """
-    sel = select_attributes(header, ignore)
-    m = len(sel.names)
+    sel = select_attributes(header, ignore, nominal)
+    m = sel.columns
     mode = rowparse.MISSING_ERROR if missing == "error" else rowparse.MISSING_NAN
     lo, hi = byte_ranges(header.data_offset, header.file_size, comm.size)[comm.rank]
     error = None
@@ -466,7 +513,7 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
 
     kept, missing_count = None, 0
     if mode == rowparse.MISSING_NAN:
-        x, weights, kept, missing_count = _apply_missing(comm, x, weights, missing, path)
+        x, weights, kept, missing_count = _apply_missing(comm, x, weights, missing, path, sel.layout)
     counts = comm.allgather(len(x))
     n = sum(counts)
     if n == 0:
@@ -481,8 +528,12 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
                      input_rows=input_rows, missing=missing_count)
 
 
-def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, path: str):
+def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, path: str, layout: Layout | None = None):
     """Drop rows with a ``?`` or fill it with the global mean of its attribute (collective).
+
+    A nominal attribute's ``?`` (a block of NaN, see :mod:`mpikmeans.nominal`)
+    is filled with its global mode instead: the most frequent category among the
+    rows that have one, the first on a tie (Weka's ReplaceMissingValues).
 
     Returns
     -------
@@ -499,23 +550,30 @@ def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, path: 
             return x, weights, None, 0
         keep = ~bad_rows
         return np.ascontiguousarray(x[keep]), weights[keep], keep, count
-    stats = np.zeros((3, x.shape[1]), dtype=np.float64)
-    stats[0] = np.where(nan, 0.0, x).sum(axis=0)
-    stats[1] = (~nan).sum(axis=0)
-    stats[2] = nan.sum(axis=0)
+    numeric = np.ones(x.shape[1], dtype=bool) if layout is None else layout.numeric_columns()
+    stats = np.zeros((3, x.shape[1]), dtype=np.int64)
+    stats[0] = (~nan).sum(axis=0)
+    stats[1] = nan.sum(axis=0)
+    stats[2] = (x == ONE).sum(axis=0)  # a nominal block's category counts
     stats = comm.allreduce(stats, "sum")
-    count = int(stats[2].sum())
+    blocks = [] if layout is None else layout.blocks()
+    # a nominal attribute's missing value is one NaN per column of its block: count it once
+    count = int(stats[1][numeric].sum() + sum(stats[1][s] for _, s, _ in blocks))
     if count == 0:
         return x, weights, None, 0
-    if (stats[1] == 0).any():
+    if (stats[0] == 0).any():
         raise InputError(f"{path}: an attribute has only missing values: no mean to fill in", collective=True)
-    means = stats[0] / stats[1]
-    x = np.where(nan, means, x)
+    # the means of the values present, summed exactly: the same bits at any rank count
+    fill = exact_column_means(comm, np.where(nan, 0.0, x), stats[0])
+    for _, s, v in blocks:
+        fill[s:s + len(v)] = 0.0
+        fill[s + int(np.argmax(stats[2][s:s + len(v)]))] = ONE  # the first most frequent
+    x = np.where(nan, fill, x)
     return np.ascontiguousarray(x), weights, None, count
 
 
 def read_arff(path: str, comm, header: Header | None = None, ignore: str | None = None,
-              missing: str = "error", threads: int = 1) -> LocalData:
+              missing: str = "error", threads: int = 1, nominal: str = "skip") -> LocalData:
     """Read an ARFF file in parallel: header on rank 0, rows on every rank.
 
     Collective.  See :func:`read_local`; ``header`` skips the header step when
@@ -523,7 +581,7 @@ def read_arff(path: str, comm, header: Header | None = None, ignore: str | None 
     """
     header = header or shared_header(path, comm)
     try:
-        return read_local(path, header, comm, ignore=ignore, missing=missing, threads=threads)
+        return read_local(path, header, comm, ignore=ignore, missing=missing, threads=threads, nominal=nominal)
     except (UsageError, InputError) as exc:
         exc.collective = True  # select_attributes decides the same on every rank
         raise

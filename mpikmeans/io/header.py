@@ -18,11 +18,16 @@ NUMERIC_TYPES = ("numeric", "real", "integer")
 
 @dataclass
 class Attribute:
-    """One ``@attribute`` line."""
+    """One ``@attribute`` line.
+
+    ``values`` are a nominal attribute's categories, in declaration order,
+    unquoted (empty for the other kinds).
+    """
 
     name: str
     kind: str  # numeric | nominal | string | date | relational | unknown
     line: int
+    values: tuple = ()
 
 
 @dataclass
@@ -75,6 +80,42 @@ def _attribute_kind(type_text: str) -> str:
     if low.startswith("relational"):
         return "relational"
     return "unknown"
+
+
+def _nominal_values(type_text: str, path: str, line_no: int, name: str) -> tuple:
+    """The categories of ``{a, 'b c', "d,e"}``: split at commas outside quotes, blanks trimmed, unquoted."""
+    body = type_text.strip()
+    if not body.endswith("}"):
+        raise InputError(f"{path}:{line_no}: nominal attribute {name!r}: no closing '}}' in {body!r}")
+    body = body[1:-1]
+    values, token, quote, escaped = [], "", None, False
+    for ch in body:
+        if escaped:
+            token += ch
+            escaped = False
+        elif quote:
+            token += ch
+            if ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch in "'\"":
+            token += ch
+            quote = ch
+        elif ch == ",":
+            values.append(token)
+            token = ""
+        else:
+            token += ch
+    if quote:
+        raise InputError(f"{path}:{line_no}: nominal attribute {name!r}: a quote that is never closed")
+    values.append(token)
+    values = [_unquote(v.strip()) for v in values]
+    if values == [""]:
+        return ()
+    if "" in values:
+        raise InputError(f"{path}:{line_no}: nominal attribute {name!r}: an empty value in {type_text.strip()!r}")
+    return tuple(values)
 
 
 class _NeedMore(Exception):
@@ -160,7 +201,8 @@ def parse_header(path: str, head: bytes, complete: bool = True) -> Header:
             if name in seen:
                 raise InputError(f"{path}:{line_no}: attribute {name!r} is declared twice (first on line {seen[name]})")
             seen[name] = line_no
-            attributes.append(Attribute(name, kind, line_no))
+            values = _nominal_values(match.group(2), path, line_no, name) if kind == "nominal" else ()
+            attributes.append(Attribute(name, kind, line_no, values))
         elif kw == "@data":
             break
         else:

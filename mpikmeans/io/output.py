@@ -161,27 +161,29 @@ def write_parallel(comm, path: str, head: bytes, pieces: Iterable, threads: int 
     return total
 
 
-def centres_csv(centres: np.ndarray, names: list) -> bytes:
+def _csv_field(text: str) -> str:
+    if any(c in text for c in ',"\n'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def centres_csv(centres, names: list) -> bytes:
     """``centers.csv``: a header line of attribute names, then K rows at ``repr`` precision.
 
     Parameters
     ----------
-    centres : ndarray, shape (k, m), float64
+    centres : ndarray, shape (k, m), float64, or list of k rows of m values
+        A value that is a string (a nominal attribute's category) is written as
+        it is, quoted for CSV where it must be.
     names : list of str, length m
     """
-
-    def field(name: str) -> str:
-        if any(c in name for c in ',"\n'):
-            return '"' + name.replace('"', '""') + '"'
-        return name
-
-    lines = [",".join(field(n) for n in names)]
-    lines += [",".join(repr(float(v)) for v in row) for row in centres]
+    lines = [",".join(_csv_field(n) for n in names)]
+    lines += [",".join(_csv_field(v) if isinstance(v, str) else repr(float(v)) for v in row) for row in centres]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-def read_centres_csv(path: str, names: list | None = None) -> tuple[np.ndarray, list | None]:
-    """Read centres written by :func:`centres_csv` (or a plain CSV of numbers).
+def read_centres_fields(path: str, names: list | None = None) -> tuple[list, list | None]:
+    """The rows of a CSV file of centres as text fields, and its header line if it has one.
 
     Parameters
     ----------
@@ -192,14 +194,11 @@ def read_centres_csv(path: str, names: list | None = None) -> tuple[np.ndarray, 
 
     Returns
     -------
-    centres : ndarray, shape (k, m), float64
+    rows : list of (int, list of str)
+        Each row's line number and fields (lines starting with ``#`` are comments).
     names : list of str or None
-        The header line's names, if the first line is a header.
-
-    Raises
-    ------
-    ValueError
-        With the file's line number of the first line that is not numbers.
+        The header line's names, if the first line is a header: it is when it
+        equals ``names``, or when any of its fields is not a number.
     """
     import csv
 
@@ -218,6 +217,30 @@ def read_centres_csv(path: str, names: list | None = None) -> tuple[np.ndarray, 
                 header = first
         if header is not None:
             rows = rows[1:]
+    return rows, header
+
+
+def read_centres_csv(path: str, names: list | None = None) -> tuple[np.ndarray, list | None]:
+    """Read centres written by :func:`centres_csv` (or a plain CSV of numbers).
+
+    Parameters
+    ----------
+    path : str
+    names : list of str, optional
+        See :func:`read_centres_fields`.
+
+    Returns
+    -------
+    centres : ndarray, shape (k, m), float64
+    names : list of str or None
+        The header line's names, if the first line is a header.
+
+    Raises
+    ------
+    ValueError
+        With the file's line number of the first line that is not numbers.
+    """
+    rows, header = read_centres_fields(path, names)
     values = []
     for line_no, r in rows:
         try:
@@ -243,7 +266,8 @@ def write_arrays(comm, out_dir: str, centres: np.ndarray, names: list, labels: n
     comm : Comm or SerialComm
     out_dir : str
         Created if missing.
-    centres : ndarray, shape (k, m), float64
+    centres : ndarray, shape (k, m), float64, or list of k rows of m values
+        (see :func:`centres_csv`)
     names : list of str
     labels : ndarray, shape (n_local,), int
         This rank's labels; ranks hold consecutive slices of the input rows.

@@ -2,14 +2,17 @@
 
 One pass over a buffer of whole lines, in Numba.  Each attribute has a kind:
 ``KEEP`` (a numeric attribute that is clustered: parsed exactly into its output
-column) or ``SKIP`` (nominal, string and date attributes, and numeric ones the
-user ignores: the token is only scanned, quotes respected, so a quoted value
-with commas inside does not shift the columns).
+column), ``NOMINAL`` (a nominal attribute clustered as Weka does, see
+:mod:`mpikmeans.nominal`: its value, quoted or not, is looked up among the
+attribute's categories and written as a one-hot block of columns) or ``SKIP``
+(nominal, string and date attributes otherwise, and numeric ones the user
+ignores: the token is only scanned, quotes respected, so a quoted value with
+commas inside does not shift the columns).
 
 Accepted, as Weka's ArffLoader does: dense rows ``v1, v2, ...``; sparse rows
 ``{index value, ...}`` with 0-based indices (omitted values are 0, ``{}`` is a
-row of zeros); an instance weight ``{w}`` after the last value; ``?`` for a
-missing value; ``%`` comments at the end of a line (outside quotes); blanks
+row of zeros, a nominal attribute's first category); an instance weight
+``{w}`` after the last value; ``?`` for a missing value; ``%`` comments at the end of a line (outside quotes); blanks
 and tabs around values; CRLF line ends.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from ..jit import njit
 
+from ..nominal import ONE
 from .numparse import (
     PARSE_OK,
     PARSE_RANGE,
@@ -28,6 +32,7 @@ from .numparse import (
 
 KEEP = 0
 SKIP = 1
+NOMINAL = 2
 
 _NL = 10
 _CR = 13
@@ -54,6 +59,7 @@ E_QUOTE = 7        # a quote that is never closed
 E_INDEX = 8        # a sparse index that is not an attribute number
 E_SPARSE = 9       # a malformed sparse row
 E_WEIGHT = 10      # a malformed or non-positive instance weight
+E_NOMINAL = 11     # a value that is not one of a nominal attribute's categories
 
 MISSING_ERROR = 0
 MISSING_NAN = 1    # store NaN; the caller drops the row or fills in the mean
@@ -172,8 +178,93 @@ def _weight(p, i, n):
     return w, i + 1, E_NONE, ts, te
 
 
+def nominal_table(categories: list) -> tuple:
+    """The parser's lookup of nominal categories: ``(first, count, start, text)``.
+
+    Parameters
+    ----------
+    categories : list of tuple of str or None
+        Per header attribute, the categories of a nominal attribute clustered
+        (``NOMINAL``), None for the others.
+
+    Returns
+    -------
+    first, count : ndarray, shape (a,), int64
+        Index of the attribute's first category in the table (-1: none), and how many.
+    start : ndarray, shape (c + 1,), int64
+        Category ``v``'s UTF-8 bytes are ``text[start[v]:start[v + 1]]``.
+    text : ndarray, shape (bytes,), uint8
+    """
+    a = len(categories)
+    first = np.full(a, -1, dtype=np.int64)
+    count = np.zeros(a, dtype=np.int64)
+    blobs = []
+    for j, values in enumerate(categories):
+        if values is not None:
+            first[j], count[j] = len(blobs), len(values)
+            blobs += [v.encode("utf-8") for v in values]
+    start = np.zeros(len(blobs) + 1, dtype=np.int64)
+    start[1:] = np.cumsum([len(b) for b in blobs]) if blobs else []
+    text = np.frombuffer(b"".join(blobs), dtype=np.uint8).copy() if blobs else np.zeros(0, dtype=np.uint8)
+    return first, count, start, text
+
+
+def no_nominal(a: int) -> tuple:
+    """:func:`nominal_table` of ``a`` attributes none of which is clustered as nominal."""
+    return nominal_table([None] * a)
+
+
+@njit(cache=True)  # not inlined: nominal values are rarer than numbers, and the hot loop stays small
+def _nominal_token(p, i, n, first, count, start, text, missing_mode):
+    """Look up the token at ``i`` among a nominal attribute's categories: ``(index, error code, ts, te, next)``.
+
+    The token may be quoted (backslash escapes honoured, as the header's values
+    are unquoted); ``?`` is a missing value: index -1 with ``MISSING_NAN``.
+    """
+    ts, te, k, ok = _scan_token(p, i, n, True)
+    if not ok:
+        return -1, E_QUOTE, ts, te, k
+    if te == ts:
+        return -1, E_EMPTY, ts, te, k
+    if te - ts == 1 and p[ts] == _QUESTION:
+        if missing_mode == MISSING_NAN:
+            return -1, E_NONE, ts, te, k
+        return -1, E_MISSING, ts, te, k
+    a, b = ts, te
+    quoted = p[ts] == _SQUOTE or p[ts] == _DQUOTE
+    if quoted:
+        a, b = ts + 1, te - 1
+    for v in range(first, first + count):
+        q, e = start[v], start[v + 1]
+        r = a
+        same = True
+        while r < b:
+            c = p[r]
+            if quoted and c == _BACKSLASH and r + 1 < b:
+                r += 1
+                c = p[r]
+            if q >= e or text[q] != c:
+                same = False
+                break
+            r += 1
+            q += 1
+        if same and q == e:
+            return v - first, E_NONE, ts, te, k
+    return -1, E_NOMINAL, ts, te, k
+
+
+@njit(cache=True, forceinline=True)
+def _put_category(out, row, col, count, idx):
+    """A nominal value's one-hot block: ONE at its category, 0 elsewhere; NaN throughout when missing."""
+    fill = np.nan if idx < 0 else 0.0
+    for c in range(count):
+        out[row, col + c] = fill
+    if idx >= 0:
+        out[row, col + idx] = ONE
+
+
 @njit(cache=True, nogil=True)
-def parse_rows(text, kinds, outcol, missing_mode, out, weights):
+def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_count, nom_start, nom_text):
     """Parse whole data lines of ``text`` (compiled).
 
     Parameters
@@ -181,15 +272,18 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights):
     text : ndarray, shape (n_bytes,), uint8
         Whole lines (the last may lack its newline).
     kinds : ndarray, shape (a,), int64
-        ``KEEP`` or ``SKIP`` per attribute of the header.
+        ``KEEP``, ``NOMINAL`` or ``SKIP`` per attribute of the header.
     outcol : ndarray, shape (a,), int64
-        Output column of each kept attribute (-1 for skipped ones).
+        Output column of each kept attribute, the first of a nominal one's
+        block (-1 for skipped ones).
     missing_mode : int
         ``MISSING_ERROR`` or ``MISSING_NAN``.
     out : ndarray, shape (>= rows, m), float64
         Kept values; m = number of kept attributes.
     weights : ndarray, shape (>= rows,), float64
         Instance weights (1 where a row has none).
+    nom_first, nom_count, nom_start, nom_text : ndarray
+        The categories of the ``NOMINAL`` attributes (:func:`nominal_table`).
 
     Returns
     -------
@@ -204,6 +298,9 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights):
     buf = data_pointer(text)
     a = kinds.shape[0]
     m = out.shape[1]
+    any_nominal = False
+    for j in range(a):
+        any_nominal = any_nominal or kinds[j] == NOMINAL
     i = 0
     rows = 0
     line = 0
@@ -222,9 +319,13 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights):
             continue
         weights[rows] = 1.0
         if c == _LBRACE:
-            # sparse row: {index value, ...}
+            # sparse row: {index value, ...}; an omitted value is 0, a nominal one's first category
             for j in range(m):
                 out[rows, j] = 0.0
+            if any_nominal:
+                for j in range(a):
+                    if kinds[j] == NOMINAL and nom_count[j] > 0:
+                        out[rows, outcol[j]] = ONE
             i = _skip_blanks(buf, i + 1, n)
             if i < n and buf[i] == _RBRACE:
                 i += 1
@@ -250,6 +351,12 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights):
                         if err != E_NONE:
                             return rows, line, weighted, err, line, idx, ts, te
                         out[rows, outcol[idx]] = v
+                    elif kinds[idx] == NOMINAL:
+                        cat, err, ts, te, i = _nominal_token(buf, i, n, nom_first[idx], nom_count[idx], nom_start,
+                                                             nom_text, missing_mode)
+                        if err != E_NONE:
+                            return rows, line, weighted, err, line, idx, ts, te
+                        _put_category(out, rows, outcol[idx], nom_count[idx], cat)
                     else:
                         ts, te, i, ok = _scan_token(buf, i, n, True)
                         if not ok:
@@ -273,6 +380,12 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights):
                     if err != E_NONE:
                         return rows, line, weighted, err, line, j, ts, te
                     out[rows, outcol[j]] = v
+                elif kinds[j] == NOMINAL:
+                    cat, err, ts, te, i = _nominal_token(buf, i, n, nom_first[j], nom_count[j], nom_start, nom_text,
+                                                         missing_mode)
+                    if err != E_NONE:
+                        return rows, line, weighted, err, line, j, ts, te
+                    _put_category(out, rows, outcol[j], nom_count[j], cat)
                 else:
                     ts, te, i, ok = _scan_token(buf, i, n, True)
                     if not ok:
@@ -365,7 +478,7 @@ def last_newline(buf, lo):
     return -1
 
 
-def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, res, pool=None):
+def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, res, pool=None, nominal=None):
     """:func:`parse_rows` on each span ``buf[cuts[t]:cuts[t+1]]`` at once, one thread each.
 
     Span t writes its rows from ``out[seg[t]]`` on (``seg`` leaves room for
@@ -380,10 +493,11 @@ def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, re
     around the parser would add seconds to its first compile on every new machine.
     """
     parts = cuts.shape[0] - 1
+    nominal = nominal if nominal is not None else no_nominal(len(kinds))
 
     def span(t):
         r = parse_rows(buf[cuts[t]:cuts[t + 1]], kinds, outcol, missing_mode,
-                       out[seg[t]:seg[t + 1]], weights[seg[t]:seg[t + 1]])
+                       out[seg[t]:seg[t + 1]], weights[seg[t]:seg[t + 1]], *nominal)
         res[t, :6] = r[:6]
         res[t, 6] = r[6] + cuts[t]
         res[t, 7] = r[7] + cuts[t]

@@ -400,16 +400,14 @@ class GPUBackend(Backend):
     def warmup(self, k: int, m: int, kinds: tuple = STEP_KINDS) -> None:
         """Compile the step's and the final assignment's kernels for k centres (see :meth:`Backend.warmup`).
 
-        Building the per-k state prepares (so compiles) both launches; without this
-        the first step and the closing assignment would carry seconds of JIT into
-        the timed Lloyd loop.  ``kinds`` (of :data:`STEP_KINDS`) chooses which: a
-        cold run's helper processes compile them side by side.
+        Building the per-k state prepares (so compiles) both launches: the first step and the
+        closing assignment carry no JIT into the timed loop.  ``kinds`` (of :data:`STEP_KINDS`)
+        chooses which: a cold run's helper processes compile them side by side.
         """
         if self.n == 0 or k < 1:
             return
-        if "full" in kinds:
+        if "full" in kinds:  # and the host-side helpers (CPU kernels, cached on disk)
             st = self._state(k, False)
-            # the host-side helpers too (CPU kernels, cached on disk after the first run)
             zeros = np.zeros((k, self.m))
             st.pack.fill(zeros)  # overwritten by every step's fill
             add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros)
