@@ -10,6 +10,7 @@
 #   STAGES=tts TTS_ARGS="--repeats 2" bash scripts/device_gpu.sh      # time to solution, spec example
 #   STAGES=step STEP_ARGS="--iterations 10" bash scripts/device_gpu.sh # CPU step against scikit-learn (and oneDAL)
 #   STAGES=compile COMPILE_ARGS="--gpu 50,100" bash scripts/device_gpu.sh  # every kernel's first compile
+#   STAGES=fullstep FULLSTEP_ARGS="--cases A,D" bash scripts/device_gpu.sh  # full steps against floor, PyTorch
 #
 # On the project's lent GPU machines (numpy 2.5 there breaks numba-cuda) carry a numpy
 # 2.4 wheel in .whl/ (see bench/GPU_NOTES.md); it is installed into /tmp/site first.
@@ -52,6 +53,7 @@ MPI_GPU_ARGS=${MPI_GPU_ARGS:-}            # e.g. --iters 12
 TTS_ARGS=${TTS_ARGS:-}                    # mpikmeans bench tts options
 STEP_ARGS=${STEP_ARGS:-}                  # mpikmeans bench step options
 COMPILE_ARGS=${COMPILE_ARGS:---gpu 50,100} # mpikmeans bench compile options
+FULLSTEP_ARGS=${FULLSTEP_ARGS:---stream 50000000x32x16 --chunk-rows 5000000}  # mpikmeans bench fullstep options
 GPU_TESTS=${GPU_TESTS:-tests/test_backend_gpu.py tests/test_cache.py}  # the files whose gpu tests run
 rc=0
 
@@ -144,6 +146,11 @@ fi
 if has compile; then
     echo "== first compile of every kernel"
     python3 -m mpikmeans bench compile --threads "$(nproc)" --out "$OUT/compile.json" $COMPILE_ARGS 2>&1 | tee "$OUT/compile.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+fi
+if has fullstep; then
+    echo "== full Lloyd steps against the floor and PyTorch"
+    python3 -m mpikmeans bench fullstep --out "$OUT/fullstep.json" $FULLSTEP_ARGS 2>&1 | tee "$OUT/fullstep.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 fi
 if has step; then

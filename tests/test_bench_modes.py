@@ -45,7 +45,8 @@ def test_result_document_round_trip(tmp_path):
                          ids=lambda p: p.name)
 def test_committed_results_stay_readable(path):
     doc = harness.read_result(str(path))
-    assert doc["bench"] in ("gpu", "cpu", "read", "mpi-gpu", "parity", "run", "compile", "tts", "step"), path.name
+    assert doc["bench"] in ("gpu", "cpu", "read", "mpi-gpu", "parity", "run", "compile", "tts", "step",
+                            "fullstep"), path.name
     assert isinstance(doc["machine"], dict)
 
 
@@ -176,6 +177,45 @@ def test_bench_gpu_without_a_gpu_is_a_clear_error(tmp_path):
     r = run_cli(["bench", "gpu", "--cases", "1000x2x2", "--out", tmp_path / "g.json"], env=NO_GPU)
     _clean_error(r, 1, "bench gpu needs")
     assert not (tmp_path / "g.json").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--cases", "Z"], "case 'Z'"),
+    (["--cases", "10x2x20"], "case '10x2x20'"),
+    (["--dtype", "float16"], "--dtype 'float16'"),
+    (["--iters", "1"], "--iters must be at least 2"),
+    (["--stream", "1000x2x2"], "--stream needs --chunk-rows"),
+    (["--stream", "1000x2x2", "--chunk-rows", "1000"], "--stream needs --chunk-rows"),
+    (["--cases", "", "--stream", ""], "nothing to measure"),
+])
+def test_bench_fullstep_bad_options_exit_2(args, needle):
+    _clean_error(run_cli(["bench", "fullstep", *args]), 2, needle)
+
+
+def test_bench_fullstep_without_a_gpu_is_a_clear_error(tmp_path):
+    r = run_cli(["bench", "fullstep", "--cases", "1000x2x2", "--out", tmp_path / "f.json"], env=NO_GPU)
+    _clean_error(r, 1, "bench fullstep needs")
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_bench_fullstep_floors_verdicts_and_table():
+    from mpikmeans.bench import fullstep as F
+
+    assert F.parse_shape("D", "case") == ("D", (300_000, 257, 1000))
+    assert F.parse_shape("2e6x3x7", "case") == ("2e6x3x7", (2_000_000, 3, 7))
+    fl = F._floors(5_000_000, 100, 50, "float32", bw=2.0e12, rate=50e12)
+    assert fl["floor_mem_ms"] == pytest.approx(1.0) and fl["floor_fma_ms"] == pytest.approx(1.0)
+    row = {"case": "A", "dtype": "float32", "full_ms": 2.0, "torch_ms": 10.0, **fl}
+    v = F._verdict(row)
+    assert v["x_floor"] == pytest.approx(2.0) and v["floor_met"] and v["vs_torch"] == pytest.approx(5.0)
+    assert v["torch_met"] and v["target_ms"] == 1.5 and not v["target_met"]
+    row.update(v)
+    nan = float("nan")
+    row["policy"] = {"full_median_ms": 2.0, "delta_median_ms": nan}
+    doc = {"device": "X", "copy_bandwidth_Bps": 2e12, "fp32_source": "datasheet", "results": [row],
+           "stream": [{"case": "1e6x2x2", "dtype": "float64", "full_ms": 5.0, "of_h2d": 0.7}]}
+    lines = F.fullstep_table(doc)
+    assert "1.5: NO" in lines[2] and lines[-1].endswith("70 % of pinned host-to-device (NO >= 80 %)")
 
 
 def test_bench_gpu_help_keeps_the_scripts_options():

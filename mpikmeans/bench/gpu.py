@@ -120,7 +120,7 @@ def variants_for(spec, case: str) -> list:
     return spec
 
 
-def need_torch_gpu(device: int):
+def need_torch_gpu(device: int, mode: str = "bench gpu"):
     """PyTorch on a usable CUDA GPU that numba-cuda also sees; the ``torch`` module.
 
     Raises
@@ -131,16 +131,16 @@ def need_torch_gpu(device: int):
     try:
         import torch
     except ImportError:
-        raise RunError("bench gpu needs PyTorch (it makes the data on the GPU and is the reference): "
+        raise RunError(f"{mode} needs PyTorch (it makes the data on the GPU and is the reference): "
                        "pip install torch") from None
     from ..backends.gpu import SIM, gpu_available
 
     if SIM:
-        raise RunError("bench gpu times the real kernels: unset NUMBA_ENABLE_CUDASIM")
+        raise RunError(f"{mode} times the real kernels: unset NUMBA_ENABLE_CUDASIM")
     if not torch.cuda.is_available() or not gpu_available():
-        raise RunError("bench gpu needs a CUDA GPU: none is usable here (PyTorch and numba-cuda must both see it)")
+        raise RunError(f"{mode} needs a CUDA GPU: none is usable here (PyTorch and numba-cuda must both see it)")
     if device >= torch.cuda.device_count():
-        raise UsageError(f"bench gpu: --device {device}: only {torch.cuda.device_count()} GPU(s) visible")
+        raise UsageError(f"{mode}: --device {device}: only {torch.cuda.device_count()} GPU(s) visible")
     return torch
 
 

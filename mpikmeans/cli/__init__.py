@@ -114,9 +114,9 @@ def entry() -> None:
 
 
 # the commands register themselves on ``main`` when imported
-from . import bench, data, info, run, template, warmup  # noqa: E402
+from . import bench, data, fullstep, info, run, template, warmup  # noqa: E402
 
-COMMANDS = (bench, data, info, run, template, warmup)
+COMMANDS = (bench, data, fullstep, info, run, template, warmup)
 
 if __name__ == "__main__":  # pragma: no cover
     entry()
