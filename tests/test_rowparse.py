@@ -1,15 +1,19 @@
 """Tests for :mod:`mpikmeans.io.rowparse`: the compiled one-pass row parser gives
-exactly what an independent pure-Python reference gives (values, weights, row
-and line counts, error code, line, attribute and token span) on valid rows, on
-rows mutated at random and on hand-picked edge cases; the line cutter and the
+exactly what an independent pure-Python reference gives (values, nominal
+attributes' one-hot blocks, weights, row and line counts, error code, line,
+attribute and token span) on valid rows, on rows mutated at random and on
+hand-picked edge cases, with and without nominal attributes; the line cutter and the
 column min/max are independent of the thread count.
 
 The reference, :func:`reference_parse_rows`, is written here from the format's
 rules (listed in its comments) without Numba and without the parser's
 helpers: it imports only the public constants of :mod:`mpikmeans.io.rowparse`
-(the error codes ``E_*``, ``KEEP``/``SKIP``, ``MISSING_*``), reads tokens with
-regular expressions on ``bytes``, turns numbers into floats with Python's own
-``float()``, and reports errors by raising.  Where the rules were not written
+(the error codes ``E_*``, ``KEEP``/``SKIP``/``NOMINAL``, ``MISSING_*``) and
+:data:`mpikmeans.nominal.ONE`, reads tokens with regular expressions on
+``bytes``, turns numbers into floats with Python's own ``float()``, looks a
+nominal value up among its attribute's categories (a list of ``str``, not the
+parser's table: the compiled parser gets :func:`rowparse.nominal_table` of the
+same list), and reports errors by raising.  Where the rules were not written
 down in rowparse's docstrings (which error wins, which span is reported) they
 were found by probing ``parse_rows`` and are stated as rules below.  The
 readers' tests (test_arff*.py) check the messages built from these results.
@@ -31,6 +35,7 @@ from mpikmeans.io.rowparse import (
     E_INDEX,
     E_MANY,
     E_MISSING,
+    E_NOMINAL,
     E_NONE,
     E_NUMBER,
     E_QUOTE,
@@ -40,8 +45,10 @@ from mpikmeans.io.rowparse import (
     KEEP,
     MISSING_ERROR,
     MISSING_NAN,
+    NOMINAL,
     SKIP,
 )
+from mpikmeans.nominal import ONE
 
 # --------------------------------------------------------------------------- the reference
 #
@@ -56,6 +63,9 @@ from mpikmeans.io.rowparse import (
 #   pair      := blank* digits blank+ value blank*
 #   trailer   := blank* (','? blank* '{' weight '}')?   after the values
 #   value     := blank* token blank*        token: see _plain and _quoted
+#
+# A sparse row sets every output column to 0.0, and each NOMINAL attribute's
+# block to its first category; its pairs then overwrite what they give.
 #
 # Each rule the parser follows that its docstrings leave open is written next
 # to the code that applies it below ("Rule: ...").
@@ -77,6 +87,8 @@ _PLAIN = re.compile(rb"[^,}%\n]*")
 # included) or bytes that are neither that quote, '\' nor a newline.
 _QUOTED = {q: re.compile(b"%c(?:\\\\.|[^%c\\\\\n])*" % (q, q), re.DOTALL) for q in b"'\""}
 _DIGITS = re.compile(rb"[0-9]*")
+# Inside quotes, '\' and the byte after it stand for that byte.
+_ESCAPED = re.compile(rb"\\(.)", re.DOTALL)
 _BLANK_BYTES = b" \t\r"
 
 
@@ -89,12 +101,18 @@ class _Bad(Exception):
 
 
 class _Reference:
-    """Reads the rows of ``text`` (bytes) into ``out`` and ``weights``."""
+    """Reads the rows of ``text`` (bytes) into ``out`` and ``weights``.
 
-    def __init__(self, text, kinds, outcol, missing_mode, out, weights):
+    ``categories`` gives each ``NOMINAL`` attribute's categories (``str``, in
+    header order; None for the other attributes, or None for no nominal one).
+    """
+
+    def __init__(self, text, kinds, outcol, missing_mode, out, weights, categories=None):
         self.t = bytes(text)
         self.kinds = [int(k) for k in kinds]
         self.outcol = [int(c) for c in outcol]
+        categories = categories if categories is not None else [None] * len(self.kinds)
+        self.categories = [None if c is None else [v.encode("utf-8") for v in c] for c in categories]
         self.missing_mode = missing_mode
         self.out = out
         self.weights = weights
@@ -169,7 +187,18 @@ class _Reference:
                     raise _Bad(E_RANGE, attr, start, end)
             self.out[self.row, self.outcol[attr]] = v
             return start, end, after
-        # a skipped attribute: quoted if its first non-blank byte is a quote
+        start, end, after = self._token(p, attr)
+        if self.kinds[attr] == NOMINAL:
+            self._nominal(start, end, attr)
+        return start, end, after
+
+    def _token(self, p, attr):
+        """A token of a skipped or nominal attribute after ``p``: ``(start, end, after)``.
+
+        Rule: such a token is quoted if its first non-blank byte is a quote
+        (E_QUOTE if never closed), else plain (E_EMPTY if empty; a quoted
+        token is never empty: ``''`` is two bytes).
+        """
         start = self._skip(p)
         if self._at(start) in (b"'", b'"'):
             end, closed = self._quoted(start)
@@ -182,6 +211,33 @@ class _Reference:
         if end == start:
             raise _Bad(E_EMPTY, attr, start, end)
         return start, end, after
+
+    def _nominal(self, start, end, attr):
+        """Write nominal attribute ``attr``'s block for its token ``t[start:end]``.
+
+        Rule: an unquoted ``?`` alone is a missing value (E_MISSING, or NaN
+        throughout the block); a quoted ``'?'`` is the category ``?``.  The
+        value is the token itself, or for a quoted token the bytes between
+        its quotes with each ``\\x`` read as ``x``; it must be one of the
+        categories byte for byte in UTF-8 (no trimming inside the quotes, no
+        case folding, no prefix match), else E_NOMINAL with the token's span
+        (quotes included).  The block, ``len(categories)`` columns from the
+        attribute's output column, gets ONE at the category's index and 0.0
+        elsewhere.
+        """
+        token = self.t[start:end]
+        categories = self.categories[attr]
+        col = self.outcol[attr]
+        if token == b"?":
+            if self.missing_mode != MISSING_NAN:
+                raise _Bad(E_MISSING, attr, start, end)
+            self.out[self.row, col:col + len(categories)] = math.nan
+            return
+        value = _ESCAPED.sub(rb"\1", token[1:-1]) if token[:1] in (b"'", b'"') else token
+        if value not in categories:
+            raise _Bad(E_NOMINAL, attr, start, end)
+        self.out[self.row, col:col + len(categories)] = 0.0
+        self.out[self.row, col + categories.index(value)] = ONE
 
     def _dense(self, p):
         """A dense row from ``p``; returns the position after its last value."""
@@ -200,6 +256,9 @@ class _Reference:
     def _sparse(self, p):
         """A sparse row whose '{' is at ``p``; returns the position after its '}'."""
         self.out[self.row, :] = 0.0
+        for attr, categories in enumerate(self.categories):
+            if self.kinds[attr] == NOMINAL and categories:
+                self.out[self.row, self.outcol[attr]] = ONE
         p = self._skip(p + 1)
         if self._at(p) == b"}":
             return p + 1
@@ -297,88 +356,196 @@ class _Reference:
         return self.row, line, self.weighted, E_NONE, -1, -1, -1, -1
 
 
-def reference_parse_rows(text, kinds, outcol, missing_mode, out, weights):
-    """Pure-Python reference for :func:`rowparse.parse_rows` (same arguments, same results)."""
-    return _Reference(text, kinds, outcol, missing_mode, out, weights).run()
+def reference_parse_rows(text, kinds, outcol, missing_mode, out, weights, categories=None):
+    """Pure-Python reference for :func:`rowparse.parse_rows`: the same arguments, except that
+    the nominal attributes' categories come as a list (``str`` per category, None for an
+    attribute that is not ``NOMINAL``), and the same results."""
+    return _Reference(text, kinds, outcol, missing_mode, out, weights, categories).run()
+
+
+def compiled_parse_rows(text, kinds, outcol, missing_mode, out, weights, categories=None):
+    """:func:`rowparse.parse_rows` with the tables :func:`rowparse.nominal_table` makes of ``categories``."""
+    tables = rowparse.nominal_table(categories if categories is not None else [None] * len(kinds))
+    return rowparse.parse_rows(text, kinds, outcol, missing_mode, out, weights, *tables)
 
 
 # --------------------------------------------------------------------------- fuzzing
 
-ATTRS = [KEEP, SKIP, KEEP, KEEP]  # a skipped attribute between kept ones
+
+class _Layout:
+    """A header for the tests: each attribute's kind and, for a NOMINAL one, its categories.
+
+    The output columns follow the header: one per KEEP attribute, a block of
+    one per category for a NOMINAL one, none for a SKIP one.
+    """
+
+    def __init__(self, kinds, categories=None):
+        self.kinds = np.array(kinds, dtype=np.int64)
+        self.categories = list(categories) if categories is not None else [None] * len(kinds)
+        widths = [1 if k == KEEP else len(c) if k == NOMINAL else 0 for k, c in zip(kinds, self.categories)]
+        starts = np.cumsum([0] + widths[:-1])
+        self.outcol = np.array([-1 if k == SKIP else s for k, s in zip(kinds, starts)], dtype=np.int64)
+        self.width = int(sum(widths))
+        self.nominal = [j for j, k in enumerate(kinds) if k == NOMINAL]
+        self.blocks = [slice(starts[j], starts[j] + widths[j]) for j in self.nominal]
+
+
+NUMERIC = _Layout([KEEP, SKIP, KEEP, KEEP])  # a skipped attribute between kept ones
+
+# A nominal attribute's categories: ones that must be quoted (a blank at an end
+# would be trimmed, ',' and '%' end a plain token), one with a quote (written
+# 'it\'s' or "it's" or bare), a non-ASCII one, and prefixes of one another.
+CATEGORIES = ("a", "ab", "abc", "b c", "it's", "x,y", "\u00e9", "50%")
+YES_NO = ("no", "yes")
+# nominal attributes in the middle (before a skipped one) and last (before a weight)
+WITH_NOMINAL = _Layout([KEEP, NOMINAL, SKIP, KEEP, NOMINAL], [None, CATEGORIES, None, None, YES_NO])
 
 GOOD_VALUES = ["1", "-2.5", "+.5", "5.", "1e5", "-1.25E-3", "0", "-0.0", "123456789.123456789",
                "9" * 25, "2.2250738585072011e-308", "-3.1415926536"]
 GOOD_SKIPPED = ["a", "'b c'", '"d,e"', "x1", "'it\\'s'"]
 NOISE = [" ", "\t", "\r", ",", "x", "e", ".", "-", "+", "%", "{", "}", "?", "'", '"', "\x00", "5", "\n", ",,",
          "1e400", "?"]
+# Per nominal attribute, tokens that are one of its categories, and tokens
+# that are not or that are missing, empty or malformed.
+NOMINAL_TOKENS = {
+    CATEGORIES: (
+        ["a", "'a'", '"a"', "ab", "'ab'", "abc", '"abc"', "b c", "'b c'", '"b c"', "it's", "'it\\'s'", '"it\'s"',
+         '"it\\\'s"', "'x,y'", '"x,y"', "'x\\,y'", "\u00e9", "'\u00e9'", "'\\\u00e9'", "'50%'", '"50%"',
+         "'\\a\\b'"],
+        ["A", "b", "it", "x", "abcd", "ab c", "b  c", "'b  c'", "'ab '", "' a'", '"a "', "it\\'s", "x,y", "x\\,y",
+         "50%", "e", "\u00c9", "e\u0301", "\u00e9\u00e9", "?", "'?'", '"?"', "", "''", "'abc", '"a', "'it\\'s",
+         "'a\"", "\"b c'", "'a\\'", "1", "'a'b", "a'", "a b", "'it's'"],
+    ),
+    YES_NO: (
+        ["no", "yes", "'yes'", '"no"', "'n\\o'"],
+        ["Yes", "y", "nope", "ye", "?", "'?'", "", "'no", '"yes', "yes'"],
+    ),
+}
+NOMINAL_NOISE = NOISE + ["\\", "\u00e9", "a", "b", " c", "''", "yes"]
 
 
-def _random_row(r: random.Random) -> str:
+def _random_token(r: random.Random, layout: _Layout, j: int) -> str:
+    kind = layout.kinds[j]
+    if kind == KEEP:
+        return r.choice(GOOD_VALUES)
+    if kind == SKIP:
+        return r.choice(GOOD_SKIPPED)
+    good, bad = NOMINAL_TOKENS[layout.categories[j]]
+    roll = r.random()
+    return "?" if roll < 0.03 else r.choice(bad) if roll < 0.09 else r.choice(good)
+
+
+def _random_row(r: random.Random, layout: _Layout) -> str:
     kind = r.random()
     if kind < 0.1:
         return r.choice(["", "   ", "% comment", "  % indented", "\t"])
+    a = len(layout.kinds)
     if kind < 0.25:  # sparse
-        items = [f"{i} {r.choice(GOOD_VALUES) if ATTRS[i] == KEEP else r.choice(GOOD_SKIPPED)}"
-                 for i in sorted(r.sample(range(len(ATTRS)), r.randint(0, len(ATTRS))))]
+        items = [f"{i} {_random_token(r, layout, i)}" for i in sorted(r.sample(range(a), r.randint(0, a)))]
         row = "{" + ", ".join(items) + "}"
     else:
-        row = ",".join((" " * r.randint(0, 1)) + (r.choice(GOOD_VALUES) if k == KEEP else r.choice(GOOD_SKIPPED))
-                       + (" " * r.randint(0, 1)) for k in ATTRS)
+        row = ",".join((" " * r.randint(0, 1)) + _random_token(r, layout, j) + (" " * r.randint(0, 1))
+                       for j in range(a))
     if r.random() < 0.15:
         row += r.choice([", {2}", ",{0.5}", " % trailing", "\r"])
     return row
 
 
-def _mutate(r: random.Random, text: str) -> str:
+def _mutate(r: random.Random, text: str, noise: list) -> str:
     chars = list(text)
     for _ in range(r.randint(1, 3)):
         at = r.randint(0, len(chars))
         what = r.random()
         if what < 0.5:
-            chars.insert(at, r.choice(NOISE))
+            chars.insert(at, r.choice(noise))
         elif chars and what < 0.8:
             del chars[min(at, len(chars) - 1)]
         elif chars:
-            chars[min(at, len(chars) - 1)] = r.choice(NOISE)
+            chars[min(at, len(chars) - 1)] = r.choice(noise)
     return "".join(chars)
 
 
-def _run(parse, buf, missing_mode):
-    kinds = np.array(ATTRS, dtype=np.int64)
-    outcol = np.array([0, -1, 1, 2], dtype=np.int64)
+def _run(parse, buf, missing_mode, layout=NUMERIC):
     lines = int((buf == 10).sum()) + 1
-    out = np.full((lines, 3), 7.0)
+    out = np.full((lines, layout.width), 7.0)
     weights = np.full(lines, 7.0)
-    res = parse(buf, kinds, outcol, missing_mode, out, weights)
+    res = parse(buf, layout.kinds, layout.outcol, missing_mode, out, weights, layout.categories)
     return res, out[: res[0]], weights[: res[0]]
 
 
-def _same_as_the_reference(text, missing_mode):
-    """Parse ``text`` with both; every result, value and weight must agree.  Returns the results."""
-    buf = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8).copy()
-    got, got_x, got_w = _run(rowparse.parse_rows, buf, missing_mode)
-    want, want_x, want_w = _run(reference_parse_rows, buf, missing_mode)
+def _same_as_the_reference(text, missing_mode, layout=NUMERIC):
+    """Parse ``text`` (str or bytes) with both; every result, value and weight must agree.
+
+    Returns the results and the values.
+    """
+    data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+    buf = np.frombuffer(data, dtype=np.uint8).copy()
+    got, got_x, got_w = _run(compiled_parse_rows, buf, missing_mode, layout)
+    want, want_x, want_w = _run(reference_parse_rows, buf, missing_mode, layout)
     assert tuple(got) == tuple(want), (text, got, want)
     assert got_x.tobytes() == want_x.tobytes(), text
     assert got_w.tobytes() == want_w.tobytes(), text
-    return got
+    return got, got_x
+
+
+def _fuzz(seed, missing_mode, layout, noise):
+    """1500 texts of 1 to 6 random rows (two texts in three with one row mutated), each
+    parsed by both parsers, which must agree: yields ``(text, results, values)``."""
+    r = random.Random(seed)
+    for case in range(1500):
+        rows = [_random_row(r, layout) for _ in range(r.randint(1, 6))]
+        if case % 3:
+            k = r.randrange(len(rows))
+            rows[k] = _mutate(r, rows[k], noise)
+        text = "\n".join(rows) + ("\n" if r.random() < 0.7 else "")
+        yield (text, *_same_as_the_reference(text, missing_mode, layout))
 
 
 @pytest.mark.parametrize("missing_mode", [MISSING_ERROR, MISSING_NAN])
 @pytest.mark.parametrize("seed", range(4))
 def test_same_results_as_the_reference(seed, missing_mode):
-    r = random.Random(seed)
-    checked = errors = 0
-    for case in range(1500):
-        rows = [_random_row(r) for _ in range(r.randint(1, 6))]
-        if case % 3:
-            k = r.randrange(len(rows))
-            rows[k] = _mutate(r, rows[k])
-        text = "\n".join(rows) + ("\n" if r.random() < 0.7 else "")
-        got = _same_as_the_reference(text, missing_mode)
-        checked += 1
-        errors += got[3] != E_NONE
-    assert errors > 300 and checked - errors > 300  # both kinds were exercised
+    """Numeric and skipped attributes: on random rows, valid or not, the compiled parser
+    gives the reference's results, values and weights bit for bit."""
+    results = [got for _, got, _ in _fuzz(seed, missing_mode, NUMERIC, NOISE)]
+    errors = sum(got[3] != E_NONE for got in results)
+    assert errors > 300 and len(results) - errors > 300  # both kinds were exercised
+
+
+# a sparse row's pair for a nominal attribute of WITH_NOMINAL
+_NOMINAL_PAIR = re.compile(r"[{,]\s*[14]\s")
+
+
+@pytest.mark.parametrize("missing_mode", [MISSING_ERROR, MISSING_NAN])
+@pytest.mark.parametrize("seed", range(4))
+def test_nominal_same_results_as_the_reference(seed, missing_mode):
+    """Nominal attributes among numeric and skipped ones: on random rows (categories quoted
+    or not, escaped, non-ASCII; unknown values, prefixes of categories, '?', empty values,
+    unclosed quotes; sparse rows with and without the nominal attributes), the compiled
+    parser gives the reference's results, values and weights bit for bit; each nominal
+    error comes up, and so do valid rows, missing blocks (NaN mode only) and sparse rows
+    that give or omit a nominal value."""
+    errors = {E_NOMINAL: 0, E_EMPTY: 0, E_QUOTE: 0, E_MISSING: 0}
+    good = nan_blocks = sparse_given = sparse_omitted = 0
+    for text, got, x in _fuzz(seed, missing_mode, WITH_NOMINAL, NOMINAL_NOISE):
+        if got[3] == E_NONE:
+            good += 1
+            for line in text.split("\n"):
+                if line.lstrip().startswith("{"):
+                    if _NOMINAL_PAIR.search(line):
+                        sparse_given += 1
+                    else:
+                        sparse_omitted += 1
+        elif got[5] in WITH_NOMINAL.nominal and got[3] in errors:
+            errors[got[3]] += 1
+        for block in WITH_NOMINAL.blocks:
+            nan_blocks += int(np.isnan(x[:, block]).all(axis=1).sum())
+    assert good > 300 and sum(errors.values()) > 300, (good, errors)
+    if missing_mode == MISSING_ERROR:
+        assert min(errors.values()) > 20 and nan_blocks == 0, errors
+    else:
+        assert errors[E_MISSING] == 0 and min(errors[e] for e in (E_NOMINAL, E_EMPTY, E_QUOTE)) > 20, errors
+        assert nan_blocks > 100, nan_blocks
+    assert sparse_given > 50 and sparse_omitted > 50, (sparse_given, sparse_omitted)
 
 
 # Tokens on either side of the number rule, in the last (kept) column.
@@ -404,9 +571,51 @@ EDGE_ROWS = [
 
 @pytest.mark.parametrize("missing_mode", [MISSING_ERROR, MISSING_NAN])
 def test_edge_cases_same_as_the_reference(missing_mode):
+    """Rows at the edges of the rules for numeric and skipped attributes: both parsers agree."""
     texts = EDGE_ROWS + [f"1,a,2,{tok}" for tok in NUMBER_TOKENS] + [f"{{3 {tok}}}" for tok in NUMBER_TOKENS]
     for text in texts:
         _same_as_the_reference(text, missing_mode)
+
+
+# Rows at the edges of the nominal rules, in WITH_NOMINAL.
+NOMINAL_EDGE_ROWS = [
+    # a quoted last value, then a weight, a comment, junk; a plain one runs to '}'
+    "1,a,s,2,'yes'{2}", "1,a,s,2,'yes' {2} %c", "1,a,s,2,yes{2}", "1,a,s,2,yes }", "1,a,s,2,'yes'x",
+    "1,a,s,2,yes%c", "1,a,s,2,'no'%c", "1,a,s,2,'no\\'%c", "1,a,s,2,\"yes\"\r\n", "1,a,s,2,yes,{3}",
+    # escaped newlines inside quotes, blanks around values
+    "1,'a\\\nb',s,2,yes\n1,a,s,2,no", "1,'a\\\n',s,2,yes", "1 , 'b c' , s , 2 , yes ", "1,\ta\t,s,2,\tno\r",
+    "1,x,y,s,2,yes", "1,'x,y',s,2,yes", "?,?,?,?,?", "1,a,s,2", "1,a,s,2,", "1,a,s,2,yes,no",
+    # sparse rows: nominal pairs, repeated (the last wins), omitted, malformed
+    "{1 'b c'}", "{1 'b c' , 4 yes}", "{4 no, 1 \u00e9}", "{1 a, 1 ab}", "{1 ab, 1 ?}", "{1 ?, 1 ab}",
+    "{1 a}{2}", "{1 'a'}", "{1 'a'x}", "{1 'a}", "{1 a b}", "{2 a b}", "{1 }", "{1 ,4 yes}", "{4 yes",
+    "{01 abc}", "{}", "{ }\n{0 5, 3 6}", "{4 'yes'} {2}", "{1 ?}", "{4 ?, 0 ?}",
+    # bytes that are not a category: a piece of a character, a character too many, a decomposed one
+    b"1,\xc3,s,2,yes", b"1,'\xc3',s,2,yes", b"1,\xc3\xa9\xa9,s,2,yes", b"1,'\\\xc3\xa9',s,2,yes",
+    b"1,e\xcc\x81,s,2,yes", b"{1 \xa9}",
+]
+# Categories that are odd to write (missing-looking, empty, a quote, a backslash, a
+# leading blank), and a nominal attribute with no category at all.
+ODD = _Layout([NOMINAL, NOMINAL, KEEP], [("?", "", "'", "\\", " lead", "a b", '"'), (), None])
+ODD_ROWS = [
+    "'?',?,1", "?,?,1", "'',?,1", '"",?,1', "'\\'',?,1", "\"'\",?,1", "\\,?,1", "'\\\\',?,1", "' lead',?,1",
+    " lead,?,1", "a b,?,1", "'a b',?,1", "'a\\ b',?,1", "'\\\"',?,1", "\",?,1", "'\"',?,1", "?,x,1", "?,'',1",
+    "?,,1", "{}", "{1 ?}", "{1 x}", "{0 ''}", "{0 ?, 2 5}", "{2 5}", "{0 \\}",
+]
+
+
+@pytest.mark.parametrize("missing_mode", [MISSING_ERROR, MISSING_NAN])
+def test_nominal_edge_cases_same_as_the_reference(missing_mode):
+    """Rows at the edges of the nominal rules, and every good and bad nominal token of the
+    fuzzing in each nominal column of dense and sparse rows: both parsers agree."""
+    good, bad = NOMINAL_TOKENS[CATEGORIES]
+    tokens = good + bad + ["'it\\\\'s'", "'a\\\"'", "\"a\\\"\"", "' '", " ", "'\\", "a\\", "{", "'{'"]
+    texts = NOMINAL_EDGE_ROWS + [f"1,{tok},s,2,yes" for tok in tokens] + [f"{{1 {tok}}}" for tok in tokens]
+    texts += [f"1,a,s,2,{tok}" for tok in sum(NOMINAL_TOKENS[YES_NO], [])]
+    texts += [f"{{4 {tok}}}" for tok in sum(NOMINAL_TOKENS[YES_NO], [])]
+    for text in texts:
+        _same_as_the_reference(text, missing_mode, WITH_NOMINAL)
+    for text in ODD_ROWS:
+        _same_as_the_reference(text, missing_mode, ODD)
 
 
 @pytest.mark.parametrize("text, want", [
@@ -425,9 +634,72 @@ def test_edge_cases_same_as_the_reference(missing_mode):
     ("1,a,2,3,{0}", (0, 0, 0, E_WEIGHT, 0, -1, 9, 10)),
 ])
 def test_reference_on_rows_worked_out_by_hand(text, want):
+    """Results worked out by hand from the rules: the reference and the compiled parser give them."""
     buf = np.frombuffer(text.encode(), dtype=np.uint8).copy()
     assert _run(reference_parse_rows, buf, MISSING_ERROR)[0] == want
-    assert tuple(_run(rowparse.parse_rows, buf, MISSING_ERROR)[0]) == want
+    assert tuple(_run(compiled_parse_rows, buf, MISSING_ERROR)[0]) == want
+
+
+_H = 1 / math.sqrt(2)  # a set one-hot entry (ONE), written out
+
+
+def _nominal_row(k0, category, k3, yes_no):
+    """A row of WITH_NOMINAL's output: the two numbers, and the two nominal values' blocks
+    (a category's name, or None for a missing value)."""
+    def block(categories, value):
+        return [math.nan] * len(categories) if value is None else [_H * (c == value) for c in categories]
+    return [k0] + block(CATEGORIES, category) + [k3] + block(YES_NO, yes_no)
+
+
+_OK = (E_NONE, -1, -1, -1, -1)
+
+
+@pytest.mark.parametrize("text, missing_mode, want, rows", [
+    # (text, missing mode, (rows, lines, weighted, err, err_line, err_col, tok_start, tok_end),
+    #  the rows' values), in WITH_NOMINAL [KEEP, NOMINAL of CATEGORIES, SKIP, KEEP, NOMINAL no/yes]
+    ("1,'b c',s,2,yes\n", MISSING_ERROR, (1, 1, 0, *_OK), [_nominal_row(1, "b c", 2, "yes")]),
+    ("1,'it\\'s',s,2,\"no\"", MISSING_ERROR, (1, 1, 0, *_OK), [_nominal_row(1, "it's", 2, "no")]),
+    # unquoted it's; a quoted comma; a blank after an unquoted value is trimmed; a weight after a quote
+    ("1,it's,s,2,no\n-1,\"x,y\",s,0,'yes'{3}\n5,ab ,s,6,no",
+     MISSING_ERROR, (3, 3, 1, *_OK),
+     [_nominal_row(1, "it's", 2, "no"), _nominal_row(-1, "x,y", 0, "yes"), _nominal_row(5, "ab", 6, "no")]),
+    ("1,\u00e9,s,2,'yes'", MISSING_ERROR, (1, 1, 0, *_OK), [_nominal_row(1, "\u00e9", 2, "yes")]),
+    # a prefix of "b c" is not a category; the span is the token's, the column the attribute's
+    ("1,b,s,2,yes", MISSING_ERROR, (0, 0, 0, E_NOMINAL, 0, 1, 2, 3), []),
+    # a quoted span includes the quotes; inside quotes nothing is trimmed
+    ("1,a,s,2,yes\n1, 'ab ' ,s,2,yes", MISSING_ERROR, (1, 1, 0, E_NOMINAL, 1, 1, 15, 20),
+     [_nominal_row(1, "a", 2, "yes")]),
+    ("1,a,s,2,maybe", MISSING_ERROR, (0, 0, 0, E_NOMINAL, 0, 4, 8, 13), []),
+    # "é" is 2 bytes: the span of "éé" is 4
+    ("1,\u00e9\u00e9,s,2,no", MISSING_ERROR, (0, 0, 0, E_NOMINAL, 0, 1, 2, 6), []),
+    # '?' alone is missing: a NaN block, or E_MISSING
+    ("1,?,s,2,?", MISSING_NAN, (1, 1, 0, *_OK), [_nominal_row(1, None, 2, None)]),
+    ("1,?,s,2,?", MISSING_ERROR, (0, 0, 0, E_MISSING, 0, 1, 2, 3), []),
+    # a quoted '?' is a value (here not a category), a quoted empty value too
+    ("1,'?',s,2,no", MISSING_NAN, (0, 0, 0, E_NOMINAL, 0, 1, 2, 5), []),
+    ("1,'',s,2,no", MISSING_ERROR, (0, 0, 0, E_NOMINAL, 0, 1, 2, 4), []),
+    ("1, ,s,2,yes", MISSING_ERROR, (0, 0, 0, E_EMPTY, 0, 1, 3, 3), []),
+    ("1,'abc,s,2,yes", MISSING_ERROR, (0, 0, 0, E_QUOTE, 0, 1, 2, 14), []),
+    # sparse: an omitted nominal value is the first category; a given one replaces it
+    ("{0 1, 3 2}\n{}", MISSING_ERROR, (2, 2, 0, *_OK), [_nominal_row(1, "a", 2, "no"), _nominal_row(0, "a", 0, "no")]),
+    ("{1 'x,y', 4 yes}", MISSING_ERROR, (1, 1, 0, *_OK), [_nominal_row(0, "x,y", 0, "yes")]),
+    ("{4 ?}", MISSING_NAN, (1, 1, 0, *_OK), [_nominal_row(0, "a", 0, None)]),
+    ("{1 abc, 4 maybe}", MISSING_ERROR, (0, 0, 0, E_NOMINAL, 0, 4, 10, 15), []),
+])
+def test_nominal_rows_worked_out_by_hand(text, missing_mode, want, rows):
+    """Nominal values worked out by hand from the rules: both parsers give these results
+    and these one-hot blocks (1/sqrt(2) at the category, NaN throughout when missing)."""
+    buf = np.frombuffer(text.encode(), dtype=np.uint8).copy()
+    for parse in (reference_parse_rows, compiled_parse_rows):
+        got, x, _ = _run(parse, buf, missing_mode, WITH_NOMINAL)
+        assert tuple(got) == want, parse
+        np.testing.assert_array_equal(x, np.array(rows, dtype=np.float64).reshape(-1, WITH_NOMINAL.width))
+
+
+def test_one_is_a_half_of_root_two():
+    """The set entry of a one-hot block is 1/sqrt(2) (two categories differ by 1 squared)."""
+    assert ONE == _H
+
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 7, 64])
 def test_line_cuts(parts):
