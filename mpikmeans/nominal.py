@@ -140,15 +140,13 @@ class Layout:
             rows.append(row)
         return rows
 
-    def encode(self, rows: list, source: str) -> np.ndarray:
+    def encode(self, rows: list) -> np.ndarray:
         """Attribute values (numbers, or category names of the nominal attributes) as columns.
 
         Parameters
         ----------
         rows : list of list of str
             ``k`` rows of ``len(names)`` fields, as read from a file.
-        source : str
-            For messages.
 
         Returns
         -------
@@ -163,19 +161,18 @@ class Layout:
         out = np.zeros((len(rows), self.columns), dtype=np.float64)
         for i, fields in enumerate(rows):
             if len(fields) != len(self.names):
-                raise ValueError(f"{source}: centre {i + 1} has {len(fields)} values, expected {len(self.names)}")
+                raise ValueError(f"centre {i + 1} has {len(fields)} values, expected {len(self.names)}")
             for name, s, v, field in zip(self.names, self.starts, self.values, fields):
                 field = field.strip()
                 if v is None:
                     try:
                         out[i, s] = float(field)
                     except ValueError:
-                        raise ValueError(f"{source}: centre {i + 1}, attribute {name!r}: {field!r} is not a number") \
-                            from None
+                        raise ValueError(f"centre {i + 1}, attribute {name!r}: {field!r} is not a number") from None
                 else:
                     value = field[1:-1] if len(field) >= 2 and field[0] == field[-1] and field[0] in "'\"" else field
                     if value not in v:
-                        raise ValueError(f"{source}: centre {i + 1}, attribute {name!r}: {value!r} is not one of "
+                        raise ValueError(f"centre {i + 1}, attribute {name!r}: {value!r} is not one of "
                                          f"its categories ({', '.join(v[:6])}{', ...' if len(v) > 6 else ''})")
                     out[i, s + v.index(value)] = ONE
         return out

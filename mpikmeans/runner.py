@@ -192,7 +192,6 @@ class BackgroundCompile:
 
     def __init__(self, comm, data: str, cfg, gpu: bool):
         self.procs = []
-        self.parts = []
         #: wall seconds of each helper, by part (filled by :meth:`wait`)
         self.seconds = {}
         self._watchers = []
@@ -215,7 +214,6 @@ class BackgroundCompile:
             except OSError:
                 continue
             self.procs.append(proc)
-            self.parts.append(part)
             watcher = threading.Thread(target=self._watch, args=(part, proc, time.perf_counter()), daemon=True,
                                        name=f"mpikmeans-compile-{part}")
             watcher.start()
@@ -307,13 +305,12 @@ def _init_for(comm, cfg, local, scaler):
         try:
             if layout.has_nominal:
                 rows, _ = read_centres_fields(cfg.init, local.names)
-                centres = layout.encode([fields for _, fields in rows], f"--init {cfg.init}")
+                centres = layout.encode([fields for _, fields in rows])
             else:
                 centres = read_centres_csv(cfg.init, local.names)[0]
             return check_centres(centres, k, m, cfg.init)
         except (ValueError, OSError) as exc:
-            message = str(exc)
-            raise UsageError(message if message.startswith("--init") else f"--init {cfg.init}: {message}") from None
+            raise UsageError(f"--init {cfg.init}: {exc}") from None
         except MpikmeansError as exc:  # wrong shape: a usage error of this run
             raise UsageError(exc.message) from None
 
