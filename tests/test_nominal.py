@@ -177,10 +177,22 @@ def test_the_mixed_blobs_are_found(mixed, tmp_path):
     assert found == [(0, "red", "M"), (1, "it's blue", "XL"), (6, "dark green", "L")]
 
 
-def test_the_gpu_backend_gives_the_cpus_result(mixed, tmp_path):
+def _real_gpu() -> bool:
+    try:
+        from mpikmeans.backends import gpu as G
+    except Exception:
+        return False
+    return not G.SIM and G.gpu_available()
+
+
+@pytest.mark.parametrize("device", [
+    "simulator", pytest.param("gpu", marks=[pytest.mark.gpu,
+                                            pytest.mark.skipif(not _real_gpu(), reason="needs a real CUDA GPU")])])
+def test_the_gpu_backend_gives_the_cpus_result(mixed, tmp_path, device):
     pytest.importorskip("numba.cuda")
     cpu = _run(mixed, tmp_path / "cpu", "--backend", "cpu", "--seed", "2")
-    gpu = _run(mixed, tmp_path / "gpu", "--backend", "gpu", "--seed", "2", env={"NUMBA_ENABLE_CUDASIM": "1"})
+    env = {"NUMBA_ENABLE_CUDASIM": "1"} if device == "simulator" else None
+    gpu = _run(mixed, tmp_path / "gpu", "--backend", "gpu", "--seed", "2", env=env)
     assert gpu[0]["backend"] == "gpu"
     assert gpu[2] == cpu[2]  # labels
     assert gpu[1] == cpu[1]  # centres (the fixed point's, summed in a fixed order)
