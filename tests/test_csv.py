@@ -1,4 +1,4 @@
-"""CSV input: the ARFF reader's parallel byte-range read, on a comma-separated file."""
+"""CSV input: the ARFF reader's parallel byte-range read, on a comma-, tab-, semicolon- or '|'-separated file."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from mpikmeans.io.arff import read_arff  # noqa: E402
 from mpikmeans.io.csvhead import read_csv_header  # noqa: E402
 
 
-def _write(path, x, names=None, fmt="%.17g"):
+def _write(path, x, names=None, fmt="%.17g", delimiter=","):
     with open(path, "w") as f:
         if names is not None:
-            f.write(",".join(names) + "\n")
-        np.savetxt(f, x, delimiter=",", fmt=fmt)
+            f.write(delimiter.join(names) + "\n")
+        np.savetxt(f, x, delimiter=delimiter, fmt=fmt)
     return path
 
 
@@ -64,9 +64,43 @@ def test_header_detection_and_quoted_names(tmp_path):
     assert h.names == ["col1", "col2"] and h.data_line == 1 and h.data_offset == 3
 
 
+@pytest.mark.parametrize("delimiter", ["\t", ";", "|"])
+@pytest.mark.parametrize("ranks", [1, 3])
+@pytest.mark.parametrize("with_names", [True, False])
+def test_other_delimiters_are_detected_and_read_exactly(tmp_path, table, delimiter, ranks, with_names):
+    names = ["a", "b b", "c", "d", "e"] if with_names else None
+    path = _write(tmp_path / "t.csv", table, names, delimiter=delimiter)
+    assert read_csv_header(str(path)).delimiter == delimiter
+    x, first = _read(path, ranks)
+    expected = np.loadtxt(path, delimiter=delimiter, skiprows=1 if with_names else 0)
+    assert np.array_equal(x, expected) and np.array_equal(np.signbit(x), np.signbit(expected))
+    assert first.names == (names or [f"col{i}" for i in range(1, 6)])
+
+
+@pytest.mark.parametrize("line, delimiter", [
+    ("a,b,c", ","), ("a\tb\tc", "\t"), ("a;b;c", ";"), ("a|b", "|"), ("x", ","),
+    ('"a;b",c', ","),          # a delimiter inside quotes does not count
+    ("a;b,c", ","),            # a tie: the comma
+    ("a\tb c\td, e", "\t"),  # more tabs than commas
+])
+def test_delimiter_detection(line, delimiter):
+    from mpikmeans.io.csvhead import detect_delimiter
+
+    assert detect_delimiter(line) == delimiter
+
+
+def test_a_tab_separated_file_keeps_its_blanks_apart_from_its_tabs(tmp_path):
+    """Tabs separate the values; blanks around a value are trimmed, as in any CSV file."""
+    p = tmp_path / "t.csv"
+    p.write_text("a\tb\n 1.5 \t2\n3\t 4 \n")
+    x, _ = _read(p, 1)
+    assert np.array_equal(x, [[1.5, 2], [3, 4]])
+    p.write_text("a\tb\n1\t\t2\n")  # an empty value
+    with pytest.raises(InputError, match=r"t.csv:2: column 'b': empty value"):
+        _read(p, 1)
+
+
 @pytest.mark.parametrize("text, needle", [
-    ("a\tb\n1\t2\n", "separated by tabs"),
-    ("a;b\n1;2\n", "separated by semicolons"),
     ("a,b\n", "followed by no rows"),
     ("\n1,2\n", "the first line is empty"),
     ("a,a\n1,2\n", "column 2 is named 'a' like column 1"),
@@ -106,3 +140,22 @@ def test_run_on_csv_equals_run_on_arff(tmp_path, table):
         out[path.suffix] = (json.loads((d / "summary.json").read_text())["inertia"], (d / "centers.csv").read_text(),
                             (d / "labels.txt").read_text())
     assert out[".csv"] == out[".arff"]
+
+
+@pytest.mark.parametrize("delimiter", [",", "\t"])
+@pytest.mark.parametrize("np_", [1, 2])
+def test_write_arff_from_a_csv_file_is_an_arff_file(tmp_path, table, delimiter, np_):
+    """clustered.arff of a CSV input: an ARFF header of its columns, the rows with commas, each row's cluster."""
+    path = _write(tmp_path / "t.csv", table[:200], ["a", "b b", "c", "d", "e"], delimiter=delimiter)
+    out = tmp_path / "o"
+    r = run_cli(["run", path, "-k", 3, "--write-arff", "-o", out, "-q"], np=np_, timeout=120)
+    assert r.code == 0, r.err
+    arff = out / "clustered.arff"
+    text = arff.read_text()
+    assert text.startswith("@relation t\n@attribute a numeric\n@attribute 'b b' numeric\n")
+    assert "@attribute cluster {cluster1,cluster2,cluster3}\n@data\n" in text
+    back, _ = _read(arff, 1)  # the nominal cluster attribute is not numeric: skipped
+    assert np.array_equal(back, np.loadtxt(path, delimiter=delimiter, skiprows=1))
+    labels = np.loadtxt(out / "labels.txt", dtype=int)
+    clusters = [int(line.rsplit(",cluster", 1)[1]) - 1 for line in text.split("@data\n", 1)[1].splitlines()]
+    assert clusters == labels.tolist()

@@ -366,7 +366,7 @@ def reference_parse_rows(text, kinds, outcol, missing_mode, out, weights, catego
 def compiled_parse_rows(text, kinds, outcol, missing_mode, out, weights, categories=None):
     """:func:`rowparse.parse_rows` with the tables :func:`rowparse.nominal_table` makes of ``categories``."""
     tables = rowparse.nominal_table(categories if categories is not None else [None] * len(kinds))
-    return rowparse.parse_rows(text, kinds, outcol, missing_mode, out, weights, *tables)
+    return rowparse.parse_rows(text, kinds, outcol, missing_mode, out, weights, *tables, ord(","))
 
 
 # --------------------------------------------------------------------------- fuzzing

@@ -334,7 +334,8 @@ def _read_into(fd, view, offset: int, pool, parts: int = 1) -> int:
     return sum(pool.map(lambda k: fill(bounds[k], bounds[k + 1]), range(strides)))
 
 
-def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, path: str, threads: int = 1):
+def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, path: str, threads: int = 1,
+                delim: int = ord(",")):
     """Parse the owned lines ``[start, end)`` piece by piece, each piece by ``threads`` threads.
 
     One text buffer of ``PIECE_PER_THREAD`` bytes per thread (at most
@@ -407,7 +408,7 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
             res = np.empty((parts, 8), dtype=np.int64)
             first = rows
             rowparse.parse_parallel(text, cuts, seg + first, sel.kinds, sel.outcol, missing_mode, out, weights, res,
-                                    pool, sel.nominal)
+                                    pool, sel.nominal, delim)
             for t in range(parts):
                 got, lines, has_w, err, err_line, err_col, ts, te = (int(v) for v in res[t])
                 base = first + int(seg[t])
@@ -482,7 +483,8 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
             start, r1 = first_line_start(fd, lo, header.data_offset, header.file_size)
             end, r2 = first_line_start(fd, hi, header.data_offset, header.file_size)
             end = max(start, end)
-            x, weights, lines, weighted, bad = _parse_span(fd, start, end, sel, mode, path, threads)
+            x, weights, lines, weighted, bad = _parse_span(fd, start, end, sel, mode, path, threads,
+                                                           ord(header.delimiter))
             bytes_read = (end - start) + r1 + r2
         except InputError as exc:
             error = exc

@@ -5,8 +5,9 @@ parallel byte-range reader parses its rows (every rank its lines, exactly, on
 its threads), with the same error messages naming the file, line and column.
 This module only decides what the first line is: column names (any field that
 is not a number makes it a header line) or the first row (the columns are then
-named ``col1 .. colM``).  The delimiter is a comma; a file whose first line is
-split by tabs or semicolons instead is refused with a message saying so.
+named ``col1 .. colM``), and which delimiter the file uses: the one of comma,
+tab, semicolon and ``|`` that the first line holds most often outside quotes
+(a comma on a tie; a single column needs none).
 """
 
 from __future__ import annotations
@@ -20,7 +21,23 @@ from .header import Attribute, Header
 
 #: how far into the file the first line may end
 _FIRST_LINE_MAX = 1 << 20
-_OTHER_DELIMITERS = {"\t": "tabs", ";": "semicolons", "|": "'|'"}
+#: the delimiters recognised, the first winning a tie
+DELIMITERS = (",", "\t", ";", "|")
+
+
+def detect_delimiter(line: str) -> str:
+    """The delimiter of a CSV file from its first line: the most frequent of :data:`DELIMITERS` outside quotes."""
+    counts = dict.fromkeys(DELIMITERS, 0)
+    quote = None
+    for ch in line:
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in counts:
+            counts[ch] += 1
+    return max(DELIMITERS, key=lambda d: (counts[d], -DELIMITERS.index(d)))
 
 
 def _is_number(field: str) -> bool:
@@ -35,7 +52,7 @@ def _is_number(field: str) -> bool:
 
 
 def read_csv_header(path: str) -> Header:
-    """The columns of a comma-separated file and where its rows start.
+    """The columns of a CSV file, its delimiter and where its rows start.
 
     Parameters
     ----------
@@ -46,13 +63,14 @@ def read_csv_header(path: str) -> Header:
     Header
         ``relation``: the file's name; ``attributes``: one numeric attribute
         per column (the header line's names, else ``col1 .. colM``);
-        ``data_offset``/``data_line``: the first data row.
+        ``data_offset``/``data_line``: the first data row; ``delimiter``
+        (:func:`detect_delimiter`).
 
     Raises
     ------
     InputError
-        An unreadable or empty file, a header line without data rows, another
-        delimiter than a comma, or a header line naming a column twice.
+        An unreadable or empty file, a header line without data rows, or a
+        header line naming a column twice.
     """
     try:
         size = os.path.getsize(path)
@@ -75,13 +93,8 @@ def read_csv_header(path: str) -> Header:
     if not first.strip():
         raise InputError(f"{path}:1: the first line is empty: a CSV file starts with its column names or "
                          "its first row")
-    fields = next(csv.reader(io.StringIO(first), skipinitialspace=True))
-    if len(fields) == 1:
-        for delim, what in _OTHER_DELIMITERS.items():
-            if delim in first:
-                shown = delim.replace("\t", "\\t")
-                raise InputError(f"{path}:1: the columns are separated by {what}; mpikmeans reads comma-separated "
-                                 f"files (convert it first, e.g. tr '{shown}' ',')")
+    delimiter = detect_delimiter(first)
+    fields = next(csv.reader(io.StringIO(first), delimiter=delimiter, skipinitialspace=True))
     named = not all(_is_number(f) for f in fields)
     if named:
         names = [f.strip() for f in fields]
@@ -100,4 +113,4 @@ def read_csv_header(path: str) -> Header:
         offset, line = start, 1
     relation = os.path.splitext(os.path.basename(path))[0]
     attributes = [Attribute(name, "numeric", 1) for name in names]
-    return Header(relation, attributes, offset, line, size, path)
+    return Header(relation, attributes, offset, line, size, path, delimiter)

@@ -43,6 +43,9 @@ class Header:
     data_line : int
         1-based line number of the line that starts at ``data_offset``.
     file_size : int
+    path : str
+    delimiter : str
+        The character between a row's values.
     """
 
     relation: str
@@ -51,6 +54,7 @@ class Header:
     data_line: int
     file_size: int
     path: str = ""
+    delimiter: str = ","  # between values: a comma in ARFF, a CSV file's own
 
     @property
     def names(self) -> list:

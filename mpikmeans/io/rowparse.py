@@ -66,26 +66,27 @@ MISSING_NAN = 1    # store NaN; the caller drops the row or fills in the mean
 
 
 @njit(cache=True, forceinline=True)
-def _blank(c):
-    return c == _SPACE or c == _TAB or c == _CR
+def _blank(c, delim):
+    # a tab is a blank around values, unless it is what separates them (a tab-separated file)
+    return c == _SPACE or c == _CR or (c == _TAB and delim != _TAB)
 
 
 @njit(cache=True, forceinline=True)
-def _skip_blanks(p, i, n):
-    while i < n and _blank(p[i]):
+def _skip_blanks(p, i, n, delim):
+    while i < n and _blank(p[i], delim):
         i += 1
     return i
 
 
 @njit(cache=True, forceinline=True)
-def _scan_token(p, i, n, quoted_ok):
+def _scan_token(p, i, n, quoted_ok, delim):
     """Span of the token at ``i``: ``(start, end, next, ok)``.
 
-    A token ends before ``,``, ``}``, ``%`` or the line end.  A quoted token
+    A token ends before the delimiter (``,`` in ARFF), ``}``, ``%`` or the line end.  A quoted token
     (only where ``quoted_ok``) runs to its closing quote, backslash escapes
     honoured.  ``ok`` is False for a quote never closed on the line.
     """
-    i = _skip_blanks(p, i, n)
+    i = _skip_blanks(p, i, n, delim)
     ts = i
     if quoted_ok and i < n and (p[i] == _SQUOTE or p[i] == _DQUOTE):
         q = p[i]
@@ -100,11 +101,11 @@ def _scan_token(p, i, n, quoted_ok):
         return ts, i, i, True
     while i < n:
         c = p[i]
-        if c == _COMMA or c == _NL or c == _PERCENT or c == _RBRACE:
+        if c == delim or c == _NL or c == _PERCENT or c == _RBRACE:
             break
         i += 1
     te = i
-    while te > ts and _blank(p[te - 1]):
+    while te > ts and _blank(p[te - 1], delim):
         te -= 1
     return ts, te, i, True
 
@@ -130,7 +131,7 @@ def _value(p, ts, te, kind, missing_mode):
 
 
 @njit(cache=True, forceinline=True)
-def _kept_token(p, i, n, missing_mode):
+def _kept_token(p, i, n, missing_mode, delim):
     """Parse the token at ``i`` of a kept attribute: ``(value, error code, ts, te, next)``.
 
     One pass for the usual token: the number is read where it starts, and
@@ -138,38 +139,38 @@ def _kept_token(p, i, n, missing_mode):
     token scanned as :func:`_scan_token` does and judged by :func:`_value`,
     which gives the same token span and error as scanning first would.
     """
-    i = _skip_blanks(p, i, n)
+    i = _skip_blanks(p, i, n, delim)
     v, status, e = parse_prefix_ptr(p, i, n)
     if status == PARSE_OK:
         k = e
-        while k < n and _blank(p[k]):
+        while k < n and _blank(p[k], delim):
             k += 1
         if k >= n:
             return v, E_NONE, i, e, k
         c = p[k]
-        if c == _COMMA or c == _NL or c == _PERCENT or c == _RBRACE:
+        if c == delim or c == _NL or c == _PERCENT or c == _RBRACE:
             return v, E_NONE, i, e, k
-    ts, te, k, _ = _scan_token(p, i, n, False)
+    ts, te, k, _ = _scan_token(p, i, n, False, delim)
     v, err = _value(p, ts, te, KEEP, missing_mode)
     return v, err, ts, te, k
 
 
 @njit(cache=True)
-def _kept_token_call(p, i, n, missing_mode):
+def _kept_token_call(p, i, n, missing_mode, delim):
     """:func:`_kept_token` as a call, not inlined: for the values of sparse rows.
 
     Sparse rows are rare; each inlined copy of the number parser adds to the
     parser's code and its first compile, so only dense rows (the usual ones)
     inline it.
     """
-    return _kept_token(p, i, n, missing_mode)
+    return _kept_token(p, i, n, missing_mode, delim)
 
 
 @njit(cache=True)  # rare (weighted rows only), and not inlined for the same reason as _value
-def _weight(p, i, n):
+def _weight(p, i, n, delim):
     """Parse ``{w}`` at ``i``: ``(weight, next, error code, ts, te)``."""
     i += 1  # past '{'
-    ts, te, i, ok = _scan_token(p, i, n, False)
+    ts, te, i, ok = _scan_token(p, i, n, False, delim)
     if i >= n or p[i] != _RBRACE or te == ts:
         return 1.0, i, E_WEIGHT, ts, te
     w, status = parse_number_ptr(p, ts, te)
@@ -215,13 +216,13 @@ def no_nominal(a: int) -> tuple:
 
 
 @njit(cache=True)  # not inlined: nominal values are rarer than numbers, and the hot loop stays small
-def _nominal_token(p, i, n, first, count, start, text, missing_mode):
+def _nominal_token(p, i, n, first, count, start, text, missing_mode, delim):
     """Look up the token at ``i`` among a nominal attribute's categories: ``(index, error code, ts, te, next)``.
 
     The token may be quoted (backslash escapes honoured, as the header's values
     are unquoted); ``?`` is a missing value: index -1 with ``MISSING_NAN``.
     """
-    ts, te, k, ok = _scan_token(p, i, n, True)
+    ts, te, k, ok = _scan_token(p, i, n, True, delim)
     if not ok:
         return -1, E_QUOTE, ts, te, k
     if te == ts:
@@ -264,7 +265,7 @@ def _put_category(out, row, col, count, idx):
 
 
 @njit(cache=True, nogil=True)
-def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_count, nom_start, nom_text):
+def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_count, nom_start, nom_text, delim):
     """Parse whole data lines of ``text`` (compiled).
 
     Parameters
@@ -284,6 +285,9 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_c
         Instance weights (1 where a row has none).
     nom_first, nom_count, nom_start, nom_text : ndarray
         The categories of the ``NOMINAL`` attributes (:func:`nominal_table`).
+    delim : int
+        The byte between values: ``,`` (44) in ARFF; a CSV file's own (tab,
+        ``;``, ``|``).  A tab that is not the delimiter is a blank.
 
     Returns
     -------
@@ -306,7 +310,7 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_c
     line = 0
     weighted = 0
     while i < n:
-        i = _skip_blanks(buf, i, n)
+        i = _skip_blanks(buf, i, n, delim)
         if i >= n:
             line += 1
             break
@@ -326,13 +330,13 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_c
                 for j in range(a):
                     if kinds[j] == NOMINAL and nom_count[j] > 0:
                         out[rows, outcol[j]] = ONE
-            i = _skip_blanks(buf, i + 1, n)
+            i = _skip_blanks(buf, i + 1, n, delim)
             if i < n and buf[i] == _RBRACE:
                 i += 1
             else:
                 last = -1
                 while True:
-                    i = _skip_blanks(buf, i, n)
+                    i = _skip_blanks(buf, i, n, delim)
                     s = i
                     idx = 0
                     while i < n and 48 <= buf[i] <= 57:
@@ -341,30 +345,30 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_c
                         i += 1
                     if i > s and idx >= a:
                         return rows, line, weighted, E_INDEX, line, -1, s, i
-                    if i == s or i >= n or not _blank(buf[i]):
-                        while i < n and buf[i] != _COMMA and buf[i] != _RBRACE and buf[i] != _NL:
+                    if i == s or i >= n or not _blank(buf[i], delim):
+                        while i < n and buf[i] != delim and buf[i] != _RBRACE and buf[i] != _NL:
                             i += 1
                         return rows, line, weighted, E_SPARSE, line, -1, s, i
                     last = idx
                     if kinds[idx] == KEEP:
-                        v, err, ts, te, i = _kept_token_call(buf, i, n, missing_mode)
+                        v, err, ts, te, i = _kept_token_call(buf, i, n, missing_mode, delim)
                         if err != E_NONE:
                             return rows, line, weighted, err, line, idx, ts, te
                         out[rows, outcol[idx]] = v
                     elif kinds[idx] == NOMINAL:
                         cat, err, ts, te, i = _nominal_token(buf, i, n, nom_first[idx], nom_count[idx], nom_start,
-                                                             nom_text, missing_mode)
+                                                             nom_text, missing_mode, delim)
                         if err != E_NONE:
                             return rows, line, weighted, err, line, idx, ts, te
                         _put_category(out, rows, outcol[idx], nom_count[idx], cat)
                     else:
-                        ts, te, i, ok = _scan_token(buf, i, n, True)
+                        ts, te, i, ok = _scan_token(buf, i, n, True, delim)
                         if not ok:
                             return rows, line, weighted, E_QUOTE, line, idx, ts, te
                         if te == ts:
                             return rows, line, weighted, E_EMPTY, line, idx, ts, te
-                    i = _skip_blanks(buf, i, n)
-                    if i < n and buf[i] == _COMMA:
+                    i = _skip_blanks(buf, i, n, delim)
+                    if i < n and buf[i] == delim:
                         i += 1
                         continue
                     if i < n and buf[i] == _RBRACE:
@@ -376,33 +380,33 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_c
                 # (a line with nothing on it was taken as blank above, so an
                 # empty token is a real empty value: ",," or a trailing ",")
                 if kinds[j] == KEEP:
-                    v, err, ts, te, i = _kept_token(buf, i, n, missing_mode)
+                    v, err, ts, te, i = _kept_token(buf, i, n, missing_mode, delim)
                     if err != E_NONE:
                         return rows, line, weighted, err, line, j, ts, te
                     out[rows, outcol[j]] = v
                 elif kinds[j] == NOMINAL:
                     cat, err, ts, te, i = _nominal_token(buf, i, n, nom_first[j], nom_count[j], nom_start, nom_text,
-                                                         missing_mode)
+                                                         missing_mode, delim)
                     if err != E_NONE:
                         return rows, line, weighted, err, line, j, ts, te
                     _put_category(out, rows, outcol[j], nom_count[j], cat)
                 else:
-                    ts, te, i, ok = _scan_token(buf, i, n, True)
+                    ts, te, i, ok = _scan_token(buf, i, n, True, delim)
                     if not ok:
                         return rows, line, weighted, E_QUOTE, line, j, ts, te
                     if te == ts:
                         return rows, line, weighted, E_EMPTY, line, j, ts, te
                 if j < a - 1:
-                    i = _skip_blanks(buf, i, n)
-                    if i >= n or buf[i] != _COMMA:
+                    i = _skip_blanks(buf, i, n, delim)
+                    if i >= n or buf[i] != delim:
                         return rows, line, weighted, E_FEW, line, j + 1, ts, te
                     i += 1
         # after the values: an optional ", {weight}" (dense) or "{weight}"
-        i = _skip_blanks(buf, i, n)
-        if i < n and buf[i] == _COMMA:
-            j = _skip_blanks(buf, i + 1, n)
+        i = _skip_blanks(buf, i, n, delim)
+        if i < n and buf[i] == delim:
+            j = _skip_blanks(buf, i + 1, n, delim)
             if j < n and buf[j] == _LBRACE:
-                w, i, err, ts, te = _weight(buf, j, n)
+                w, i, err, ts, te = _weight(buf, j, n, delim)
                 if err != E_NONE:
                     return rows, line, weighted, err, line, -1, ts, te
                 weights[rows] = w
@@ -410,12 +414,12 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_c
             else:
                 return rows, line, weighted, E_MANY, line, a, i, i + 1
         elif i < n and buf[i] == _LBRACE:
-            w, i, err, ts, te = _weight(buf, i, n)
+            w, i, err, ts, te = _weight(buf, i, n, delim)
             if err != E_NONE:
                 return rows, line, weighted, err, line, -1, ts, te
             weights[rows] = w
             weighted = 1
-        i = _skip_blanks(buf, i, n)
+        i = _skip_blanks(buf, i, n, delim)
         if i < n and buf[i] != _NL and buf[i] != _PERCENT:
             te = i
             while te < n and buf[te] != _NL:
@@ -478,7 +482,8 @@ def last_newline(buf, lo):
     return -1
 
 
-def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, res, pool=None, nominal=None):
+def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, res, pool=None, nominal=None,
+                   delim=_COMMA):
     """:func:`parse_rows` on each span ``buf[cuts[t]:cuts[t+1]]`` at once, one thread each.
 
     Span t writes its rows from ``out[seg[t]]`` on (``seg`` leaves room for
@@ -486,6 +491,9 @@ def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, re
     eight results, token offsets counted from the start of ``buf``.  The
     caller moves the spans' rows together (only needed after a span with
     blank or comment lines) and reports the first error.
+
+    ``nominal`` is the table of the ``NOMINAL`` attributes' categories
+    (:func:`nominal_table`; default: none) and ``delim`` the byte between values.
 
     The spans run on ``pool``'s threads (a ``concurrent.futures`` executor; one
     after the other without one): :func:`parse_rows` releases the GIL.  Python
@@ -497,7 +505,7 @@ def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, re
 
     def span(t):
         r = parse_rows(buf[cuts[t]:cuts[t + 1]], kinds, outcol, missing_mode,
-                       out[seg[t]:seg[t + 1]], weights[seg[t]:seg[t + 1]], *nominal)
+                       out[seg[t]:seg[t + 1]], weights[seg[t]:seg[t + 1]], *nominal, delim)
         res[t, :6] = r[:6]
         res[t, 6] = r[6] + cuts[t]
         res[t, 7] = r[7] + cuts[t]

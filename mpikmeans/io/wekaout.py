@@ -6,7 +6,8 @@ lines of the input (the bytes it read, so nominal, string and date values stay
 exactly as they were) and inserts its rows' cluster names; the pieces are
 written in parallel, in input order.  Sparse rows get ``A clusterN`` inside
 their braces (A = the new attribute's index); a row's instance weight stays
-last; a row dropped for a missing value gets ``?``.
+last; a row dropped for a missing value gets ``?``.  A CSV file's rows get
+an ARFF header made of its columns, and commas between their values.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 import numpy as np
 from ..jit import njit
 
+from .header import header_text
 from .output import write_parallel
 
 _NL, _CR, _SPACE, _TAB = 10, 13, 32, 9
@@ -146,6 +148,9 @@ def write_clustered_arff(comm, local, labels: np.ndarray, k: int, path: str) -> 
     start, end = local.byte_range
     with open(local.path, "rb") as f:
         buf = np.frombuffer(os.pread(f.fileno(), end - start, start), dtype=np.uint8)
+    delimiter = ord(local.header.delimiter)
+    if delimiter != _COMMA:  # a CSV file's rows of numbers: ARFF separates values with commas
+        buf = np.where(buf == delimiter, np.uint8(_COMMA), buf)
     # names[0] is "?", for rows that were not clustered (label -1)
     words = ["?"] + [f"cluster{c + 1}" for c in range(k)]
     name_start = np.cumsum([0] + [len(w) for w in words]).astype(np.int64)
@@ -159,7 +164,11 @@ def write_clustered_arff(comm, local, labels: np.ndarray, k: int, path: str) -> 
     if used and piece[-1] != _NL:
         piece = np.concatenate([piece, np.array([_NL], dtype=np.uint8)])
     head = b""
-    if comm.rank == 0:
+    if comm.rank == 0 and local.path.lower().endswith(".csv"):
+        # a CSV file has no ARFF header to copy: its columns, all numeric, as attributes
+        head = header_text(local.header.relation, local.header.names).rsplit(b"@data\n", 1)[0]
+        head += ("@attribute cluster {" + ",".join(words[1:]) + "}\n@data\n").encode()
+    elif comm.rank == 0:
         with open(local.path, "rb") as f:
             text = f.read(local.header.data_offset)
         # the header as written, less its @data line, plus the new attribute
