@@ -201,8 +201,8 @@ def test_bench_fullstep_without_a_gpu_is_a_clear_error(tmp_path):
 def test_bench_fullstep_floors_verdicts_and_table():
     from mpikmeans.bench import fullstep as F
 
-    assert F.parse_shape("D", "case") == ("D", (300_000, 257, 1000))
-    assert F.parse_shape("2e6x3x7", "case") == ("2e6x3x7", (2_000_000, 3, 7))
+    assert F.parse_case("D", F.CASES) == ("D", (300_000, 257, 1000))
+    assert F.parse_case("2e6x3x7", F.CASES) == ("2e6x3x7", (2_000_000, 3, 7))
     fl = F._floors(5_000_000, 100, 50, "float32", bw=2.0e12, rate=50e12)
     assert fl["floor_mem_ms"] == pytest.approx(1.0) and fl["floor_fma_ms"] == pytest.approx(1.0)
     row = {"case": "A", "dtype": "float32", "full_ms": 2.0, "torch_ms": 10.0, **fl}

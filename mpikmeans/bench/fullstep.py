@@ -26,7 +26,6 @@ D = 3e5 x 257, K=1000; E = 2e6 x 3, K=7; or NxMxK.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .data import gpu_blobs
-from .gpu import DTYPES, copy_bandwidth, lloyd_run, need_torch_gpu, sgemm_rate
+from .gpu import DTYPES, copy_bandwidth, lloyd_run, need_torch_gpu, parse_case, sgemm_rate
 from .harness import Progress, quiet, time_cuda
 
 CASES = {"A": (5_000_000, 100, 50), "B": (10_000_000, 32, 1000), "C": (100_000_000, 8, 16),
@@ -49,21 +48,6 @@ TARGET_MS = {("A", "float32"): 1.5, ("A", "float64"): 2.5, ("D", "float32"): 6.0
 #: ... and for every shape: at most this many times its floor, at least this many times faster than PyTorch
 FLOOR_FACTOR = 2.5
 TORCH_FACTOR = 4.0
-
-
-def parse_shape(text: str, what: str) -> tuple:
-    """``"A"`` (a case name) or ``"NxMxK"`` to ``(name, (n, m, k))``; raises :class:`UsageError`."""
-    text = text.strip()
-    if text in CASES:
-        return text, CASES[text]
-    match = re.fullmatch(r"([0-9.e+]+)x([0-9]+)x([0-9]+)", text.lower())
-    try:
-        n, m, k = (int(float(v)) for v in match.groups()) if match else (0, 0, 0)
-    except ValueError:
-        n = m = k = 0
-    if min(n, m, k) < 1 or k > n:
-        raise UsageError(f"bench fullstep: {what} {text!r}: give {', '.join(CASES)} or NxMxK with K <= N")
-    return text, (n, m, k)
 
 
 @dataclass
@@ -83,13 +67,13 @@ class FullStepSettings:
 
     def check(self) -> tuple:
         """``(cases, dtypes, stream case or None)``; raises :class:`UsageError` for settings that cannot run."""
-        cases = [parse_shape(c, "case") for c in self.cases.split(",") if c.strip()]
+        cases = [parse_case(c, CASES, "bench fullstep") for c in self.cases.split(",") if c.strip()]
         dtypes = [d.strip() for d in self.dtype.split(",") if d.strip()]
         if not dtypes or any(d not in DTYPES for d in dtypes):
             raise UsageError(f"bench fullstep: --dtype {self.dtype!r}: choose from {', '.join(DTYPES)}")
         if self.iters < 2 or self.repeats < 1 or self.noise <= 0:
             raise UsageError("bench fullstep: --iters must be at least 2, --repeats at least 1, --noise positive")
-        stream = parse_shape(self.stream, "--stream") if self.stream else None
+        stream = parse_case(self.stream, CASES, "bench fullstep", "--stream") if self.stream else None
         if stream is not None and not 0 < self.chunk_rows < stream[1][0]:
             raise UsageError("bench fullstep: --stream needs --chunk-rows between 1 and its N - 1")
         if not cases and stream is None:

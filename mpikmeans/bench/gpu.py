@@ -45,22 +45,24 @@ CASES = {"A": (5_000_000, 100, 50), "B": (10_000_000, 32, 1000), "C": (100_000_0
 DTYPES = ("float32", "float64")
 
 
-def parse_case(text: str) -> tuple:
-    """``"A"`` or ``"NxMxK"`` to ``(name, (n, m, k))``.
+def parse_case(text: str, cases: dict = CASES, mode: str = "bench gpu", what: str = "case") -> tuple:
+    """A case name of ``cases`` or ``"NxMxK"`` to ``(name, (n, m, k))``.
 
     Raises
     ------
     UsageError
+        Naming ``mode`` and ``what`` was given.
     """
     text = text.strip()
-    if text in CASES:
-        return text, CASES[text]
+    if text in cases:
+        return text, cases[text]
     try:
         n, m, k = (int(float(v)) for v in text.lower().split("x"))
     except ValueError:
         n = m = k = 0
     if min(n, m, k) < 1 or k > n:
-        raise UsageError(f"bench gpu: unknown case {text!r}: give A, B, C or NxMxK (e.g. 5000000x100x50, K <= N)")
+        raise UsageError(f"{mode}: unknown {what} {text!r}: give {', '.join(cases)} or NxMxK "
+                         "(e.g. 5000000x100x50, K <= N)")
     return text, (n, m, k)
 
 
@@ -365,10 +367,10 @@ def run_gpu(s: GpuSettings, progress: Progress = quiet) -> dict:
             "noise": s.noise, "start_rows": s.start_rows, "results": results}
 
 
-def default_out(device_name: str) -> str:
-    """``bench/results/gpu_<device>_<date>.json`` (relative to the working directory)."""
+def default_out(device_name: str, mode: str = "gpu") -> str:
+    """``bench/results/<mode>_<device>_<date>.json`` (relative to the working directory)."""
     slug = re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_")
-    return os.path.join("bench", "results", f"gpu_{slug}_{_dt.date.today().isoformat()}.json")
+    return os.path.join("bench", "results", f"{mode}_{slug}_{_dt.date.today().isoformat()}.json")
 
 
 def gpu_table(doc: dict) -> list:

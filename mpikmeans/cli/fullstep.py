@@ -30,17 +30,13 @@ def bench_fullstep(cases, dtype, iters, noise, repeats, stream, chunk_rows, no_t
            D = 3e5 x 257, K=1000; E = 2e6 x 3, K=7 (needs PyTorch and a GPU).
       mpikmeans bench fullstep --stream 50000000x32x16 --chunk-rows 5000000
     """
-    import datetime
-    import os
-    import re
-
     from ..bench.fullstep import FullStepSettings, fullstep_table, run_fullstep
+    from ..bench.gpu import default_out
 
     settings = FullStepSettings(cases, dtype, iters, noise, repeats, stream, chunk_rows, no_torch, device, seed)
     try:
         results = run_fullstep(settings, click.echo)
-        slug = re.sub(r"[^A-Za-z0-9]+", "_", results["device"]).strip("_")
-        out = out or os.path.join("bench", "results", f"fullstep_{slug}_{datetime.date.today().isoformat()}.json")
+        out = out or default_out(results["device"], "fullstep")
         _save(out, "fullstep", settings, results)
     except MpikmeansError as exc:
         _bench_failed(exc)
