@@ -2,8 +2,9 @@
 exactly what an independent pure-Python reference gives (values, nominal
 attributes' one-hot blocks, weights, row and line counts, error code, line,
 attribute and token span) on valid rows, on rows mutated at random and on
-hand-picked edge cases, with and without nominal attributes; the line cutter and the
-column min/max are independent of the thread count.
+hand-picked edge cases, with and without nominal attributes, with each delimiter
+between values (ARFF's comma, and a CSV file's tab, ';' or '|'); the line cutter
+and the column min/max are independent of the thread count.
 
 The reference, :func:`reference_parse_rows`, is written here from the format's
 rules (listed in its comments) without Numba and without the parser's
@@ -52,17 +53,22 @@ from mpikmeans.nominal import ONE
 
 # --------------------------------------------------------------------------- the reference
 #
-# The format, as the reference reads it (bytes; "blank" is space, tab or CR):
+# The format, as the reference reads it (bytes; D is the delimiter, ',' in ARFF
+# and tab, ';' or '|' in a CSV file; "blank" is space, CR or tab, but not tab
+# where D is tab: there a tab separates values and is never trimmed):
 #
 #   text      := line*                      lines end at '\n'; the last may not
 #   line      := blank* ( '\n' | '%' ... )  a blank or comment line (not a row)
 #              | blank* row trailer blank* ('%' ...)? '\n'?
 #   row       := dense | sparse
-#   dense     := value (',' value)*         exactly one value per attribute
-#   sparse    := '{' blank* '}' | '{' pair (',' pair)* '}'
+#   dense     := value (D value)*           exactly one value per attribute
+#   sparse    := '{' blank* '}' | '{' pair (D pair)* '}'
 #   pair      := blank* digits blank+ value blank*
-#   trailer   := blank* (','? blank* '{' weight '}')?   after the values
+#   trailer   := blank* (D? blank* '{' weight '}')?   after the values
 #   value     := blank* token blank*        token: see _plain and _quoted
+#
+# Where D is not ',', a comma is an ordinary byte of an unquoted token (so
+# '1,5' is not a number: E_NUMBER), and so are the other delimiters' bytes.
 #
 # A sparse row sets every output column to 0.0, and each NOMINAL attribute's
 # block to its first category; its pairs then overwrite what they give.
@@ -80,16 +86,32 @@ from mpikmeans.nominal import ONE
 # (also '1e99999999999999999999999'); one that underflows is 0.0 or a
 # subnormal, not an error ('1e-400' -> 0.0, '0e999...' -> 0.0, '-0' -> -0.0).
 _NUMBER = re.compile(rb"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_BLANKS = re.compile(rb"[ \t\r]*")
-# An unquoted token runs to the next ',', '}', '%' or newline.
-_PLAIN = re.compile(rb"[^,}%\n]*")
+# Blanks (around values, before a sparse value, around a weight) and an
+# unquoted token, which runs to the next delimiter, '}', '%' or newline; both
+# per delimiter, see _Syntax.
 # A quoted token: the quote, then escaped bytes ('\' and any byte, the newline
 # included) or bytes that are neither that quote, '\' nor a newline.
 _QUOTED = {q: re.compile(b"%c(?:\\\\.|[^%c\\\\\n])*" % (q, q), re.DOTALL) for q in b"'\""}
 _DIGITS = re.compile(rb"[0-9]*")
 # Inside quotes, '\' and the byte after it stand for that byte.
 _ESCAPED = re.compile(rb"\\(.)", re.DOTALL)
-_BLANK_BYTES = b" \t\r"
+DELIMITERS = [b",", b"\t", b";", b"|"]
+
+
+class _Syntax:
+    """What depends on the delimiter ``delim`` (one byte): the blanks and the unquoted token."""
+
+    def __init__(self, delim):
+        assert isinstance(delim, bytes) and len(delim) == 1, delim
+        self.delim = delim
+        # a tab is a blank unless it is the delimiter
+        self.blank_bytes = b" \r" if delim == b"\t" else b" \t\r"
+        self.blank_set = tuple(bytes([c]) for c in self.blank_bytes)  # (b'' is in no tuple of these)
+        self.blanks = re.compile(b"[" + re.escape(self.blank_bytes) + b"]*")
+        self.plain = re.compile(b"[^" + re.escape(delim) + b"}%\n]*")
+
+
+_SYNTAX = {d: _Syntax(d) for d in DELIMITERS}
 
 
 class _Bad(Exception):
@@ -104,11 +126,15 @@ class _Reference:
     """Reads the rows of ``text`` (bytes) into ``out`` and ``weights``.
 
     ``categories`` gives each ``NOMINAL`` attribute's categories (``str``, in
-    header order; None for the other attributes, or None for no nominal one).
+    header order; None for the other attributes, or None for no nominal one);
+    ``delim`` is the byte between values (``b","`` in ARFF; ``b"\\t"``,
+    ``b";"`` or ``b"|"`` in a CSV file).
     """
 
-    def __init__(self, text, kinds, outcol, missing_mode, out, weights, categories=None):
+    def __init__(self, text, kinds, outcol, missing_mode, out, weights, categories=None, delim=b","):
         self.t = bytes(text)
+        self.syntax = _SYNTAX[delim] if delim in _SYNTAX else _Syntax(delim)
+        self.delim = delim
         self.kinds = [int(k) for k in kinds]
         self.outcol = [int(c) for c in outcol]
         categories = categories if categories is not None else [None] * len(self.kinds)
@@ -121,7 +147,7 @@ class _Reference:
     # ---- small readers: each takes a position and returns positions
 
     def _skip(self, p):
-        return _BLANKS.match(self.t, p).end()
+        return self.syntax.blanks.match(self.t, p).end()
 
     def _at(self, p):
         """The byte at ``p`` as a one-byte string (b'' past the end)."""
@@ -135,8 +161,8 @@ class _Reference:
         the delimiter.
         """
         start = self._skip(p)
-        after = _PLAIN.match(self.t, start).end()
-        return start, start + len(self.t[start:after].rstrip(_BLANK_BYTES)), after
+        after = self.syntax.plain.match(self.t, start).end()
+        return start, start + len(self.t[start:after].rstrip(self.syntax.blank_bytes)), after
 
     def _quoted(self, start):
         """The quoted token opening at ``start``: ``(end, closed)``.
@@ -243,12 +269,12 @@ class _Reference:
         """A dense row from ``p``; returns the position after its last value."""
         start, end, p = self._value(p, 0)
         for attr in range(1, len(self.kinds)):
-            # Rule: where a comma should separate two values and anything else
+            # Rule: where the delimiter should separate two values and anything else
             # comes (the line end, '}', a byte after a closing quote), the row
             # is short: E_FEW for the attribute that is missing, with the span
             # of the last value read.
             sep = self._skip(p)
-            if self._at(sep) != b",":
+            if self._at(sep) != self.delim:
                 raise _Bad(E_FEW, attr, start, end)
             start, end, p = self._value(sep + 1, attr)
         return p
@@ -267,26 +293,27 @@ class _Reference:
             digits_end = _DIGITS.match(self.t, pair).end()
             # Rule: the index check comes first (E_INDEX, attribute -1, the
             # span of the digits; leading zeros are fine); then the index must
-            # exist and be followed by a blank, else E_SPARSE (attribute -1,
-            # from the index to the next ',', '}', newline or the end).
+            # exist and be followed by a blank (so not by a tab where the
+            # delimiter is tab), else E_SPARSE (attribute -1, from the index
+            # to the next delimiter, '}', newline or the end).
             if digits_end > pair and int(self.t[pair:digits_end]) >= len(self.kinds):
                 raise _Bad(E_INDEX, -1, pair, digits_end)
-            if digits_end == pair or self._at(digits_end) not in (b" ", b"\t", b"\r"):
+            if digits_end == pair or self._at(digits_end) not in self.syntax.blank_set:
                 stop = digits_end
-                while self._at(stop) not in (b"", b",", b"}", b"\n"):
+                while self._at(stop) not in (b"", self.delim, b"}", b"\n"):
                     stop += 1
                 raise _Bad(E_SPARSE, -1, pair, stop)
             attr = int(self.t[pair:digits_end])
             _, _, p = self._value(digits_end, attr)
             # Rule: indices need not be sorted nor distinct (the last value
-            # wins).  After a value comes ',' or '}'; anything else is
-            # E_SPARSE for that pair's attribute, spanning from the pair's
-            # index to the offending byte.  (A ',' before '}' makes the next
-            # pair start at '}': E_SPARSE with an empty span there.)
+            # wins).  After a value comes the delimiter or '}'; anything else
+            # is E_SPARSE for that pair's attribute, spanning from the pair's
+            # index to the offending byte.  (A delimiter before '}' makes the
+            # next pair start at '}': E_SPARSE with an empty span there.)
             sep = self._skip(p)
             if self._at(sep) == b"}":
                 return sep + 1
-            if self._at(sep) != b",":
+            if self._at(sep) != self.delim:
                 raise _Bad(E_SPARSE, attr, pair, sep)
             p = sep + 1
 
@@ -309,15 +336,15 @@ class _Reference:
         """The row that starts (after blanks) at ``p``; returns where its line ends."""
         self.weights[self.row] = 1.0
         p = self._sparse(p) if self._at(p) == b"{" else self._dense(p)
-        # Rule: after the values, an optional weight, '{w}' or ', {w}' (dense
-        # and sparse rows alike; but '{' does not end an unquoted value, so
-        # '1,a,2,3 {2}' is E_NUMBER on '3 {2}': '{w}' without the comma only
-        # follows a sparse row or a quoted last value).  A ',' not followed
-        # (after blanks) by '{' is E_MANY spanning just that comma; anything
-        # else left before the line end or a '%' is E_MANY spanning from it to
-        # the line end (not trimmed).
+        # Rule: after the values, an optional weight, '{w}' or ', {w}' (the
+        # delimiter, then '{w}'; dense and sparse rows alike; but '{' does not
+        # end an unquoted value, so '1,a,2,3 {2}' is E_NUMBER on '3 {2}': '{w}'
+        # without the delimiter only follows a sparse row or a quoted last
+        # value).  A delimiter not followed (after blanks) by '{' is E_MANY
+        # spanning just that delimiter; anything else left before the line end
+        # or a '%' is E_MANY spanning from it to the line end (not trimmed).
         sep = self._skip(p)
-        if self._at(sep) == b",":
+        if self._at(sep) == self.delim:
             brace = self._skip(sep + 1)
             if self._at(brace) != b"{":
                 raise _Bad(E_MANY, len(self.kinds), sep, sep + 1)
@@ -356,17 +383,19 @@ class _Reference:
         return self.row, line, self.weighted, E_NONE, -1, -1, -1, -1
 
 
-def reference_parse_rows(text, kinds, outcol, missing_mode, out, weights, categories=None):
+def reference_parse_rows(text, kinds, outcol, missing_mode, out, weights, categories=None, delim=b","):
     """Pure-Python reference for :func:`rowparse.parse_rows`: the same arguments, except that
     the nominal attributes' categories come as a list (``str`` per category, None for an
-    attribute that is not ``NOMINAL``), and the same results."""
-    return _Reference(text, kinds, outcol, missing_mode, out, weights, categories).run()
+    attribute that is not ``NOMINAL``) and the delimiter as one byte (``bytes``), and the
+    same results."""
+    return _Reference(text, kinds, outcol, missing_mode, out, weights, categories, delim).run()
 
 
-def compiled_parse_rows(text, kinds, outcol, missing_mode, out, weights, categories=None):
-    """:func:`rowparse.parse_rows` with the tables :func:`rowparse.nominal_table` makes of ``categories``."""
+def compiled_parse_rows(text, kinds, outcol, missing_mode, out, weights, categories=None, delim=b","):
+    """:func:`rowparse.parse_rows` with the tables :func:`rowparse.nominal_table` makes of ``categories``
+    and the delimiter ``delim`` (one byte, ``bytes``) as its byte value."""
     tables = rowparse.nominal_table(categories if categories is not None else [None] * len(kinds))
-    return rowparse.parse_rows(text, kinds, outcol, missing_mode, out, weights, *tables, ord(","))
+    return rowparse.parse_rows(text, kinds, outcol, missing_mode, out, weights, *tables, delim[0])
 
 
 # --------------------------------------------------------------------------- fuzzing
@@ -424,30 +453,67 @@ NOMINAL_TOKENS = {
 NOMINAL_NOISE = NOISE + ["\\", "\u00e9", "a", "b", " c", "''", "yes"]
 
 
-def _random_token(r: random.Random, layout: _Layout, j: int) -> str:
+class _Dialect:
+    """What the fuzzing writes for the delimiter ``d`` (a one-character ``str``).
+
+    For ',' (ARFF) exactly the lists above, so the comma texts are the same as
+    before the delimiter was a parameter.  For another delimiter: a quoted
+    skipped value holds the delimiter and unquoted ones a comma (an ordinary
+    byte there); the unquoted nominal token ``x,y`` is a category; noise adds
+    the delimiter (twice as likely), a doubled one, and every delimiter's byte
+    (commas and tabs are in NOISE already).
+    """
+
+    def __init__(self, d):
+        self.d = d
+        self.delim = d.encode()
+        if d == ",":
+            self.skipped, self.tokens = GOOD_SKIPPED, NOMINAL_TOKENS
+            self.noise, self.nominal_noise = NOISE, NOMINAL_NOISE
+        else:
+            self.skipped = ["a", "'b,c'", f'"d{d}e"', "x,1", "'it\\'s'"]
+            good, bad = NOMINAL_TOKENS[CATEGORIES]
+            self.tokens = {
+                CATEGORIES: (good + ["x,y"],
+                             [t for t in bad if t != "x,y"] + [f"'x{d}y'", f"x{d}y", f"'a{d}'", "a,b"]),
+                YES_NO: NOMINAL_TOKENS[YES_NO],
+            }
+            extra = [d, d, d + d, f" {d} ", ";", "|"]
+            self.noise, self.nominal_noise = NOISE + extra, NOMINAL_NOISE + extra
+        # a sparse row's pair for a nominal attribute of WITH_NOMINAL
+        self.nominal_pair = re.compile("[{" + re.escape(d) + r"]\s*[14]\s")
+
+
+DIALECTS = {d: _Dialect(d.decode()) for d in DELIMITERS}
+DELIMITER_IDS = {b",": "comma", b"\t": "tab", b";": "semicolon", b"|": "bar"}
+
+
+def _random_token(r: random.Random, layout: _Layout, j: int, dialect: _Dialect) -> str:
     kind = layout.kinds[j]
     if kind == KEEP:
         return r.choice(GOOD_VALUES)
     if kind == SKIP:
-        return r.choice(GOOD_SKIPPED)
-    good, bad = NOMINAL_TOKENS[layout.categories[j]]
+        return r.choice(dialect.skipped)
+    good, bad = dialect.tokens[layout.categories[j]]
     roll = r.random()
     return "?" if roll < 0.03 else r.choice(bad) if roll < 0.09 else r.choice(good)
 
 
-def _random_row(r: random.Random, layout: _Layout) -> str:
+def _random_row(r: random.Random, layout: _Layout, dialect: _Dialect) -> str:
+    d = dialect.d
     kind = r.random()
     if kind < 0.1:
+        # (with the tab delimiter, the line "\t" is a row of empty values)
         return r.choice(["", "   ", "% comment", "  % indented", "\t"])
     a = len(layout.kinds)
     if kind < 0.25:  # sparse
-        items = [f"{i} {_random_token(r, layout, i)}" for i in sorted(r.sample(range(a), r.randint(0, a)))]
-        row = "{" + ", ".join(items) + "}"
+        items = [f"{i} {_random_token(r, layout, i, dialect)}" for i in sorted(r.sample(range(a), r.randint(0, a)))]
+        row = "{" + f"{d} ".join(items) + "}"
     else:
-        row = ",".join((" " * r.randint(0, 1)) + _random_token(r, layout, j) + (" " * r.randint(0, 1))
-                       for j in range(a))
+        row = d.join((" " * r.randint(0, 1)) + _random_token(r, layout, j, dialect) + (" " * r.randint(0, 1))
+                     for j in range(a))
     if r.random() < 0.15:
-        row += r.choice([", {2}", ",{0.5}", " % trailing", "\r"])
+        row += r.choice([f"{d} {{2}}", f"{d}{{0.5}}", " % trailing", "\r"])
     return row
 
 
@@ -465,73 +531,85 @@ def _mutate(r: random.Random, text: str, noise: list) -> str:
     return "".join(chars)
 
 
-def _run(parse, buf, missing_mode, layout=NUMERIC):
+def _run(parse, buf, missing_mode, layout=NUMERIC, delim=b","):
     lines = int((buf == 10).sum()) + 1
     out = np.full((lines, layout.width), 7.0)
     weights = np.full(lines, 7.0)
-    res = parse(buf, layout.kinds, layout.outcol, missing_mode, out, weights, layout.categories)
+    res = parse(buf, layout.kinds, layout.outcol, missing_mode, out, weights, layout.categories, delim)
     return res, out[: res[0]], weights[: res[0]]
 
 
-def _same_as_the_reference(text, missing_mode, layout=NUMERIC):
-    """Parse ``text`` (str or bytes) with both; every result, value and weight must agree.
+def _same_as_the_reference(text, missing_mode, layout=NUMERIC, delim=b","):
+    """Parse ``text`` (str or bytes) with both, values separated by ``delim``; every result,
+    value and weight must agree.
 
     Returns the results and the values.
     """
     data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
     buf = np.frombuffer(data, dtype=np.uint8).copy()
-    got, got_x, got_w = _run(compiled_parse_rows, buf, missing_mode, layout)
-    want, want_x, want_w = _run(reference_parse_rows, buf, missing_mode, layout)
-    assert tuple(got) == tuple(want), (text, got, want)
-    assert got_x.tobytes() == want_x.tobytes(), text
-    assert got_w.tobytes() == want_w.tobytes(), text
+    got, got_x, got_w = _run(compiled_parse_rows, buf, missing_mode, layout, delim)
+    want, want_x, want_w = _run(reference_parse_rows, buf, missing_mode, layout, delim)
+    assert tuple(got) == tuple(want), (text, delim, got, want)
+    assert got_x.tobytes() == want_x.tobytes(), (text, delim)
+    assert got_w.tobytes() == want_w.tobytes(), (text, delim)
     return got, got_x
 
 
-def _fuzz(seed, missing_mode, layout, noise):
-    """1500 texts of 1 to 6 random rows (two texts in three with one row mutated), each
-    parsed by both parsers, which must agree: yields ``(text, results, values)``."""
+FUZZ_CASES = 1500  # texts per seed, missing mode and delimiter
+
+
+def _fuzz_texts(seed, layout, dialect, nominal=False):
+    """``FUZZ_CASES`` texts of 1 to 6 random rows, values separated by the dialect's
+    delimiter (two texts in three with one row mutated by its noise, or its nominal noise)."""
     r = random.Random(seed)
-    for case in range(1500):
-        rows = [_random_row(r, layout) for _ in range(r.randint(1, 6))]
+    noise = dialect.nominal_noise if nominal else dialect.noise
+    for case in range(FUZZ_CASES):
+        rows = [_random_row(r, layout, dialect) for _ in range(r.randint(1, 6))]
         if case % 3:
             k = r.randrange(len(rows))
             rows[k] = _mutate(r, rows[k], noise)
-        text = "\n".join(rows) + ("\n" if r.random() < 0.7 else "")
-        yield (text, *_same_as_the_reference(text, missing_mode, layout))
+        yield "\n".join(rows) + ("\n" if r.random() < 0.7 else "")
 
 
+def _fuzz(seed, missing_mode, layout, delim=b",", nominal=False):
+    """The texts of :func:`_fuzz_texts`, each parsed by both parsers, which must agree:
+    yields ``(text, results, values)``."""
+    for text in _fuzz_texts(seed, layout, DIALECTS[delim], nominal):
+        yield (text, *_same_as_the_reference(text, missing_mode, layout, delim))
+
+
+
+
+@pytest.mark.parametrize("delim", DELIMITERS, ids=DELIMITER_IDS.get)
 @pytest.mark.parametrize("missing_mode", [MISSING_ERROR, MISSING_NAN])
 @pytest.mark.parametrize("seed", range(4))
-def test_same_results_as_the_reference(seed, missing_mode):
-    """Numeric and skipped attributes: on random rows, valid or not, the compiled parser
-    gives the reference's results, values and weights bit for bit."""
-    results = [got for _, got, _ in _fuzz(seed, missing_mode, NUMERIC, NOISE)]
+def test_same_results_as_the_reference(seed, missing_mode, delim):
+    """Numeric and skipped attributes: on random rows, valid or not, with each delimiter,
+    the compiled parser gives the reference's results, values and weights bit for bit."""
+    results = [got for _, got, _ in _fuzz(seed, missing_mode, NUMERIC, delim)]
     errors = sum(got[3] != E_NONE for got in results)
-    assert errors > 300 and len(results) - errors > 300  # both kinds were exercised
+    assert errors > 300 and len(results) - errors > 300, errors  # both kinds were exercised
 
 
-# a sparse row's pair for a nominal attribute of WITH_NOMINAL
-_NOMINAL_PAIR = re.compile(r"[{,]\s*[14]\s")
-
-
+@pytest.mark.parametrize("delim", DELIMITERS, ids=DELIMITER_IDS.get)
 @pytest.mark.parametrize("missing_mode", [MISSING_ERROR, MISSING_NAN])
 @pytest.mark.parametrize("seed", range(4))
-def test_nominal_same_results_as_the_reference(seed, missing_mode):
+def test_nominal_same_results_as_the_reference(seed, missing_mode, delim):
     """Nominal attributes among numeric and skipped ones: on random rows (categories quoted
     or not, escaped, non-ASCII; unknown values, prefixes of categories, '?', empty values,
-    unclosed quotes; sparse rows with and without the nominal attributes), the compiled
-    parser gives the reference's results, values and weights bit for bit; each nominal
-    error comes up, and so do valid rows, missing blocks (NaN mode only) and sparse rows
-    that give or omit a nominal value."""
+    unclosed quotes; sparse rows with and without the nominal attributes), with each
+    delimiter, the compiled parser gives the reference's results, values and weights bit
+    for bit; each nominal error comes up, and so do valid rows, missing blocks (NaN mode
+    only) and sparse rows that give or omit a nominal value."""
     errors = {E_NOMINAL: 0, E_EMPTY: 0, E_QUOTE: 0, E_MISSING: 0}
     good = nan_blocks = sparse_given = sparse_omitted = 0
-    for text, got, x in _fuzz(seed, missing_mode, WITH_NOMINAL, NOMINAL_NOISE):
+    pair = DIALECTS[delim].nominal_pair
+    for text, got, x in _fuzz(seed, missing_mode, WITH_NOMINAL, delim, nominal=True):
         if got[3] == E_NONE:
             good += 1
             for line in text.split("\n"):
                 if line.lstrip().startswith("{"):
-                    if _NOMINAL_PAIR.search(line):
+                    if pair.search(line):
                         sparse_given += 1
                     else:
                         sparse_omitted += 1
@@ -618,6 +696,42 @@ def test_nominal_edge_cases_same_as_the_reference(missing_mode):
         _same_as_the_reference(text, missing_mode, ODD)
 
 
+# Rows at the edges of the delimiter rules; "D" stands for the delimiter.  With a tab
+# delimiter a tab is a value's end, never a blank; with any other one it is a blank.
+# Other delimiters' bytes and commas are ordinary bytes of an unquoted token.
+DELIM_EDGE_ROWS = [
+    "D", "DD", " D ", "\t", " \t ", "\r\t", "\t1DaD2D3", "1DaD2D3D", "1DaD2D3 D ", "1D\tD2D3", "1 \tD a\tD2D3",
+    "1\tDaD2D3", "1DaD2D3D{2}", "1DaD2D3 D {2}", "1DaD2D3D\t{2}", "1DaD2D3\t{2}", "1DaD2D3D{\t2\t}", "{0\t1}",
+    "{0 1\t}", "{0 1D\t2 3}", "{0 1D2 3}", "{\t}", "{0 1}D{2}", "{0 1}\t{2}", "{0 1,5}", "{0 1D 3 2,5}", "1,5DaD2D3",
+    "1DaD2D3,5", "1DaD2D3,", "1D'aDb'D2D3", "1D\"aDb\"D2D3", "1Da,bD2D3", "1D'a\\Db'D2D3", "1D'aDb\n2DbD3D4",
+    "1;a|2\t3", "1,a;2|3", "1DaD2D3%cDx", "1DaD2D3 %D", "%D\n1DaD2D3",
+]
+
+
+@pytest.mark.parametrize("delim", DELIMITERS, ids=DELIMITER_IDS.get)
+@pytest.mark.parametrize("missing_mode", [MISSING_ERROR, MISSING_NAN])
+def test_delimiter_edge_cases_same_as_the_reference(missing_mode, delim):
+    """Rows at the edges of the delimiter rules; and for a delimiter other than ',', the
+    edge rows of both layouts with their commas turned into that delimiter (quoted ones
+    too), and as they are (their commas are then ordinary bytes): both parsers agree."""
+    d = delim.decode()
+    for text in DELIM_EDGE_ROWS:
+        _same_as_the_reference(text.replace("D", d), missing_mode, NUMERIC, delim)
+        _same_as_the_reference(text.replace("D", d).replace("a", "ab"), missing_mode, WITH_NOMINAL, delim)
+    if delim == b",":
+        return
+    numeric = EDGE_ROWS + [f"1,a,2,{tok}" for tok in NUMBER_TOKENS] + [f"{{3 {tok}}}" for tok in NUMBER_TOKENS]
+    for text in numeric:
+        _same_as_the_reference(text, missing_mode, NUMERIC, delim)
+        _same_as_the_reference(text.replace(",", d), missing_mode, NUMERIC, delim)
+    for text in NOMINAL_EDGE_ROWS:
+        _same_as_the_reference(text, missing_mode, WITH_NOMINAL, delim)
+        translated = text.replace(b",", delim) if isinstance(text, bytes) else text.replace(",", d)
+        _same_as_the_reference(translated, missing_mode, WITH_NOMINAL, delim)
+    for text in ODD_ROWS:
+        _same_as_the_reference(text.replace(",", d), missing_mode, ODD, delim)
+
+
 @pytest.mark.parametrize("text, want", [
     # (text, (rows, lines, weighted, err, err_line, err_col, tok_start, tok_end)), worked out by hand
     ("1,a,2,3\n% c\n\n4,'b,c',5,6, {2}\n", (2, 4, 1, E_NONE, -1, -1, -1, -1)),
@@ -694,6 +808,56 @@ def test_nominal_rows_worked_out_by_hand(text, missing_mode, want, rows):
         got, x, _ = _run(parse, buf, missing_mode, WITH_NOMINAL)
         assert tuple(got) == want, parse
         np.testing.assert_array_equal(x, np.array(rows, dtype=np.float64).reshape(-1, WITH_NOMINAL.width))
+
+
+TWO = _Layout([KEEP, KEEP])
+KSK = _Layout([KEEP, SKIP, KEEP])
+
+
+@pytest.mark.parametrize("text, delim, layout, want, rows, weights", [
+    # (text, delimiter, layout, (rows, lines, weighted, err, err_line, err_col, tok_start, tok_end),
+    #  the rows' values, their weights), worked out by hand; NUMERIC is [KEEP, SKIP, KEEP, KEEP]
+    # tab: spaces and CRs around a value are blanks, a tab separates values
+    (" 1.5 \t2\n", b"\t", TWO, (1, 1, 0, *_OK), [[1.5, 2]], [1]),
+    (" 1.5 \t 2\r\n-3\t4", b"\t", TWO, (2, 2, 0, *_OK), [[1.5, 2], [-3, 4]], [1, 1]),
+    # an empty value between two tabs: its span is empty, where it would start
+    ("1\ta\t\t3", b"\t", NUMERIC, (0, 0, 0, E_EMPTY, 0, 2, 4, 4), [], []),
+    ("1\ta\t \t3", b"\t", NUMERIC, (0, 0, 0, E_EMPTY, 0, 2, 5, 5), [], []),
+    ("1\t\t2\t3", b"\t", NUMERIC, (0, 0, 0, E_EMPTY, 0, 1, 2, 2), [], []),
+    ("\t1\t2", b"\t", TWO, (0, 0, 0, E_EMPTY, 0, 0, 0, 0), [], []),
+    # ... while with commas a tab is a blank, trimmed
+    ("1,a,\t,3", b",", NUMERIC, (0, 0, 0, E_EMPTY, 0, 2, 5, 5), [], []),
+    ("1\ta\t2\t3\t{2}\n", b"\t", NUMERIC, (1, 1, 1, *_OK), [[1, 2, 3]], [2]),
+    # a sparse index must be followed by a blank: not by the tab delimiter
+    ("{0\t1}", b"\t", NUMERIC, (0, 0, 0, E_SPARSE, 0, -1, 1, 2), [], []),
+    ("{0\t1}", b",", NUMERIC, (1, 1, 0, *_OK), [[1, 0, 0]], [1]),
+    # ';': a comma is an ordinary byte, so '1,5' is not a number
+    ("1,5;2", b";", TWO, (0, 0, 0, E_NUMBER, 0, 0, 0, 3), [], []),
+    ("1;2,5", b";", TWO, (0, 0, 0, E_NUMBER, 0, 1, 2, 5), [], []),
+    # a quoted skipped value holds the delimiter; an unquoted one a comma
+    ("1;'a;b';2", b";", KSK, (1, 1, 0, *_OK), [[1, 2]], [1]),
+    ("1;\"a;b\";2\n3;a,b;4", b";", KSK, (2, 2, 0, *_OK), [[1, 2], [3, 4]], [1, 1]),
+    # '|': too many values, the extra delimiter's span; a weight after it
+    ("1|a|2|3|4", b"|", NUMERIC, (0, 0, 0, E_MANY, 0, 4, 7, 8), [], []),
+    ("1|a|2|3\n4|b|5|6|7|8\n", b"|", NUMERIC, (1, 1, 0, E_MANY, 1, 4, 15, 16), [[1, 2, 3]], [1]),
+    ("1|a|2|3 | {0.5}", b"|", NUMERIC, (1, 1, 1, *_OK), [[1, 2, 3]], [0.5]),
+    ("1|a|2|3,4", b"|", NUMERIC, (0, 0, 0, E_NUMBER, 0, 3, 6, 9), [], []),
+    # sparse pairs separated by '|'; a comma there is in the value
+    ("{0 1| 3 2}", b"|", NUMERIC, (1, 1, 0, *_OK), [[1, 0, 2]], [1]),
+    ("{0 1, 3 2}", b"|", NUMERIC, (0, 0, 0, E_NUMBER, 0, 0, 3, 9), [], []),
+    # an unquoted nominal value with a comma, a category where ',' does not separate
+    ("1;x,y;s;2;yes", b";", WITH_NOMINAL, (1, 1, 0, *_OK), [_nominal_row(1, "x,y", 2, "yes")], [1]),
+    ("1,x,y,s,2,yes", b",", WITH_NOMINAL, (0, 0, 0, E_NOMINAL, 0, 1, 2, 3), [], []),
+])
+def test_delimiter_rows_worked_out_by_hand(text, delim, layout, want, rows, weights):
+    """Rows with each delimiter worked out by hand from its rule: both parsers give these
+    results, values and weights."""
+    buf = np.frombuffer(text.encode(), dtype=np.uint8).copy()
+    for parse in (reference_parse_rows, compiled_parse_rows):
+        got, x, w = _run(parse, buf, MISSING_ERROR, layout, delim)
+        assert tuple(got) == want, parse
+        np.testing.assert_array_equal(x, np.array(rows, dtype=np.float64).reshape(-1, layout.width))
+        np.testing.assert_array_equal(w, np.array(weights, dtype=np.float64))
 
 
 def test_one_is_a_half_of_root_two():
