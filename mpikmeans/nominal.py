@@ -13,9 +13,10 @@ backends as they are, with no kernel of their own:
   mean by the one-hot of the largest count: the mode, ties to the lowest index.
 
 Counts of unweighted rows are recovered exactly (``rint(sum / ONE)``: far from
-any rounding for fewer than ~10^8 rows in a cluster), so the mode and its tie
-rule do not depend on the order of the additions, hence not on the number of
-ranks or the backend.  Weighted counts are compared as summed.
+any rounding for fewer than ~10^8 rows in a cluster; with float32 storage on the
+GPU, whose ONE is 1.3e-8 smaller, for fewer than ~4·10^7), so the mode and its
+tie rule do not depend on the order of the additions, hence not on the number
+of ranks or the backend.  Weighted counts are compared as summed.
 
 This module is pure NumPy: the reader builds a :class:`Layout`, the Lloyd loop
 and the initialisations call :meth:`Layout.project`, the writers
