@@ -254,7 +254,7 @@ def _cpu_kernels() -> list:
     from .backends.cpu import certified
     from .io import rowparse, textfmt
 
-    return [rowparse.parse_rows, rowparse._min_max_rows, rowparse._combine_min_max, rowparse.line_cuts,
+    return [rowparse.parse_rows, rowparse._min_max_rows, rowparse._combine_min_max, rowparse.span_cuts,
             textfmt._write_fixed, certified.certified_pass, certified.certified_assign]
 
 

@@ -263,7 +263,7 @@ def _describe(code: int, path: str, line_no: int, col: int, attrs: list, token: 
 
 
 #: The reader's compiled kernels, as :func:`warm_up` loads them.
-READ_KERNELS = ("last_newline", "line_cuts", "parse_rows", "_min_max_rows", "_combine_min_max")
+READ_KERNELS = ("last_newline", "span_cuts", "_count_newlines", "parse_rows", "_min_max_rows", "_combine_min_max")
 
 
 def warm_up(threads: int = 1) -> None:
@@ -385,7 +385,7 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
             else:
                 use = have
             text = buf[:use]
-            cuts, counts = rowparse.line_cuts(text, parts)
+            cuts, counts = rowparse.line_cuts(text, parts, pool)
             # room for one row per line: a span holds whole lines, each ending in a
             # newline but the file's last one (in the last span that is not empty)
             ends = cuts[1:]

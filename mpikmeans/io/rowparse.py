@@ -434,14 +434,13 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_c
 
 
 @njit(cache=True, nogil=True)
-def line_cuts(buf, parts):
-    """Cut ``buf`` into ``parts`` spans of whole lines; also count each span's newlines.
+def span_cuts(buf, parts):
+    """Cut ``buf`` into ``parts`` spans of whole lines, about equal in bytes.
 
     Returns
     -------
     cuts : ndarray, shape (parts + 1,), int64
         Span t is ``buf[cuts[t]:cuts[t + 1]]``; every cut is a line start.
-    newlines : ndarray, shape (parts,), int64
     """
     n = buf.shape[0]
     cuts = np.empty(parts + 1, dtype=np.int64)
@@ -452,12 +451,30 @@ def line_cuts(buf, parts):
             p += 1
         cuts[t] = p
     cuts[parts] = n
-    # one thread: counting runs at memory speed (LLVM vectorises it), a piece of text
-    # is a few MB, and a serial kernel compiles in a fraction of a parallel one's time
-    newlines = np.zeros(parts, dtype=np.int64)
-    for t in range(parts):
-        newlines[t] = _count_newlines(buf[cuts[t]:cuts[t + 1]])
-    return cuts, newlines
+    return cuts
+
+
+def line_cuts(buf, parts, pool=None):
+    """Cut ``buf`` into ``parts`` spans of whole lines (:func:`span_cuts`); also count each span's newlines.
+
+    The counts run on ``pool``'s threads, a span each (the kernel releases the
+    GIL): one thread counts at its share of the memory bandwidth (about 5 GB/s on
+    the H100 machine's VM, 1.3 s of a 6.8 GB read on 16 threads), the spans'
+    threads together at the machine's.
+
+    Returns
+    -------
+    cuts : ndarray, shape (parts + 1,), int64
+    newlines : ndarray, shape (parts,), int64
+    """
+    cuts = span_cuts(buf, parts)
+
+    def count(t):
+        return _count_newlines(buf[cuts[t]:cuts[t + 1]])
+
+    if pool is None or parts == 1:
+        return cuts, np.array([count(t) for t in range(parts)], dtype=np.int64)
+    return cuts, np.array(list(pool.map(count, range(parts))), dtype=np.int64)
 
 
 @njit(cache=True, nogil=True)
