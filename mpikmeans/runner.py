@@ -35,6 +35,7 @@ from .scaling import fit_scaler, global_means
 from .io.output import (CENTERS, CLUSTERED, LABELS, SUMMARY, read_centres_csv, read_centres_fields, write_arrays,
                         write_summary)
 from .io.wekaout import write_clustered_arff
+from .nominal import Layout
 
 log = logging.getLogger("mpikmeans")
 
@@ -55,10 +56,10 @@ class RunOutcome:
     centres : ndarray, shape (k, m), or None
         Final centres in data units.
     full_means : ndarray, shape (m,), or None
-        Mean of every attribute over all rows (Weka's "Full Data" column).
-    table : list of list, or None
-        Weka's centroid table: the "Full Data" row, then one row per centre, of
-        attribute values (a nominal attribute's category name, else a float).
+        Mean of every attribute over all rows (Weka's "Full Data" column; a
+        nominal attribute's block, its mode).
+    layout : Layout or None
+        Which columns are whose (see :mod:`mpikmeans.nominal`).
     """
 
     summary: dict
@@ -67,7 +68,12 @@ class RunOutcome:
     checkpoint: str | None = None
     centres: np.ndarray | None = None
     full_means: np.ndarray | None = None
-    table: list | None = None
+    layout: Layout | None = None
+
+    def table(self) -> list:
+        """Weka's centroid table: the "Full Data" row, then one row per centre, of attribute
+        values (a nominal attribute's category name, else a float)."""
+        return self.layout.decode(np.vstack([self.full_means, self.centres]))
 
 
 def default_output_dir(data: str) -> str:
@@ -591,4 +597,4 @@ def run_job(comm, data: str, cfg, launched_at: float | None = None) -> RunOutcom
     write_summary(comm, out_dir, summary)
     backend.close()
     return RunOutcome(summary, out_dir, checkpoint=ckpt_path if checkpointer.written else None, centres=centres,
-                      full_means=full_means, table=layout.decode(np.vstack([full_means, centres])))
+                      full_means=full_means, layout=layout)

@@ -105,12 +105,13 @@ _TABLE_CELLS = 400
 
 def _print_centroids(outcome) -> None:
     """A centroid table like Weka's SimpleKMeans: Full Data column, then one per cluster."""
-    s, table = outcome.summary, outcome.table
+    s = outcome.summary
     names = s["attributes"]
-    k, m = len(table) - 1, len(names)
+    k, m = len(outcome.centres), len(names)
     if k * m > _TABLE_CELLS:
         click.echo(f"({k} x {m} centroids: see centers.csv)")
         return
+    table = outcome.table()
     heads = ["Full Data"] + [str(j) for j in range(k)]
     sizes = [f"({s['n']}.0)"] + [f"({v}.0)" for v in s["sizes"]]
     # numbers with Weka's 4 decimals, a nominal attribute's category as its name

@@ -556,9 +556,10 @@ def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, path: 
     stats = np.zeros((3, x.shape[1]), dtype=np.int64)
     stats[0] = (~nan).sum(axis=0)
     stats[1] = nan.sum(axis=0)
-    stats[2] = (x == ONE).sum(axis=0)  # a nominal block's category counts
-    stats = comm.allreduce(stats, "sum")
     blocks = [] if layout is None else layout.blocks()
+    if blocks:  # a nominal block's category counts
+        stats[2][~numeric] = (x[:, ~numeric] == ONE).sum(axis=0)
+    stats = comm.allreduce(stats, "sum")
     # a nominal attribute's missing value is one NaN per column of its block: count it once
     count = int(stats[1][numeric].sum() + sum(stats[1][s] for _, s, _ in blocks))
     if count == 0:

@@ -164,10 +164,10 @@ def write_clustered_arff(comm, local, labels: np.ndarray, k: int, path: str) -> 
     if used and piece[-1] != _NL:
         piece = np.concatenate([piece, np.array([_NL], dtype=np.uint8)])
     head = b""
+    tail = ("@attribute cluster {" + ",".join(words[1:]) + "}\n@data\n").encode()
     if comm.rank == 0 and local.path.lower().endswith(".csv"):
         # a CSV file has no ARFF header to copy: its columns, all numeric, as attributes
-        head = header_text(local.header.relation, local.header.names).rsplit(b"@data\n", 1)[0]
-        head += ("@attribute cluster {" + ",".join(words[1:]) + "}\n@data\n").encode()
+        head = header_text(local.header.relation, local.header.names).rsplit(b"@data\n", 1)[0] + tail
     elif comm.rank == 0:
         with open(local.path, "rb") as f:
             text = f.read(local.header.data_offset)
@@ -178,5 +178,5 @@ def write_clustered_arff(comm, local, labels: np.ndarray, k: int, path: str) -> 
         body = b"".join(lines[:-1])
         if body and not body.endswith(b"\n"):
             body += b"\n"
-        head = body + ("@attribute cluster {" + ",".join(words[1:]) + "}\n@data\n").encode()
+        head = body + tail
     return write_parallel(comm, path, head, [piece])
