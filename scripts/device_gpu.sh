@@ -37,6 +37,14 @@ if ls .whl/prefix/*.whl >/dev/null 2>&1; then
     PYTHONPATH=$PYTHONPATH:$(python3 -c 'import sys; print(f"/tmp/prefix/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages")')
     export LD_LIBRARY_PATH=/tmp/prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+# Byte-compiled modules, as `pip install` leaves a package: the lent machines' image sets
+# PYTHONDONTWRITEBYTECODE=1 and its packages have no .pyc, so every process compiled the
+# sources of numpy, numba, scipy and mpikmeans again (0.6-1.0 s of each run's launch and start-up,
+# bench/results/gpu_start_vs_read_H100_2026-11-25.log). A cache outside the packages, filled once.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
+python3 scripts/bytecode_cache.py numpy numba numba_cuda llvmlite scipy mpi4py click sklearn joblib threadpoolctl \
+    cuda mpikmeans || exit 1
 STAGES=${STAGES:-env,tests,bench,ncu}
 BENCH_ARGS=${BENCH_ARGS:-}
 BENCH_VARIANTS=${BENCH_VARIANTS:-'[{}]'}   # JSON, see mpikmeans bench gpu --variants
