@@ -11,6 +11,7 @@ everything in the caches spends no time compiling (see :mod:`mpikmeans.cache`).
 from __future__ import annotations
 
 import os
+import sys
 import shutil
 import tempfile
 import time
@@ -258,6 +259,30 @@ def _cpu_kernels() -> list:
             textfmt._write_fixed, certified.certified_pass, certified.certified_assign]
 
 
+def bytecode_status() -> dict:
+    """Whether Python finds this package byte-compiled, or compiles its sources in every process.
+
+    An installation without ``.pyc`` files in an environment that forbids writing
+    them (``PYTHONDONTWRITEBYTECODE``, as some images set) compiles every module of
+    numpy, numba and this package again at each start: a second of every run on the
+    project's GPU machines, and compiles hold the GIL, which slowed the read beside
+    the GPU's start.
+
+    Returns
+    -------
+    dict
+        ``cached`` (this package's modules have bytecode: always, once imported, unless
+        Python may not write it), ``writes`` (Python writes it where it is missing),
+        ``prefix`` (``PYTHONPYCACHEPREFIX``, or None).
+    """
+    import importlib.util
+
+    from . import runner
+
+    cached = os.path.exists(importlib.util.cache_from_source(runner.__file__))
+    return {"cached": cached, "writes": not sys.dont_write_bytecode, "prefix": sys.pycache_prefix}
+
+
 def cache_status() -> dict:
     """What the caches hold for this version of the package.
 
@@ -266,9 +291,11 @@ def cache_status() -> dict:
     dict
         ``root`` (the cache directory), ``numba_dir``, ``cpu_kernels_cached`` and
         ``cpu_kernels`` (how many of the main CPU kernels are in Numba's cache),
-        ``gpu_kernels`` (compiled GPU kernels stored, all devices and versions).
+        ``gpu_kernels`` (compiled GPU kernels stored, all devices and versions),
+        ``bytecode`` (:func:`bytecode_status`).
     """
-    out = {"root": cache_root(), "numba_dir": os.environ.get("NUMBA_CACHE_DIR") or numba_cache_dir()}
+    out = {"root": cache_root(), "numba_dir": os.environ.get("NUMBA_CACHE_DIR") or numba_cache_dir(),
+           "bytecode": bytecode_status()}
     kernels = _cpu_kernels()
     cached = sum(_cached(disp) for disp in kernels)
     out["cpu_kernels"] = len(kernels)

@@ -314,3 +314,17 @@ def test_info_says_whether_the_kernel_caches_are_warm(tmp_path):
     r = run_cli(["info"])  # the suite's cache, filled by its first run (conftest.warm_numba_cache)
     assert r.code == 0, r.err
     assert "CPU kernels warm" in r.out, r.out
+
+
+def test_info_says_when_every_run_compiles_the_python_sources(tmp_path):
+    """No .pyc and none written (PYTHONDONTWRITEBYTECODE, as the GPU machines' image): info says so and what to do."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from conftest import run_cli
+
+    r = run_cli(["info"], env={"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(tmp_path / "none")})
+    assert r.code == 0, r.err
+    assert "Python bytecode: none, and none is written (PYTHONDONTWRITEBYTECODE)" in r.out, r.out
+    r = run_cli(["info"], env={"PYTHONPYCACHEPREFIX": str(tmp_path / "pyc")})  # written as the package loads
+    assert r.code == 0, r.err
+    assert f"Python bytecode: cached in {tmp_path / 'pyc'}" in r.out, r.out
+    assert (tmp_path / "pyc").is_dir()

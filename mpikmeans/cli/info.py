@@ -44,6 +44,13 @@ def info(as_json):
                 warm = "warm" if cache["cpu_kernels_cached"] == cache["cpu_kernels"] else "cold (mpikmeans warmup)"
                 click.echo(f"kernel cache: {cache['root']}: CPU kernels {warm}, {cache['cpu_kernels_cached']} of "
                            f"{cache['cpu_kernels']} main ones compiled; {cache['gpu_kernels']} GPU kernels stored")
+                code = cache["bytecode"]
+                if not code["cached"] and not code["writes"]:
+                    click.echo("Python bytecode: none, and none is written (PYTHONDONTWRITEBYTECODE): every run "
+                               "compiles the sources of this package again; byte-compile it once (python -m "
+                               "compileall), or set PYTHONPYCACHEPREFIX to a writable directory and unset the variable")
+                else:
+                    click.echo("Python bytecode: cached" + (f" in {code['prefix']}" if code["prefix"] else ""))
                 click.echo(f"{'rank':>4} {'host':<20} {'node rank':>9} {'cpus':>5} {'threads':>7} {'auto':>5}  gpu")
                 for r in rows:
                     gpu = "-"

@@ -7,7 +7,10 @@ read and set-up times from summary.json:
 - ``cpu``: ``--backend cpu --init sample --max-iter 1``: no GPU start at all;
 - ``gpu``: the current code (the start in a thread beside the read);
 - ``gpu-after``: the GPU start only once the read is over (sequential);
-- ``gpu-switch``: as ``gpu``, with ``sys.setswitchinterval(SWITCH)`` for the whole run.
+- ``gpu-switch``: as ``gpu``, with ``sys.setswitchinterval(SWITCH)`` for the whole run;
+- ``gpu-early``: the GPU start before the reader's start-up (``prepare_read``) instead of after it.
+
+``--variants a,b`` picks some; ``--no-load`` leaves out the load measurement.
 
 Then, in this process, the GPU's start alone (numba-cuda import, context) and the
 parts of ``DeviceRows.load`` for the spec example's rows (device allocation, the
@@ -45,6 +48,21 @@ class Later(_Prep):
             _Prep.__init__(self, *self._args)
         return _Prep.result(self)
 r.DevicePreparation = Later
+""",
+    "gpu-early": """
+import mpikmeans.runner as r
+_Prep, _prepare_read = r.DevicePreparation, r.prepare_read
+_early = []
+def prepare_read(comm, data, threads):
+    _early.append(_Prep(comm, r._early_cfg))
+    return _prepare_read(comm, data, threads)
+_run_job = r.run_job
+def run_job(comm, data, cfg, launched_at=None):
+    r._early_cfg = cfg
+    return _run_job(comm, data, cfg, launched_at)
+r.run_job = run_job
+r.prepare_read = prepare_read
+r.DevicePreparation = lambda comm, cfg: _early.pop()
 """,
 }
 
@@ -119,10 +137,14 @@ def gpu_start_and_load(n: int, m: int) -> dict:
 
 def main() -> None:
     data, k, repeats, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    variants = ("cpu", "gpu", "gpu-after", "gpu-switch", "gpu-early")
+    for a in sys.argv:
+        if a.startswith("--variants="):
+            variants = tuple(a.split("=", 1)[1].split(","))
     one("gpu", data, k)  # warm caches, page cache
     runs = []
     for rep in range(repeats):
-        for v in ("cpu", "gpu", "gpu-after", "gpu-switch"):
+        for v in variants:
             r = one(v, data, k)
             runs.append(r)
             print(f"{v:11s} read {r['read_s']:.3f}  startup {r['startup_s']:.3f}  setup {r['setup_s']:.3f} "
