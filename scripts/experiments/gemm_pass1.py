@@ -39,133 +39,162 @@ U32 = 2.0 ** -24
 CASES = {"A": (5_000_000, 100, 50), "B": (10_000_000, 32, 1000), "C": (100_000_000, 8, 16),
          "D": (300_000, 257, 1000), "E": (2_000_000, 3, 7)}
 NT = 256
-BM = BN = 128
-BK = 8
 _ALIGN = None if SIM else 16  # the 16-byte shared loads need it; the simulator refuses the argument
 
 
 @functools.lru_cache(maxsize=None)
-def gemm_pass1_kernel(m: int, kp: int):
-    """Certified nearest centre of every row, float32 GEMM form (see the module docstring)."""
-    M_C, KP_C = int(m), int(kp)
-    NCT = KP_C // BN
+def gemm_pass1_kernel(m: int, kp: int, bn: int = 128, bk: int = 16, maxreg: int = 0):
+    """Certified nearest centre of every row, float32 GEMM form (see the module docstring).
+
+    ``bn`` centres per tile (128 or 64; rows per tile ``bm = 8 * 256 / (bn / 8)``), ``bk``
+    attributes per stage; two shared buffers per operand, the next stage's values loaded
+    into registers while this one is multiplied (one barrier per stage).
+    """
+    M_C, KP_C, BN_, BK_ = int(m), int(kp), int(bn), int(bk)
+    TX = BN_ // 8  # threads along the centres
+    TY = NT // TX  # threads along the rows
+    BM_ = TY * 8
+    HM, HN = BM_ // 2, BN_ // 2
+    NCT = KP_C // BN_
+    NST = -(-M_C // BK_)  # stages per centre tile
+    XQ = BK_ * BM_ // NT  # x values each thread stages per stage
+    CQ = BK_ * BN_ // NT  # centre values likewise
+    XSN = BK_ * BM_
+    CSN = BK_ * BN_
+    XS2, CS2, MN = 2 * XSN, 2 * CSN, TX * BM_
     TOLF = np.float32(2.1 * (M_C + 5) * U32)
     TINY = np.float32(1.0e-36)
     BIG = np.float32(1.0e30)
     INF = np.float32(np.inf)
 
     def km_gemm_pass1(x, n, ld, cm, cc, sh, zlim, labels, flags, nflag):
-        xs = cuda.shared.array(BK * BM, dtype=float32, alignment=_ALIGN)
-        cs = cuda.shared.array(BK * BN, dtype=float32, alignment=_ALIGN)
-        sb1 = cuda.shared.array(16 * BM, dtype=float32)
-        sb2 = cuda.shared.array(16 * BM, dtype=float32)
-        si1 = cuda.shared.array(16 * BM, dtype=int32)
-        syy = cuda.shared.array(BM, dtype=float32)
+        xs = cuda.shared.array(XS2, dtype=float32, alignment=_ALIGN)
+        cs = cuda.shared.array(CS2, dtype=float32, alignment=_ALIGN)
+        sb1 = cuda.shared.array(MN, dtype=float32)
+        sb2 = cuda.shared.array(MN, dtype=float32)
+        si1 = cuda.shared.array(MN, dtype=int32)
+        syy = cuda.shared.array(BM_, dtype=float32)
         tid = cuda.threadIdx.x
-        tx = tid % 16
-        ty = tid // 16
+        tx = tid % TX
+        ty = tid // TX
+        xr = tid % BM_  # the row this thread stages
+        xk = tid // BM_  # its first attribute in a stage (then every NT // BM_)
+        cr = tid % BN_
+        ck = tid // BN_
         acc = cuda.local.array(64, dtype=float32)
-        yy = cuda.local.array(8, dtype=float32)
-        b1 = cuda.local.array(8, dtype=float32)
-        b2 = cuda.local.array(8, dtype=float32)
-        i1 = cuda.local.array(8, dtype=int32)
         av = cuda.local.array(8, dtype=float32)
-        cv8 = cuda.local.array(8, dtype=float32)
-        ntiles = (n + BM - 1) // BM
+        cv = cuda.local.array(8, dtype=float32)
+        px = cuda.local.array(XQ, dtype=float32)
+        pc = cuda.local.array(CQ, dtype=float32)
+        ntiles = (n + BM_ - 1) // BM_
         for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
-            row0 = tile * BM
+            row0 = tile * BM_
             for r in range(8):
-                yy[r] = float32(0.0)
-                b1[r] = INF
-                b2[r] = INF
-                i1[r] = 0
+                rr = ty * 4 + r if r < 4 else HM + ty * 4 + r - 4
+                stx(sb1, tx * BM_ + rr, INF)
+                stx(sb2, tx * BM_ + rr, INF)
+                stx(si1, tx * BM_ + rr, 0)
+            i = row0 + xr
+            if i >= n:
+                i = n - 1
+            yp = float32(0.0)
             for ct in range(NCT):
                 for q in range(64):
                     acc[q] = float32(0.0)
-                for j0 in range(0, M_C, BK):
-                    # stage BK attributes of the 128 rows and of the 128 centres
-                    for q in range(BK * BM // NT):
-                        e = tid + q * NT
-                        kk = e // BM
-                        rr = e - kk * BM
-                        j = j0 + kk
-                        i = row0 + rr
-                        if i >= n:
-                            i = n - 1
-                        v = float32(0.0)
-                        if j < M_C:
-                            v = ldx(x, j * ld + i) - ldx(sh, j)
-                        stx(xs, e, v)
-                        cv = float32(0.0)
-                        if j < M_C:
-                            cv = ldx(cm, j * KP_C + ct * BN + rr)
-                        stx(cs, e, cv)
-                    cuda.syncthreads()
-                    for kk in range(BK):
-                        av[0], av[1], av[2], av[3] = ld4(xs, kk * BM + ty * 4)
-                        av[4], av[5], av[6], av[7] = ld4(xs, kk * BM + 64 + ty * 4)
-                        cv8[0], cv8[1], cv8[2], cv8[3] = ld4(cs, kk * BN + tx * 4)
-                        cv8[4], cv8[5], cv8[6], cv8[7] = ld4(cs, kk * BN + 64 + tx * 4)
-                        if ct == 0:
+                for st in range(NST + 1):
+                    # load stage st (registers), multiply stage st - 1 (shared), store stage st
+                    if st < NST:
+                        j0 = st * BK_
+                        for q in range(XQ):
+                            j = j0 + xk + q * (NT // BM_)
+                            v = float32(0.0)
+                            if j < M_C:
+                                v = ldx(x, j * ld + i) - ldx(sh, j)
+                            px[q] = v
+                        for q in range(CQ):
+                            j = j0 + ck + q * (NT // BN_)
+                            v = float32(0.0)
+                            if j < M_C:
+                                v = ldx(cm, j * KP_C + ct * BN_ + cr)
+                            pc[q] = v
+                    if st > 0:
+                        bx = ((st - 1) & 1) * XSN
+                        bc = ((st - 1) & 1) * CSN
+                        for kk in range(BK_):
+                            av[0], av[1], av[2], av[3] = ld4(xs, bx + kk * BM_ + ty * 4)
+                            av[4], av[5], av[6], av[7] = ld4(xs, bx + kk * BM_ + HM + ty * 4)
+                            cv[0], cv[1], cv[2], cv[3] = ld4(cs, bc + kk * BN_ + tx * 4)
+                            cv[4], cv[5], cv[6], cv[7] = ld4(cs, bc + kk * BN_ + HN + tx * 4)
                             for r in range(8):
-                                yy[r] += av[r] * av[r]
-                        for r in range(8):
-                            for c in range(8):
-                                acc[r * 8 + c] += av[r] * cv8[c]
+                                for c in range(8):
+                                    acc[r * 8 + c] += av[r] * cv[c]
+                    if st < NST:
+                        bx = (st & 1) * XSN
+                        bc = (st & 1) * CSN
+                        for q in range(XQ):
+                            stx(xs, bx + (xk + q * (NT // BM_)) * BM_ + xr, px[q])
+                            if ct == 0:
+                                yp += px[q] * px[q]
+                        for q in range(CQ):
+                            stx(cs, bc + (ck + q * (NT // BN_)) * BN_ + cr, pc[q])
                     cuda.syncthreads()
-                # fold this centre tile into each row's best and second best
-                for c in range(8):
-                    col = ct * BN + (tx * 4 + c if c < 4 else 64 + tx * 4 + c - 4)
-                    cc_c = ldx(cc, col)
-                    for r in range(8):
-                        d = acc[r * 8 + c] + cc_c
-                        o1 = b1[r]
-                        lt1 = d < o1
-                        b2[r] = o1 if lt1 else (d if d < b2[r] else b2[r])
-                        b1[r] = d if lt1 else o1
-                        i1[r] = col if lt1 else i1[r]
-            # merge over the 16 threads that hold the same rows (other centres), in shared memory
-            for r in range(8):
-                rr = ty * 4 + r if r < 4 else 64 + ty * 4 + r - 4
-                stx(sb1, tx * BM + rr, b1[r])
-                stx(sb2, tx * BM + rr, b2[r])
-                stx(si1, tx * BM + rr, i1[r])
-                if tx == 0:
-                    stx(syy, rr, yy[r])
+                # fold this centre tile into each row's best and second best (shared, own entries)
+                for r in range(8):
+                    rr = ty * 4 + r if r < 4 else HM + ty * 4 + r - 4
+                    m1 = ldx(sb1, tx * BM_ + rr)
+                    m2 = ldx(sb2, tx * BM_ + rr)
+                    mi = ldx(si1, tx * BM_ + rr)
+                    for c in range(8):
+                        col = ct * BN_ + (tx * 4 + c if c < 4 else HN + tx * 4 + c - 4)
+                        d = acc[r * 8 + c] + ldx(cc, col)
+                        lt1 = d < m1
+                        m2 = m1 if lt1 else (d if d < m2 else m2)
+                        mi = col if lt1 else mi
+                        m1 = d if lt1 else m1
+                    stx(sb1, tx * BM_ + rr, m1)
+                    stx(sb2, tx * BM_ + rr, m2)
+                    stx(si1, tx * BM_ + rr, mi)
+            # |y|^2 of each row: the partial sums of the threads that staged it
+            if tid < BM_:
+                stx(syy, xr, yp)
             cuda.syncthreads()
-            if tid < BM:
+            for h in range(1, NT // BM_):
+                if tid // BM_ == h:
+                    stx(syy, xr, ldx(syy, xr) + yp)
+                cuda.syncthreads()
+            if tid < BM_:
                 m1 = ldx(sb1, tid)
                 m2 = ldx(sb2, tid)
                 mi = ldx(si1, tid)
-                for t in range(1, 16):
-                    o1 = ldx(sb1, t * BM + tid)
-                    o2 = ldx(sb2, t * BM + tid)
-                    oi = ldx(si1, t * BM + tid)
+                for t in range(1, TX):
+                    o1 = ldx(sb1, t * BM_ + tid)
+                    o2 = ldx(sb2, t * BM_ + tid)
+                    oi = ldx(si1, t * BM_ + tid)
                     take = o1 < m1 or (o1 == m1 and oi < mi)
                     hi = m1 if take else o1  # the larger of the two bests
                     s2 = m2 if m2 < o2 else o2
                     m2 = hi if hi < s2 else s2
                     m1 = o1 if take else m1
                     mi = oi if take else mi
-                i = row0 + tid
-                if i < n:
+                i2 = row0 + tid
+                if i2 < n:
                     scale = ldx(syy, tid) + zlim
                     tol = TOLF * scale + TINY
                     if m2 - m1 > tol and scale < BIG:
-                        stx(labels, i, mi)
+                        stx(labels, i2, mi)
                     else:
-                        stx(labels, i, -1)
+                        stx(labels, i2, -1)
                         p = cuda.atomic.add(nflag, 0, 1)
-                        stx(flags, p, i)
+                        stx(flags, p, i2)
             cuda.syncthreads()
 
-    return cuda.jit(km_gemm_pass1)
+    return cuda.jit(km_gemm_pass1, max_registers=maxreg) if maxreg else cuda.jit(km_gemm_pass1)
 
 
-def pack(centres: np.ndarray):
-    """The kernel's centre data: shift s, -2(c - s) attribute-major padded to BN, |c - s|^2, zlim."""
+def pack(centres: np.ndarray, bn: int):
+    """The kernel's centre data: shift s, -2(c - s) attribute-major padded to ``bn``, |c - s|^2, zlim."""
     k, m = centres.shape
-    kp = -(-k // BN) * BN
+    kp = -(-k // bn) * bn
     s = centres.mean(axis=0)
     z = centres - s
     cm = np.zeros((m, kp), dtype=np.float32)
@@ -176,7 +205,8 @@ def pack(centres: np.ndarray):
     return kp, s.astype(np.float32), cm.ravel(), cc, zlim
 
 
-def run_case(name: str, n: int, m: int, k: int, repeats: int, check_rows: int, tie: bool = False) -> dict:
+def run_case(name: str, n: int, m: int, k: int, repeats: int, check_rows: int, tie: bool = False,
+             variants: tuple = ((128, 16, 0),)) -> dict:
     rng = np.random.default_rng(0)
     t = time.perf_counter()
     centres = rng.uniform(-8, 8, size=(k, m))
@@ -189,54 +219,64 @@ def run_case(name: str, n: int, m: int, k: int, repeats: int, check_rows: int, t
         xt[j, :n] = centres[lab0, j] + rng.standard_normal(n, dtype=np.float32)
     xt[:, n:] = 0
     gen_s = time.perf_counter() - t
-    kp, s, cm, cc, zlim = pack(centres)
-    dx = cuda.to_device(xt.ravel())
-    dcm, dcc, dsh = cuda.to_device(cm), cuda.to_device(cc), cuda.to_device(s)
-    labels = cuda.device_array(n, dtype=np.int32)
-    flags = cuda.device_array(n, dtype=np.int32)
-    nflag = cuda.to_device(np.zeros(1, dtype=np.int32))
-    kern = gemm_pass1_kernel(m, kp)
-    ntiles = -(-n // BM)
-    sms = 132 if SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT
-    grid = min(ntiles, 2 if SIM else sms * 4)
-    args = (dx, n, ld, dcm, dcc, dsh, zlim, labels, flags, nflag)
-    t = time.perf_counter()
-    kern[grid, NT](*args)
-    cuda.synchronize()
-    compile_s = time.perf_counter() - t
-    times = []
-    for _ in range(repeats):
-        nflag.copy_to_device(np.zeros(1, dtype=np.int32))
-        e0, e1 = cuda.event(), cuda.event()
-        e0.record()
-        kern[grid, NT](*args)
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    regs = None
-    try:
-        regs = int(next(iter(kern.overloads.values())).get_regs_per_thread())
-    except Exception:  # the simulator, or an older numba-cuda
-        pass
-    lab = labels.copy_to_host()
-    flagged = int(nflag.copy_to_host()[0])
     # the labels kept must be the exact float64 nearest centre (rows checked: the first check_rows)
     rows = min(n, check_rows)
     x64 = xt[:, :rows].T.astype(np.float64)
     best = np.empty(rows, dtype=np.int64)
     for a in range(0, rows, 2048):
         b = min(rows, a + 2048)
-        d = ((x64[a:b, None, :] - centres[None, :, :]) ** 2).sum(axis=2)
-        best[a:b] = d.argmin(axis=1)
-    kept = lab[:rows] >= 0
-    if tie:
-        assert (~kept[np.isin(best, [0, 1])]).all(), "a row of the tied centres kept a label"
-    wrong = int((lab[:rows][kept] != best[kept]).sum())
-    ms = float(np.median(times))
-    fma = n * kp * m
-    return {"case": name, "n": n, "m": m, "k": k, "kp": kp, "grid": grid, "gen_s": gen_s, "compile_s": compile_s,
-            "ms_median": ms, "ms_min": float(np.min(times)), "tfma_per_s": fma / (ms * 1e-3) / 1e12,
-            "flagged": flagged, "regs": regs, "checked_rows": rows, "wrong_labels": wrong}
+        best[a:b] = ((x64[a:b, None, :] - centres[None, :, :]) ** 2).sum(axis=2).argmin(axis=1)
+    dx = cuda.to_device(xt.ravel())
+    labels = cuda.device_array(n, dtype=np.int32)
+    flags = cuda.device_array(n, dtype=np.int32)
+    nflag = cuda.to_device(np.zeros(1, dtype=np.int32))
+    sms = 132 if SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT
+    out = {"case": name, "n": n, "m": m, "k": k, "gen_s": gen_s, "variants": []}
+    for bn, bk, maxreg in variants:
+        kp, s, cm, cc, zlim = pack(centres, bn)
+        dcm, dcc, dsh = cuda.to_device(cm), cuda.to_device(cc), cuda.to_device(s)
+        kern = gemm_pass1_kernel(m, kp, bn, bk, maxreg)
+        bm = 8 * NT // (bn // 8)
+        ntiles = -(-n // bm)
+        args = (dx, n, ld, dcm, dcc, dsh, zlim, labels, flags, nflag)
+        t = time.perf_counter()
+        try:
+            kern[min(ntiles, 2), NT](*args)  # compile
+            cuda.synchronize()
+        except Exception as exc:  # e.g. more static shared memory than a block may have
+            out["variants"].append({"bn": bn, "bk": bk, "maxreg": maxreg, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            continue
+        compile_s = time.perf_counter() - t
+        regs = None
+        try:
+            regs = int(next(iter(kern.overloads.values())).get_regs_per_thread())
+        except Exception:  # the simulator, or an older numba-cuda
+            pass
+        for per_sm in ((1,) if SIM else (1, 2, 4)):
+            grid = min(ntiles, 2 if SIM else sms * per_sm)
+            times = []
+            for _ in range(repeats):
+                nflag.copy_to_device(np.zeros(1, dtype=np.int32))
+                e0, e1 = cuda.event(), cuda.event()
+                e0.record()
+                kern[grid, NT](*args)
+                e1.record()
+                e1.synchronize()
+                times.append(e0.elapsed_time(e1))
+            ms = float(np.median(times))
+            out["variants"].append({"bn": bn, "bk": bk, "maxreg": maxreg, "kp": kp, "grid": grid, "regs": regs,
+                                    "compile_s": compile_s, "ms_median": ms, "ms_min": float(np.min(times)),
+                                    "tfma_per_s": n * kp * m / (ms * 1e-3) / 1e12,
+                                    "useful_tfma_per_s": n * k * m / (ms * 1e-3) / 1e12})
+        lab = labels.copy_to_host()
+        kept = lab[:rows] >= 0
+        if tie:
+            assert (~kept[np.isin(best, [0, 1])]).all(), "a row of the tied centres kept a label"
+        for v in out["variants"]:
+            if v["bn"] == bn and v["bk"] == bk and v["maxreg"] == maxreg:
+                v.update(flagged=int(nflag.copy_to_host()[0]), checked_rows=rows,
+                         wrong_labels=int((lab[:rows][kept] != best[kept]).sum()))
+    return out
 
 
 def main() -> None:
@@ -246,17 +286,26 @@ def main() -> None:
     ap.add_argument("--check-rows", type=int, default=20_000)
     ap.add_argument("--shape", help="NxMxK instead of the cases (simulator tests)")
     ap.add_argument("--tie", action="store_true", help="two equal centres (their rows must be flagged)")
+    ap.add_argument("--variants", default="128:8:0,64:8:0,128:16:0,64:16:0",
+                    help="bn:bk:maxreg,... (maxreg 0: no limit)")
     ap.add_argument("--out")
     a = ap.parse_args()
     todo = [(c, *CASES[c]) for c in a.cases.split(",")] if not a.shape else \
         [("custom", *(int(v) for v in a.shape.split("x")))]
     res = []
     for name, n, m, k in todo:
-        r = run_case(name, n, m, k, a.repeats, a.check_rows, a.tie)
+        variants = tuple(tuple(int(v) for v in part.split(":")) for part in a.variants.split(","))
+        r = run_case(name, n, m, k, a.repeats, a.check_rows, a.tie, variants)
         res.append(r)
-        print(f"{name}: {n} x {m}, K = {k}: {r['ms_median']:.3f} ms (min {r['ms_min']:.3f}), "
-              f"{r['tfma_per_s']:.1f} TFMA/s (padded K {r['kp']}), flagged {r['flagged']}, regs {r['regs']}, "
-              f"wrong {r['wrong_labels']} of {r['checked_rows']} checked; compile {r['compile_s']:.1f} s", flush=True)
+        for v in r["variants"]:
+            if "error" in v:
+                print(f"{name}: bn {v['bn']} bk {v['bk']} maxreg {v['maxreg']}: {v['error']}", flush=True)
+                continue
+            print(f"{name}: {n} x {m}, K = {k}, bn {v['bn']} bk {v['bk']} maxreg {v['maxreg']} grid {v['grid']}: "
+                  f"{v['ms_median']:.3f} ms (min {v['ms_min']:.3f}), {v['tfma_per_s']:.1f} TFMA/s "
+                  f"({v['useful_tfma_per_s']:.1f} useful, padded K {v['kp']}), regs {v['regs']}, "
+                  f"flagged {v.get('flagged')}, wrong {v.get('wrong_labels')} of {v.get('checked_rows')}; "
+                  f"compile {v['compile_s']:.1f} s", flush=True)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"device": None if SIM else cuda.get_current_device().name.decode()
