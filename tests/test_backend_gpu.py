@@ -140,6 +140,16 @@ _SIM_PROGRAM = textwrap.dedent(
     x7, _c7 = blobs(300, 5, 12, 8, offset=1.0e4)
     compare("delta_offset", x7, x7[:12].copy(), tune=always, iters=5)
     compare("delta_weighted_is_full", x6, c6, weights=w6, tune=always, iters=2)
+    # the GEMM-shaped screen (gemm.py), forced on small shapes: one attribute slice, three
+    # (m=33, the last one short), two centre tiles (k=130), weights and float32, exact
+    # ties (flagged, decided by the exact kernel), and incremental steps
+    g = {"gemm": True}
+    compare("gemm_f64", x, c, tune=g, iters=2)
+    compare("gemm_f32_weighted", x, c, dtype="float32", weights=w, tune=g, iters=1)
+    compare("gemm_wide_ties", x4, np.vstack([c4, c4[:1]]), tune=g, iters=1)
+    x8, c8 = blobs(260, 3, 130, 9)
+    compare("gemm_centre_tiles", x8, c8, tune=g, iters=1)
+    compare("gemm_delta", x6, x6[:40].copy(), tune=dict(g, delta="always"), iters=3)
 
     if PART != 0:
         sys.exit(0)  # the scenarios below run in part 0 only
@@ -244,6 +254,19 @@ def _assert_parity(rec, sums_tol=1e-12, exact_counts=True, labels=True):
         assert st["sse_rel"] <= max(sums_tol, 1e-12), st
         assert st["changed"][0] == st["changed"][1], st
         assert st["dist2_rel"] <= max(sums_tol, 1e-12), st
+
+
+@pytest.mark.parametrize("name", ["gemm_f64", "gemm_f32_weighted", "gemm_wide_ties", "gemm_centre_tiles",
+                                  "gemm_delta"])
+def test_sim_gemm_screen_matches_cpu(sim, name):
+    """The GEMM-shaped screen gives the CPU's labels, counts, sums and SSE (ties go to the exact kernel)."""
+    rec = sim[name]
+    if name == "gemm_f32_weighted":  # rows rounded to float32 on the device, weighted counts
+        _assert_parity(rec, sums_tol=1e-6, exact_counts=False)
+    else:
+        _assert_parity(rec)
+    if name == "gemm_wide_ties":  # the duplicated centre's rows are exact ties: flagged, lowest index
+        assert rec["steps"][0]["flagged"] > 0, rec
 
 
 def test_sim_float64_matches_cpu(sim):
@@ -529,6 +552,18 @@ def test_gpu_matches_cpu(dtype):
 @pytest.mark.parametrize("k,m", [(50, 100), (200, 8), (1000, 32)])
 def test_gpu_shapes(k, m):
     _gpu_vs_cpu(60_000, m, k, iters=2)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_gpu_gemm_screen_matches_cpu(dtype):
+    """The GEMM-shaped screen: chosen for centres too large for shared memory (K x M = 257,000), and forced
+    on a shape that would not choose it, with weights and with labels still changing (incremental steps)."""
+    gpu = _gpu_vs_cpu(30_000, 257, 1000, dtype=dtype, iters=2, start_rows=True, cpu_sees_stored=True)
+    assert gpu.gemm_wanted(gpu._plan(1000, False), False)  # the step plan of this shape takes it
+    _gpu_vs_cpu(50_000, 70, 130, dtype=dtype, tune={"gemm": True}, weights=True, iters=2)
+    _gpu_vs_cpu(50_000, 70, 130, dtype=dtype, tune={"gemm": True, "delta": "always"}, iters=5, start_rows=True)
 
 
 @pytest.mark.gpu

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...exact import HostFixed, limbs_to_int, scale_factors, to_fixed
 from .. import Backend, BackendInfo, BackendUnavailable, StepResult
-from . import initk
+from . import gemm, initk
 from ...cache import gpu_shape_key, mark_gpu_shape_warm
 from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
@@ -90,6 +90,18 @@ class _DeviceFixed:
         if self.weights is not None:
             v = v * self.weights[a:z]
         return a + HostFixed(to_fixed(v, self.s)).find(t - (self.ends[b - 1] if b else 0))
+
+
+class _Steps:
+    """Launches that run one after the other as the step's first kernel (the GEMM path's)."""
+
+    def __init__(self, launches: list):
+        self.launches = launches
+        self.fast = all(launch.fast for launch in launches)
+
+    def __call__(self) -> None:
+        for launch in self.launches:
+            launch()
 
 
 @dataclass
@@ -271,18 +283,74 @@ class GPUBackend(Backend):
                 plan.maxreg, k, self.m, plan.nct, tuple(plan.offs), tuple(pack.layout), idx32,
                 bool(self.tune.get("diag_skip_pass2")), bool(self.tune.get("lineinfo")))
 
+    def gemm_wanted(self, plan: Plan, assign: bool) -> bool:
+        """Whether a step with ``plan`` takes the GEMM-shaped screen (:mod:`.gemm`) instead of the fused kernel.
+
+        Where the centres do not fit in shared memory and the rows are long enough for
+        the GEMM's tiles (M >= 64): there the fused kernel's pass 1 reads every centre
+        from L2 for every row tile (3e5 x 257, K = 1000: 22 ms a step on the H100, the
+        GEMM screen 5.75 ms).  Resident rows, steps only (the final assignment keeps the
+        fused kernel); ``tune={"gemm": bool}`` decides instead (tests, benchmarks).
+        """
+        if assign or self.rows.streaming:
+            return False
+        forced = self.tune.get("gemm")
+        if forced is not None:
+            return bool(forced)
+        return not plan.centres_shared and self.m >= 64
+
+    def _gemm_launches(self, plan: Plan, pack: Pack, k: int, x, rows: int, labels, flags, w, fslot: int,
+                       stream, delta: bool) -> _Steps:
+        """The GEMM path's launches of one step: repack the centres, screen, and (full steps) the sums."""
+        m = self.m
+        kp = plan.nct * plan.TC
+        kpg = gemm.padded_centres(kp)
+        layout = tuple(pack.layout)
+        cmg = cuda.device_array(m * kpg, dtype=np.float32)
+        ccg = cuda.device_array(kpg, dtype=np.float32)
+        newlab = cuda.device_array(max(1, rows), dtype=np.int32)
+        out = []
+        rspec = (m, plan.TC, plan.nct, layout)
+        rk = gemm.repack_kernel(*rspec)
+        rargs = (pack.p32, cmg, ccg)
+        out.append(Launch(rk, compiled("gemm_repack", rspec, rk, rargs), rargs, -(-m * kpg // gemm.NT_SUMS),
+                          gemm.NT_SUMS, 0, stream, self._fast))
+        sspec = (self.dtype, m, kpg, layout, delta)
+        sk = gemm.screen_kernel(*sspec)
+        sargs = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, cmg, ccg, pack.ctr, labels, newlab, flags,
+                 int(fslot))
+        ntiles = -(-rows // gemm.BM)
+        # two blocks per multiprocessor fit (about 115 registers, 58 KB of shared memory)
+        grid = max(1, min(ntiles, 2 if SIM else 2 * self.limits.sm_count))
+        self.last_grid = grid
+        out.append(Launch(sk, compiled("gemm_screen", sspec, sk, sargs), sargs, grid, gemm.NT, 0, stream,
+                          self._fast))
+        if not delta:
+            uspec = (self.dtype, self.rows.weighted, m, layout)
+            uk = gemm.sums_kernel(*uspec)
+            uargs = (x, int(rows), int(self.rows.ld), pack.dev, pack.ctr, labels, newlab, w)
+            ugrid = max(1, min(-(-rows // gemm.NT_SUMS), 2 if SIM else 16 * self.limits.sm_count))
+            out.append(Launch(uk, compiled("gemm_sums", uspec, uk, uargs), uargs, ugrid, gemm.NT_SUMS, 0, stream,
+                              self._fast))
+        return _Steps(out)
+
     def _launches(self, plan: Plan, pack: Pack, k: int, assign: bool, x, rows: int, labels, flags, w,
                   dist2, fslot: int, stream, delta: bool = False):
-        """The prepared (fused, recheck) pair for one block of rows."""
-        spec = self.fused_spec(plan, pack, k)
-        kern = fused_kernel(*spec)
-        args = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
-        kobj = compiled("fused", spec, kern, args)
-        per_sm = self._blocks_per_sm(kobj, spec, plan)
-        ntiles = -(-rows // (plan.NT * plan.R))
-        grid = max(1, min(ntiles, 2 if SIM else per_sm * self.limits.sm_count))
-        self.last_grid = grid
-        fused = Launch(kern, kobj, args, grid, plan.NT, plan.smem, stream, self._fast)
+        """The prepared (fused, recheck) pair for one block of rows (``fused``: the GEMM path's launches
+        where :meth:`gemm_wanted`)."""
+        if self.gemm_wanted(plan, assign):
+            fused = self._gemm_launches(plan, pack, k, x, rows, labels, flags, w, fslot, stream, delta)
+        else:
+            spec = self.fused_spec(plan, pack, k)
+            kern = fused_kernel(*spec)
+            args = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, pack.ctr, labels, flags, w, dist2,
+                    int(fslot))
+            kobj = compiled("fused", spec, kern, args)
+            per_sm = self._blocks_per_sm(kobj, spec, plan)
+            ntiles = -(-rows // (plan.NT * plan.R))
+            grid = max(1, min(ntiles, 2 if SIM else per_sm * self.limits.sm_count))
+            self.last_grid = grid
+            fused = Launch(kern, kobj, args, grid, plan.NT, plan.smem, stream, self._fast)
         rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta)
         rk = recheck_kernel(*rspec)
         rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))

@@ -1,0 +1,307 @@
+"""The GEMM-shaped full step, for shapes whose centres do not fit in shared memory.
+
+The fused kernel's pass 1 (:mod:`.kernels`) keeps each thread's rows in registers and
+streams the centres from shared memory; when K x M float32 values do not fit there
+(3e5 x 257, K = 1000: 1 MB), every row tile reads them all from L2 and the step is
+bound by those reads (22 ms on the H100 against a 2.3 ms floor).  Here the distance
+screen is a register-blocked GEMM instead: a block of 256 threads computes the float32
+``|z|^2 - 2 y.z`` of a tile of rows against a tile of centres, both staged through
+shared memory in slices of attributes (double-buffered: the next slice's loads are in
+flight while this one is multiplied), each thread an 8 x 8 block of the product, and
+keeps each row's best and second-best centre across the centre tiles
+(scripts/experiments/gemm_pass1.py measured 5.75 ms for that shape).
+
+The certificate is the fused kernel's: a row keeps its float32 winner only when the gap
+to the second best exceeds ``TOLF (|y|^2 + 2 max|z|^2) + tiny``, a bound on the
+float32 error of any summation order; every other row is flagged for the exact
+float64 kernel (:func:`.kernels.recheck_kernel`), so the labels are those of exact
+float64 arithmetic as on every other path.  Three launches per step:
+
+1. :func:`repack_kernel`: the step buffer's centre data (tiles of ``TC``) into the
+   attribute-major layout the GEMM reads, padded to a whole centre tile;
+2. :func:`screen_kernel`: certified labels into ``newlab`` (-1: flagged), flagged rows
+   listed for the exact kernel; in an incremental step (``delta``) a certified row
+   that keeps its label needs nothing and one that changes is flagged (the exact
+   kernel moves it);
+3. :func:`sums_kernel` (full steps): for every certified row, the changed count, its
+   new label, and the float64 deviation sums, count and SSE, added as the fused
+   kernel's global mode adds them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .device import SIM, cuda
+from .intrinsics import ld4, ldx, stx
+from .plan import PackLayout
+
+if cuda is not None:
+    from numba import float32, float64, int32, int64
+
+#: threads per block of the screen
+NT = 256
+#: centres per tile (the block's columns), attributes per staged slice
+BN = 128
+BK = 16
+#: rows per tile: 16 x 8 = 128 per block (NT / (BN / 8) threads along the rows, 8 rows each)
+BM = 8 * NT // (BN // 8)
+_U32 = 2.0 ** -24
+_ALIGN = None if SIM else 16  # the 16-byte shared loads need it; the simulator refuses the argument
+#: threads per block of the repack and sums kernels
+NT_SUMS = 128
+
+
+def padded_centres(kp: int) -> int:
+    """Centre slots of the GEMM layout: ``kp`` rounded up to whole tiles of ``BN``."""
+    return -(-kp // BN) * BN
+
+
+@functools.lru_cache(maxsize=None)
+def repack_kernel(m_c: int, tc_c: int, nct_c: int, pack_c: tuple):
+    """``cmg[j * kpg + c] = -2 z[c, j]`` and ``ccg[c] = |z_c|^2`` from the step buffer (padding: 0, +inf).
+
+    Arguments: p32 (the step buffer's float32 view), cmg (m * kpg,), ccg (kpg,).
+    """
+    M_C, TC, NCT = int(m_c), int(tc_c), int(nct_c)
+    KP = NCT * TC
+    KPG = padded_centres(KP)
+    L = PackLayout(*pack_c)
+    P_CM, P_CC = int(L.p32_cm), int(L.p32_cc)
+    INF = np.float32(np.inf)
+
+    def km_gemm_repack(p32, cmg, ccg):
+        q = cuda.grid(1)
+        if q < M_C * KPG:
+            j = q // KPG
+            c = q - j * KPG
+            v = float32(0.0)
+            if c < KP:
+                t = c // TC
+                v = ldx(p32, P_CM + t * M_C * TC + j * TC + (c - t * TC))
+            stx(cmg, q, v)
+        if q < KPG:
+            stx(ccg, q, ldx(p32, P_CC + q) if q < KP else INF)
+
+    return cuda.jit(km_gemm_repack)
+
+
+@functools.lru_cache(maxsize=None)
+def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool):
+    """Certified float32 nearest centre of every row, a register-blocked GEMM (see the module docstring).
+
+    Arguments: x (m * ld,), n, ld, p32, p64 (step buffer views), cmg, ccg (from
+    :func:`repack_kernel`), ctr, labels, newlab (n,), flags, fslot.  ``newlab[i]``: the
+    certified label, or -1 (flagged, or in a ``delta`` step unchanged).
+    """
+    DT = float64 if storage == "float64" else float32
+    SH32 = storage == "float32"
+    M_C, KPG = int(m_c), int(kpg_c)
+    DELTA = delta
+    L = PackLayout(*pack_c)
+    P_SH32, P_SH64, P_ZL = int(L.p32_sh), int(L.p64_sh), int(L.p32_zl)
+    TX = BN // 8
+    HM, HN = BM // 2, BN // 2
+    NCT = KPG // BN
+    NST = -(-M_C // BK)
+    XQ = BK * BM // NT
+    CQ = BK * BN // NT
+    XSN, CSN = BK * BM, BK * BN
+    XS2, CS2, MN = 2 * XSN, 2 * CSN, TX * BM
+    XSTEP, CSTEP = NT // BM, NT // BN
+    # the fused kernel's bound (kernels.py): (m + 5) u, with a factor 2.1 for two centres and the gap
+    TOLF = np.float32(2.1 * (M_C + 5) * _U32)
+    TINY = np.float32(1.0e-36)
+    BIG = np.float32(1.0e30)
+    INF = np.float32(np.inf)
+    _ = DT
+
+    def km_gemm_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot):
+        xs = cuda.shared.array(XS2, dtype=float32, alignment=_ALIGN)
+        cs = cuda.shared.array(CS2, dtype=float32, alignment=_ALIGN)
+        sb1 = cuda.shared.array(MN, dtype=float32)
+        sb2 = cuda.shared.array(MN, dtype=float32)
+        si1 = cuda.shared.array(MN, dtype=int32)
+        syy = cuda.shared.array(BM, dtype=float32)
+        tid = cuda.threadIdx.x
+        tx = tid % TX
+        ty = tid // TX
+        xr = tid % BM  # the row this thread stages
+        xk = tid // BM  # its first attribute of a slice (then every XSTEP)
+        cr = tid % BN
+        ck = tid // BN
+        acc = cuda.local.array(64, dtype=float32)
+        av = cuda.local.array(8, dtype=float32)
+        cv = cuda.local.array(8, dtype=float32)
+        px = cuda.local.array(XQ, dtype=float32)
+        pc = cuda.local.array(CQ, dtype=float32)
+        zlim = p32[P_ZL]
+        ntiles = (n + BM - 1) // BM
+        for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
+            row0 = tile * BM
+            for r in range(8):
+                rr = ty * 4 + r if r < 4 else HM + ty * 4 + r - 4
+                stx(sb1, tx * BM + rr, INF)
+                stx(sb2, tx * BM + rr, INF)
+                stx(si1, tx * BM + rr, 0)
+            i = row0 + xr
+            if i >= n:
+                i = n - 1  # rows past the end load row n - 1 and are ignored
+            yp = float32(0.0)
+            for ct in range(NCT):
+                for q in range(64):
+                    acc[q] = float32(0.0)
+                for st in range(NST + 1):
+                    # load slice st into registers, multiply slice st - 1, store slice st
+                    if st < NST:
+                        j0 = st * BK
+                        for q in range(XQ):
+                            j = j0 + xk + q * XSTEP
+                            v = float32(0.0)
+                            if j < M_C:
+                                if SH32:
+                                    v = ldx(x, j * ld + i) - ldx(p32, P_SH32 + j)
+                                else:
+                                    v = float32(ldx(x, j * ld + i) - ldx(p64, P_SH64 + j))
+                            px[q] = v
+                        for q in range(CQ):
+                            j = j0 + ck + q * CSTEP
+                            v = float32(0.0)
+                            if j < M_C:
+                                v = ldx(cmg, j * KPG + ct * BN + cr)
+                            pc[q] = v
+                    if st > 0:
+                        bx = ((st - 1) & 1) * XSN
+                        bc = ((st - 1) & 1) * CSN
+                        for kk in range(BK):
+                            av[0], av[1], av[2], av[3] = ld4(xs, bx + kk * BM + ty * 4)
+                            av[4], av[5], av[6], av[7] = ld4(xs, bx + kk * BM + HM + ty * 4)
+                            cv[0], cv[1], cv[2], cv[3] = ld4(cs, bc + kk * BN + tx * 4)
+                            cv[4], cv[5], cv[6], cv[7] = ld4(cs, bc + kk * BN + HN + tx * 4)
+                            for r in range(8):
+                                for c in range(8):
+                                    acc[r * 8 + c] += av[r] * cv[c]
+                    if st < NST:
+                        bx = (st & 1) * XSN
+                        bc = (st & 1) * CSN
+                        for q in range(XQ):
+                            stx(xs, bx + (xk + q * XSTEP) * BM + xr, px[q])
+                            if ct == 0:
+                                yp += px[q] * px[q]
+                        for q in range(CQ):
+                            stx(cs, bc + (ck + q * CSTEP) * BN + cr, pc[q])
+                    cuda.syncthreads()
+                # this centre tile into each row's best and second best (strict '<': lowest index
+                # on ties; an exact tie leaves a gap of 0 and is flagged)
+                for r in range(8):
+                    rr = ty * 4 + r if r < 4 else HM + ty * 4 + r - 4
+                    m1 = ldx(sb1, tx * BM + rr)
+                    m2 = ldx(sb2, tx * BM + rr)
+                    mi = ldx(si1, tx * BM + rr)
+                    for c in range(8):
+                        col = ct * BN + (tx * 4 + c if c < 4 else HN + tx * 4 + c - 4)
+                        d = acc[r * 8 + c] + ldx(ccg, col)
+                        lt1 = d < m1
+                        m2 = m1 if lt1 else (d if d < m2 else m2)
+                        mi = col if lt1 else mi
+                        m1 = d if lt1 else m1
+                    stx(sb1, tx * BM + rr, m1)
+                    stx(sb2, tx * BM + rr, m2)
+                    stx(si1, tx * BM + rr, mi)
+            # |y|^2 of each row: the partial sums of the threads that staged its attributes
+            if tid < BM:
+                stx(syy, xr, yp)
+            cuda.syncthreads()
+            for h in range(1, XSTEP):
+                if xk == h:
+                    stx(syy, xr, ldx(syy, xr) + yp)
+                cuda.syncthreads()
+            if tid < BM:
+                m1 = ldx(sb1, tid)
+                m2 = ldx(sb2, tid)
+                mi = ldx(si1, tid)
+                for t in range(1, TX):  # the other threads' centres of this row
+                    o1 = ldx(sb1, t * BM + tid)
+                    o2 = ldx(sb2, t * BM + tid)
+                    oi = ldx(si1, t * BM + tid)
+                    take = o1 < m1 or (o1 == m1 and oi < mi)
+                    hi = m1 if take else o1  # the larger of the two bests
+                    s2 = m2 if m2 < o2 else o2
+                    m2 = hi if hi < s2 else s2
+                    m1 = o1 if take else m1
+                    mi = oi if take else mi
+                i2 = row0 + tid
+                if i2 < n:
+                    scale = ldx(syy, tid) + zlim
+                    tol = TOLF * scale + TINY
+                    lab = -1
+                    if m2 - m1 > tol and scale < BIG:
+                        lab = mi
+                        if DELTA:
+                            # unchanged: the kept sums hold it; changed: the exact kernel moves it
+                            if ldx(labels, i2) != lab:
+                                p = cuda.atomic.add(ctr, fslot, 1)
+                                stx(flags, p, i2)
+                            lab = -1
+                    else:
+                        p = cuda.atomic.add(ctr, fslot, 1)
+                        stx(flags, p, i2)
+                    stx(newlab, i2, lab)
+            cuda.syncthreads()
+
+    if SIM:
+        return cuda.jit(km_gemm_screen)
+    return cuda.jit(km_gemm_screen, fastmath=False)
+
+
+@functools.lru_cache(maxsize=None)
+def sums_kernel(storage: str, weighted: bool, m_c: int, pack_c: tuple):
+    """Full step: the certified rows' changed count, new labels, float64 deviation sums, counts and SSE.
+
+    Arguments: x, n, ld, p64, ctr, labels, newlab, w.  One thread per row; each row's
+    ``x - c`` in float64 added per attribute into the global sums (the fused kernel's
+    global mode), its count, and ``w |x - c|^2`` and the change count per block.
+    """
+    M_C = int(m_c)
+    WEIGHTED = weighted
+    L = PackLayout(*pack_c)
+    P_C64, P_SUMS, P_CNT, P_SSE = int(L.p64_c64), int(L.p64_sums), int(L.p64_cnt), int(L.p64_sse)
+    I_CHG = int(L.i64_chg)
+    _ = storage
+
+    def km_gemm_sums(x, n, ld, p64, ctr, labels, newlab, w):
+        red = cuda.shared.array(1, dtype=float64)
+        chg = cuda.shared.array(1, dtype=int32)
+        if cuda.threadIdx.x == 0:
+            red[0] = 0.0
+            chg[0] = 0
+        cuda.syncthreads()
+        sse_t = 0.0
+        changed_t = 0
+        for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+            lab = ldx(newlab, i)
+            if lab >= 0:
+                if ldx(labels, i) != lab:
+                    changed_t += 1
+                    stx(labels, i, lab)
+                wi = ldx(w, i) if WEIGHTED else 1.0
+                cb = lab * M_C
+                s2 = 0.0
+                for j in range(M_C):
+                    t = float64(ldx(x, j * ld + i)) - ldx(p64, P_C64 + cb + j)
+                    s2 += t * t
+                    cuda.atomic.add(p64, P_SUMS + cb + j, wi * t)
+                sse_t += wi * s2
+                cuda.atomic.add(p64, P_CNT + lab, wi)
+        cuda.atomic.add(red, 0, sse_t)
+        cuda.atomic.add(chg, 0, changed_t)
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            cuda.atomic.add(p64, P_SSE, red[0])
+            cuda.atomic.add(ctr, I_CHG, int64(chg[0]))
+
+    if SIM:
+        return cuda.jit(km_gemm_sums)
+    return cuda.jit(km_gemm_sums, fastmath=False)
