@@ -329,7 +329,7 @@ class GPUBackend(Backend):
             uspec = (self.dtype, self.rows.weighted, m, layout)
             uk = gemm.sums_kernel(*uspec)
             uargs = (x, int(rows), int(self.rows.ld), pack.dev, pack.ctr, labels, newlab, w)
-            ugrid = max(1, min(-(-rows // gemm.NT_SUMS), 2 if SIM else 16 * self.limits.sm_count))
+            ugrid = max(1, min(-(-rows // gemm.SUM_ROWS), 2 if SIM else 8 * self.limits.sm_count))
             out.append(Launch(uk, compiled("gemm_sums", uspec, uk, uargs), uargs, ugrid, gemm.NT_SUMS, 0, stream,
                               self._fast))
         return _Steps(out)
