@@ -46,7 +46,7 @@ def test_result_document_round_trip(tmp_path):
 def test_committed_results_stay_readable(path):
     doc = harness.read_result(str(path))
     assert doc["bench"] in ("gpu", "cpu", "read", "mpi-gpu", "parity", "run", "compile", "tts", "step",
-                            "fullstep"), path.name
+                            "fullstep", "experiment"), path.name
     assert isinstance(doc["machine"], dict)
 
 

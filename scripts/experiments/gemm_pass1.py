@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import math
 import os
 import sys
 import time
@@ -307,10 +305,10 @@ def main() -> None:
                   f"flagged {v.get('flagged')}, wrong {v.get('wrong_labels')} of {v.get('checked_rows')}; "
                   f"compile {v['compile_s']:.1f} s", flush=True)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"device": None if SIM else cuda.get_current_device().name.decode()
-                       if isinstance(cuda.get_current_device().name, bytes) else str(cuda.get_current_device().name),
-                       "results": res}, f, indent=1)
+        from mpikmeans.bench.harness import result_document, write_result
+
+        write_result(a.out, result_document("experiment", "python3 " + " ".join(sys.argv), vars(a),
+                                            {"results": res}))
 
 
 if __name__ == "__main__":

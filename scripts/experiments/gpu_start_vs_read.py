@@ -154,8 +154,9 @@ def main() -> None:
     if "--no-load" not in sys.argv:
         doc["gpu_start_and_load"] = gpu_start_and_load(5_000_000, 100)
         print(json.dumps(doc["gpu_start_and_load"], indent=1))
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
+    from mpikmeans.bench.harness import result_document, write_result
+
+    write_result(out, result_document("experiment", "python3 " + " ".join(sys.argv), {"variants": variants}, doc))
 
 
 if __name__ == "__main__":

@@ -95,7 +95,6 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     :func:`repack_kernel`), ctr, labels, newlab (n,), flags, fslot.  ``newlab[i]``: the
     certified label, or -1 (flagged, or in a ``delta`` step unchanged).
     """
-    DT = float64 if storage == "float64" else float32
     SH32 = storage == "float32"
     M_C, KPG = int(m_c), int(kpg_c)
     DELTA = delta
@@ -115,7 +114,6 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     TINY = np.float32(1.0e-36)
     BIG = np.float32(1.0e30)
     INF = np.float32(np.inf)
-    _ = DT
 
     def km_gemm_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot):
         xs = cuda.shared.array(XS2, dtype=float32, alignment=_ALIGN)
