@@ -290,14 +290,15 @@ class GPUBackend(Backend):
         the GEMM's tiles (M >= 64): there the fused kernel's pass 1 reads every centre
         from L2 for every row tile (3e5 x 257, K = 1000: 22 ms a step on the H100, the
         GEMM screen 5.75 ms).  Resident rows, steps only (the final assignment keeps the
-        fused kernel); ``tune={"gemm": bool}`` decides instead (tests, benchmarks).
+        fused kernel), on devices of compute capability 8.0 or later (its 58 KB of static
+        shared memory); ``tune={"gemm": bool}`` decides instead (tests, benchmarks).
         """
         if assign or self.rows.streaming:
             return False
         forced = self.tune.get("gemm")
         if forced is not None:
             return bool(forced)
-        return not plan.centres_shared and self.m >= 64
+        return not plan.centres_shared and self.m >= 64 and gemm.device_fits(self.limits.cc, self.limits.smem_optin)
 
     def _gemm_launches(self, plan: Plan, pack: Pack, k: int, x, rows: int, labels, flags, w, fslot: int,
                        stream, delta: bool) -> _Steps:
@@ -320,8 +321,9 @@ class GPUBackend(Backend):
         sargs = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, cmg, ccg, pack.ctr, labels, newlab, flags,
                  int(fslot))
         ntiles = -(-rows // gemm.BM)
-        # two blocks per multiprocessor fit (about 115 registers, 58 KB of shared memory)
-        grid = max(1, min(ntiles, 2 if SIM else 2 * self.limits.sm_count))
+        # two blocks per multiprocessor where their shared memory fits (about 120 registers each)
+        per_sm = 2 if self.limits.smem_sm >= 2 * (gemm.SCREEN_SMEM + 1024) else 1
+        grid = max(1, min(ntiles, 2 if SIM else per_sm * self.limits.sm_count))
         self.last_grid = grid
         out.append(Launch(sk, compiled("gemm_screen", sspec, sk, sargs), sargs, grid, gemm.NT, 0, stream,
                           self._fast))

@@ -166,6 +166,8 @@ class DeviceLimits:
         Shared memory per multiprocessor, bytes.
     regs_sm : int
         32-bit registers per multiprocessor.
+    cc : tuple of int
+        Compute capability ((0, 0) under the simulator).
     """
 
     def __init__(self):
@@ -174,8 +176,10 @@ class DeviceLimits:
         self.smem_optin = int(getattr(dev, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", 48 * 1024) or 48 * 1024)
         self.smem_sm = int(getattr(dev, "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", self.smem_optin) or self.smem_optin)
         self.regs_sm = int(getattr(dev, "MAX_REGISTERS_PER_MULTIPROCESSOR", 65536) or 65536)
+        self.cc = tuple(getattr(dev, "compute_capability", (0, 0)) or (0, 0))
         if SIM:
             self.smem_optin = self.smem_sm = 48 * 1024
+            self.cc = (0, 0)
 
     def free_memory(self) -> int:
         """Free device memory now, bytes (a large figure under the simulator)."""

@@ -51,6 +51,15 @@ _U32 = 2.0 ** -24
 _ALIGN = None if SIM else 16  # the 16-byte shared loads need it; the simulator refuses the argument
 #: threads per block of the repack and sums kernels
 NT_SUMS = 128
+#: the screen's static shared memory, bytes (two slices of rows and centres, best / second best /
+#: index per row and thread column, |y|^2 per row): more than the 48 KB every device gives a block
+SCREEN_SMEM = (2 * BK * BM + 2 * BK * BN) * 4 + (BN // 8) * BM * 12 + BM * 4
+
+
+def device_fits(cc: tuple, smem_optin: int) -> bool:
+    """Whether a device runs the screen: compute capability 8.0 or later (static shared memory above
+    48 KB per block) with room for :data:`SCREEN_SMEM`."""
+    return tuple(cc) >= (8, 0) and smem_optin >= SCREEN_SMEM
 
 
 def padded_centres(kp: int) -> int:
