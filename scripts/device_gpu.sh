@@ -43,7 +43,7 @@ fi
 # bench/results/gpu_start_vs_read_H100_2026-11-25.log). A cache outside the packages, filled once.
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
-python3 scripts/bytecode_cache.py numpy numba numba_cuda llvmlite scipy mpi4py click sklearn joblib threadpoolctl \
+python3 -m mpikmeans.bench.bytecode numpy numba numba_cuda llvmlite scipy mpi4py click sklearn joblib threadpoolctl \
     cuda mpikmeans || exit 1
 STAGES=${STAGES:-env,tests,bench,ncu}
 BENCH_ARGS=${BENCH_ARGS:-}

@@ -11,7 +11,7 @@ owns the timing, the data and the result format:
 * one module per mode: :mod:`.sweeps` (``bench run``: time against processes, rows,
   attributes and clusters, the specification's §5.7) with :mod:`.plots` (``bench plot``),
   :mod:`.cpu`, :mod:`.reading` with :mod:`.readphases`, :mod:`.gpu`, :mod:`.mpigpu`,
-  :mod:`.regs`, :mod:`.parity`.
+  :mod:`.regs`, :mod:`.parity`; :mod:`.bytecode`, the device script's byte-compile step.
 
 The modes return results and report progress through a callable; the CLI prints.
 """

@@ -9,7 +9,7 @@ screen is a register-blocked GEMM instead: a block of 256 threads computes the f
 shared memory in slices of attributes (double-buffered: the next slice's loads are in
 flight while this one is multiplied), each thread an 8 x 8 block of the product, and
 keeps each row's best and second-best centre across the centre tiles
-(scripts/experiments/gemm_pass1.py measured 5.75 ms for that shape).
+(bench/experiments/gemm_pass1.py measured 5.75 ms for that shape).
 
 The certificate is the fused kernel's: a row keeps its float32 winner only when the gap
 to the second best exceeds ``TOLF (|y|^2 + 2 max|z|^2) + tiny``, a bound on the

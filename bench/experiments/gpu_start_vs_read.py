@@ -16,7 +16,7 @@ Then, in this process, the GPU's start alone (numba-cuda import, context) and th
 parts of ``DeviceRows.load`` for the spec example's rows (device allocation, the
 upload loop).
 
-    python3 scripts/experiments/gpu_start_vs_read.py DATA K REPEATS OUT_JSON
+    python3 bench/experiments/gpu_start_vs_read.py DATA K REPEATS OUT_JSON
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Reads DATA (16 threads), loads it on GPU 0, then times ``k-means++`` and
 before and after: their device time), and prints a cProfile of one init and one
 Lloyd run (host time by function).
 
-    python3 scripts/experiments/profile_gpu_phases.py DATA K REPEATS OUT_DIR
+    python3 bench/experiments/profile_gpu_phases.py DATA K REPEATS OUT_DIR
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A D-shaped backend (3e5 x 257, K = 1000, noisy blobs as ``bench fullstep``), one
 build the launches, then each launch of the step (repack, screen, sums, recheck) timed
 alone, the whole step, and the prototype screen (gemm_pass1.py) on the same rows.
 
-    python3 scripts/experiments/gemm_step_parts.py [N M K NOISE DTYPE]
+    python3 bench/experiments/gemm_step_parts.py [N M K NOISE DTYPE]
 """
 
 import os

@@ -5,7 +5,7 @@ Used by ``scripts/device_gpu.sh`` on machines whose packages were installed with
 with ``PYTHONPYCACHEPREFIX`` set, the cache goes there and the packages stay untouched.
 A package that is not installed is skipped.
 
-    PYTHONPYCACHEPREFIX=/tmp/pycache python3 scripts/bytecode_cache.py numpy numba ...
+    PYTHONPYCACHEPREFIX=/tmp/pycache python3 -m mpikmeans.bench.bytecode numpy numba ...
 """
 
 from __future__ import annotations
@@ -27,18 +27,27 @@ def package_dirs(name: str) -> list:
     return list(spec.submodule_search_locations or [])
 
 
-def main(names: list) -> int:
+def compile_packages(names: list) -> tuple[list, list, float]:
+    """Byte-compile each installed package of ``names``.
+
+    Returns
+    -------
+    (compiled, failed, seconds)
+        The names compiled, the directories where some file did not compile, the time taken.
+    """
     t = time.perf_counter()
-    done = []
+    done, failed = [], []
     for name in names:
         for d in package_dirs(name):
             if not compileall.compile_dir(d, quiet=1, workers=0):
-                print(f"bytecode_cache: some files of {d} did not compile", file=sys.stderr)
+                failed.append(d)
             done.append(name)
-    print(f"bytecode cache ({sys.pycache_prefix or 'beside the sources'}): {', '.join(sorted(set(done)))} "
-          f"in {time.perf_counter() - t:.1f} s")
-    return 0
+    return sorted(set(done)), failed, time.perf_counter() - t
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    compiled_names, failed_dirs, seconds = compile_packages(sys.argv[1:])
+    for d in failed_dirs:
+        print(f"bytecode: some files of {d} did not compile", file=sys.stderr)
+    print(f"bytecode cache ({sys.pycache_prefix or 'beside the sources'}): {', '.join(compiled_names)} "
+          f"in {seconds:.1f} s")

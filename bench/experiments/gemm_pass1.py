@@ -13,7 +13,7 @@ centres likewise with ``tx``: conflict-free 16-byte shared loads), attributes in
 stages of BK through shared memory; best / second best per row are kept across
 the centre tiles and merged over the 16 threads of a row group in shared memory.
 
-    python3 scripts/experiments/gemm_pass1.py [--cases A,D] [--repeats 20] [--check-rows 20000] [--out F]
+    python3 bench/experiments/gemm_pass1.py [--cases A,D] [--repeats 20] [--check-rows 20000] [--out F]
 """
 
 from __future__ import annotations
