@@ -43,8 +43,11 @@ fi
 # bench/results/gpu_start_vs_read_H100_2026-11-25.log). A cache outside the packages, filled once.
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
-python3 -m mpikmeans.bench.bytecode numpy numba numba_cuda llvmlite scipy mpi4py click sklearn joblib threadpoolctl \
-    cuda mpikmeans || exit 1
+python3 -c 'import sys
+from mpikmeans.bench.bytecode import compile_packages
+done, failed, seconds = compile_packages(sys.argv[1:])
+print(f"bytecode cache ({sys.pycache_prefix}): {len(done)} packages in {seconds:.1f} s; incomplete: {failed}")' \
+    numpy numba numba_cuda llvmlite scipy mpi4py click sklearn joblib threadpoolctl cuda mpikmeans || exit 1
 STAGES=${STAGES:-env,tests,bench,ncu}
 BENCH_ARGS=${BENCH_ARGS:-}
 BENCH_VARIANTS=${BENCH_VARIANTS:-'[{}]'}   # JSON, see mpikmeans bench gpu --variants

@@ -1,6 +1,6 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
 unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pycache PYTHONUNBUFFERED=1
-python3 -m mpikmeans.bench.bytecode numpy numba numba_cuda llvmlite scipy mpi4py click sklearn joblib threadpoolctl cuda mpikmeans
+python3 -c 'import sys; from mpikmeans.bench.bytecode import compile_packages; print(compile_packages(sys.argv[1:]))' numpy numba numba_cuda llvmlite scipy mpi4py click sklearn joblib threadpoolctl cuda mpikmeans
 M="mpirun --allow-run-as-root --bind-to none --oversubscribe -x PYTHONPATH -x PYTHONUNBUFFERED -x PYTHONPYCACHEPREFIX"
 D=/dev/shm/spec.arff
 [ -f $D ] || $M -np 16 python3 -m mpikmeans gen-data $D -n 5000000 -m 100 -k 50 -q

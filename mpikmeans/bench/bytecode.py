@@ -5,7 +5,9 @@ Used by ``scripts/device_gpu.sh`` on machines whose packages were installed with
 with ``PYTHONPYCACHEPREFIX`` set, the cache goes there and the packages stay untouched.
 A package that is not installed is skipped.
 
-    PYTHONPYCACHEPREFIX=/tmp/pycache python3 -m mpikmeans.bench.bytecode numpy numba ...
+    PYTHONPYCACHEPREFIX=/tmp/pycache python3 -c \
+        'import sys; from mpikmeans.bench.bytecode import compile_packages; print(compile_packages(sys.argv[1:]))' \
+        numpy numba ...
 """
 
 from __future__ import annotations
@@ -44,10 +46,3 @@ def compile_packages(names: list) -> tuple[list, list, float]:
             done.append(name)
     return sorted(set(done)), failed, time.perf_counter() - t
 
-
-if __name__ == "__main__":
-    compiled_names, failed_dirs, seconds = compile_packages(sys.argv[1:])
-    for d in failed_dirs:
-        print(f"bytecode: some files of {d} did not compile", file=sys.stderr)
-    print(f"bytecode cache ({sys.pycache_prefix or 'beside the sources'}): {', '.join(compiled_names)} "
-          f"in {seconds:.1f} s")

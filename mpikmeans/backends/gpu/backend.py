@@ -9,14 +9,12 @@ centres on the host.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import logging
 from dataclasses import dataclass
 
 import numpy as np
 
-from ...exact import HostFixed, limbs_to_int, scale_factors, to_fixed
+from ...exact import limbs_to_int, scale_factors
 from .. import Backend, BackendInfo, BackendUnavailable, StepResult
 from . import gemm, initk
 from ...cache import gpu_shape_key, mark_gpu_shape_warm
@@ -68,40 +66,6 @@ class _Kept:
         move = self.centres - centres
         sse = self.sse + 2.0 * float(np.vdot(move, self.dev)) + float(self.counts @ np.einsum("km,km->k", move, move))
         return sse, self.dev + self.counts[:, None] * move, self.counts.copy()
-
-
-class _DeviceFixed:
-    """Fixed-point weights ``to_fixed(w * D², s)`` whose D² is on the device (see :func:`mpikmeans.exact.draw_rows`).
-
-    The exact totals of ``nb`` consecutive row blocks come from the device; a draw
-    finds its block by their exact prefix sums, then copies that block's D² (a few
-    thousand values) to the host and finds the row there, with the same integers.
-    """
-
-    def __init__(self, d2, weights, s: int, n: int, nb: int, block_totals: list):
-        self.d2, self.weights, self.s, self.n, self.nb = d2, weights, s, n, nb
-        self.ends = list(itertools.accumulate(block_totals))
-        self.total = self.ends[-1] if self.ends else 0
-
-    def find(self, t: int) -> int:
-        b = bisect.bisect_right(self.ends, t)
-        a, z = self.n * b // self.nb, self.n * (b + 1) // self.nb
-        v = self.d2[a:z].copy_to_host()
-        if self.weights is not None:
-            v = v * self.weights[a:z]
-        return a + HostFixed(to_fixed(v, self.s)).find(t - (self.ends[b - 1] if b else 0))
-
-
-class _Steps:
-    """Launches that run one after the other as the step's first kernel (the GEMM path's)."""
-
-    def __init__(self, launches: list):
-        self.launches = launches
-        self.fast = all(launch.fast for launch in launches)
-
-    def __call__(self) -> None:
-        for launch in self.launches:
-            launch()
 
 
 @dataclass
@@ -284,64 +248,17 @@ class GPUBackend(Backend):
                 bool(self.tune.get("diag_skip_pass2")), bool(self.tune.get("lineinfo")))
 
     def gemm_wanted(self, plan: Plan, assign: bool) -> bool:
-        """Whether a step with ``plan`` takes the GEMM-shaped screen (:mod:`.gemm`) instead of the fused kernel.
-
-        Where the centres do not fit in shared memory and the rows are long enough for
-        the GEMM's tiles (M >= 64): there the fused kernel's pass 1 reads every centre
-        from L2 for every row tile (3e5 x 257, K = 1000: 22 ms a step on the H100, the
-        GEMM screen 5.75 ms).  Resident rows, steps only (the final assignment keeps the
-        fused kernel), on devices of compute capability 8.0 or later (its 58 KB of static
-        shared memory); ``tune={"gemm": bool}`` decides instead (tests, benchmarks).
-        """
-        if assign or self.rows.streaming:
-            return False
-        forced = self.tune.get("gemm")
-        if forced is not None:
-            return bool(forced)
-        return not plan.centres_shared and self.m >= 64 and gemm.device_fits(self.limits.cc, self.limits.smem_optin)
-
-    def _gemm_launches(self, plan: Plan, pack: Pack, k: int, x, rows: int, labels, flags, w, fslot: int,
-                       stream, delta: bool) -> _Steps:
-        """The GEMM path's launches of one step: repack the centres, screen, and (full steps) the sums."""
-        m = self.m
-        kp = plan.nct * plan.TC
-        kpg = gemm.padded_centres(kp)
-        layout = tuple(pack.layout)
-        cmg = cuda.device_array(m * kpg, dtype=np.float32)
-        ccg = cuda.device_array(kpg, dtype=np.float32)
-        newlab = cuda.device_array(max(1, rows), dtype=np.int32)
-        out = []
-        rspec = (m, plan.TC, plan.nct, layout)
-        rk = gemm.repack_kernel(*rspec)
-        rargs = (pack.p32, cmg, ccg)
-        out.append(Launch(rk, compiled("gemm_repack", rspec, rk, rargs), rargs, -(-m * kpg // gemm.NT_SUMS),
-                          gemm.NT_SUMS, 0, stream, self._fast))
-        sspec = (self.dtype, m, kpg, layout, delta)
-        sk = gemm.screen_kernel(*sspec)
-        sargs = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, cmg, ccg, pack.ctr, labels, newlab, flags,
-                 int(fslot))
-        ntiles = -(-rows // gemm.BM)
-        # two blocks per multiprocessor where their shared memory fits (about 120 registers each)
-        per_sm = 2 if self.limits.smem_sm >= 2 * (gemm.SCREEN_SMEM + 1024) else 1
-        grid = max(1, min(ntiles, 2 if SIM else per_sm * self.limits.sm_count))
-        self.last_grid = grid
-        out.append(Launch(sk, compiled("gemm_screen", sspec, sk, sargs), sargs, grid, gemm.NT, 0, stream,
-                          self._fast))
-        if not delta:
-            uspec = (self.dtype, self.rows.weighted, m, layout)
-            uk = gemm.sums_kernel(*uspec)
-            uargs = (x, int(rows), int(self.rows.ld), pack.dev, pack.ctr, labels, newlab, w)
-            ugrid = max(1, min(-(-rows // gemm.SUM_ROWS), 2 if SIM else 8 * self.limits.sm_count))
-            out.append(Launch(uk, compiled("gemm_sums", uspec, uk, uargs), uargs, ugrid, gemm.NT_SUMS, 0, stream,
-                              self._fast))
-        return _Steps(out)
+        """Whether a step with ``plan`` takes the GEMM-shaped path (:func:`.gemm.wanted`)."""
+        return gemm.wanted(plan.centres_shared, self.m, self.limits, self.tune, assign, self.rows.streaming)
 
     def _launches(self, plan: Plan, pack: Pack, k: int, assign: bool, x, rows: int, labels, flags, w,
                   dist2, fslot: int, stream, delta: bool = False):
         """The prepared (fused, recheck) pair for one block of rows (``fused``: the GEMM path's launches
         where :meth:`gemm_wanted`)."""
         if self.gemm_wanted(plan, assign):
-            fused = self._gemm_launches(plan, pack, k, x, rows, labels, flags, w, fslot, stream, delta)
+            fused = gemm.step_launches(self.limits, self.dtype, self.rows.weighted, self.m, int(self.rows.ld), plan,
+                                       pack, x, rows, labels, flags, w, fslot, stream, delta, self._fast)
+            self.last_grid = fused.grid
         else:
             spec = self.fused_spec(plan, pack, k)
             kern = fused_kernel(*spec)
@@ -629,11 +546,11 @@ class GPUBackend(Backend):
         return float(self._fixed_blocks(d2, weights, 0)[3].max())
 
     def d2_fixed(self, d2, weights: np.ndarray | None, s: int):
-        """Exact block totals on the device; a draw refines one block on the host (:class:`_DeviceFixed`)."""
+        """Exact block totals on the device; a draw refines one block on the host (:class:`.initk.DeviceFixed`)."""
         if not self._on_device(d2):
             return super().d2_fixed(d2, weights, s)
         nb, hi, lo, _ = self._fixed_blocks(d2, weights, s)
-        return _DeviceFixed(d2, weights, s, self.n, nb, [limbs_to_int(h, l_) for h, l_ in zip(hi, lo)])
+        return initk.DeviceFixed(d2, weights, s, self.n, nb, [limbs_to_int(h, l_) for h, l_ in zip(hi, lo)])
 
     def potentials(self, d2, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
         """All candidates' exact potentials in one pass over the rows on the device."""

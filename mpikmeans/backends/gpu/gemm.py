@@ -33,8 +33,10 @@ import functools
 
 import numpy as np
 
+from .compiled import compiled
 from .device import SIM, cuda
 from .intrinsics import ld4, ldx, stx
+from .launch import Launch
 from .plan import PackLayout
 
 if cuda is not None:
@@ -54,6 +56,24 @@ NT_SUMS = 128
 #: the screen's static shared memory, bytes (two slices of rows and centres, best / second best /
 #: index per row and thread column, |y|^2 per row): more than the 48 KB every device gives a block
 SCREEN_SMEM = (2 * BK * BM + 2 * BK * BN) * 4 + (BN // 8) * BM * 12 + BM * 4
+
+
+def wanted(centres_shared: bool, m: int, limits, tune: dict, assign: bool, streaming: bool) -> bool:
+    """Whether a step takes this path instead of the fused kernel.
+
+    Where the centres do not fit in shared memory and the rows are long enough for
+    the tiles (M >= 64): there the fused kernel's pass 1 reads every centre from L2
+    for every row tile (3e5 x 257, K = 1000: 22 ms a step on the H100, this screen
+    5.5 ms).  Resident rows, steps only (the final assignment keeps the fused
+    kernel), on devices that give a block the screen's shared memory
+    (:func:`device_fits`); ``tune={"gemm": bool}`` decides instead (tests, benchmarks).
+    """
+    if assign or streaming:
+        return False
+    forced = tune.get("gemm")
+    if forced is not None:
+        return bool(forced)
+    return not centres_shared and m >= 64 and device_fits(limits.cc, limits.smem_optin)
 
 
 def device_fits(cc: tuple, smem_optin: int) -> bool:
@@ -354,3 +374,51 @@ def sums_kernel(storage: str, weighted: bool, m_c: int, pack_c: tuple):
     if SIM:
         return cuda.jit(km_gemm_sums)
     return cuda.jit(km_gemm_sums, fastmath=False)
+
+
+class Steps:
+    """The path's launches of one step, called as one (in place of the fused kernel's launch)."""
+
+    def __init__(self, launches: list, grid: int):
+        self.launches = launches
+        self.grid = grid
+        self.fast = all(launch.fast for launch in launches)
+
+    def __call__(self) -> None:
+        for launch in self.launches:
+            launch()
+
+
+def step_launches(limits, storage: str, weighted: bool, m: int, ld: int, plan, pack, x, rows: int, labels, flags,
+                  w, fslot: int, stream, delta: bool, fast: bool) -> Steps:
+    """The prepared launches of one step for ``rows`` rows: repack, screen and (full steps) sums.
+
+    ``plan`` and ``pack``: the step's plan and step buffer (:mod:`.plan`, :class:`.launch.Pack`);
+    the other arguments as the fused kernel's launch takes them.
+    """
+    kp = plan.nct * plan.TC
+    kpg = padded_centres(kp)
+    layout = tuple(pack.layout)
+    cmg = cuda.device_array(m * kpg, dtype=np.float32)
+    ccg = cuda.device_array(kpg, dtype=np.float32)
+    newlab = cuda.device_array(max(1, rows), dtype=np.int32)
+    out = []
+    rspec = (m, plan.TC, plan.nct, layout)
+    rk = repack_kernel(*rspec)
+    rargs = (pack.p32, cmg, ccg)
+    out.append(Launch(rk, compiled("gemm_repack", rspec, rk, rargs), rargs, -(-m * kpg // NT_SUMS), NT_SUMS, 0,
+                      stream, fast))
+    sspec = (storage, m, kpg, layout, delta)
+    sk = screen_kernel(*sspec)
+    sargs = (x, int(rows), int(ld), pack.p32, pack.dev, cmg, ccg, pack.ctr, labels, newlab, flags, int(fslot))
+    # two blocks per multiprocessor where their shared memory fits (about 120 registers each)
+    per_sm = 2 if limits.smem_sm >= 2 * (SCREEN_SMEM + 1024) else 1
+    grid = max(1, min(-(-rows // BM), 2 if SIM else per_sm * limits.sm_count))
+    out.append(Launch(sk, compiled("gemm_screen", sspec, sk, sargs), sargs, grid, NT, 0, stream, fast))
+    if not delta:
+        uspec = (storage, weighted, m, layout)
+        uk = sums_kernel(*uspec)
+        uargs = (x, int(rows), int(ld), pack.dev, pack.ctr, labels, newlab, w)
+        ugrid = max(1, min(-(-rows // SUM_ROWS), 2 if SIM else 8 * limits.sm_count))
+        out.append(Launch(uk, compiled("gemm_sums", uspec, uk, uargs), uargs, ugrid, NT_SUMS, 0, stream, fast))
+    return Steps(out, grid)
