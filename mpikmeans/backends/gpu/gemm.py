@@ -36,6 +36,7 @@ import numpy as np
 from .compiled import compiled
 from .device import SIM, cuda
 from .intrinsics import ld4, ldx, stx
+from .kernels import certificate
 from .launch import Launch
 from .plan import PackLayout
 
@@ -49,7 +50,6 @@ BN = 128
 BK = 16
 #: rows per tile: 16 x 8 = 128 per block (NT / (BN / 8) threads along the rows, 8 rows each)
 BM = 8 * NT // (BN // 8)
-_U32 = 2.0 ** -24
 _ALIGN = None if SIM else 16  # the 16-byte shared loads need it; the simulator refuses the argument
 #: threads per block of the repack and sums kernels
 NT_SUMS = 128
@@ -138,10 +138,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     XSN, CSN = BK * BM, BK * BN
     XS2, CS2, MN = 2 * XSN, 2 * CSN, TX * BM
     XSTEP, CSTEP = NT // BM, NT // BN
-    # the fused kernel's bound (kernels.py): (m + 5) u, with a factor 2.1 for two centres and the gap
-    TOLF = np.float32(2.1 * (M_C + 5) * _U32)
-    TINY = np.float32(1.0e-36)
-    BIG = np.float32(1.0e30)
+    TOLF, TINY, BIG = certificate(M_C)  # the fused kernel's, the same rows flagged
     INF = np.float32(np.inf)
 
     def km_gemm_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot):

@@ -28,6 +28,19 @@ _BIG = 1.0e30
 _SMEM_ALIGN = None if SIM else 16
 
 
+def certificate(m: int) -> tuple:
+    """The float32 screen's certificate for rows of ``m`` attributes: ``(tolf, tiny, big)``.
+
+    A row keeps its float32 winner when ``gap > tolf (|y|^2 + zlim) + tiny`` and
+    ``|y|^2 + zlim < big``; every other row goes to the exact kernel.  The bound on
+    ``|computed - exact|`` of ``|z|^2 - 2 y.z`` for one centre is
+    ``(m + 4)(1 + eps) u (|y|^2 + 2 max|z|^2)`` in any summation order; two centres, a
+    computed ``|y|^2`` and a computed gap need a little more: factor 2.1 and ``m + 5``.
+    Shared by the fused kernel's pass 1 and the GEMM screen (:mod:`.gemm`).
+    """
+    return np.float32(2.1 * (int(m) + 5) * _U32), np.float32(1.0e-36), np.float32(_BIG)
+
+
 @functools.lru_cache(maxsize=None)
 def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: int, centres_shared: bool,
                  maxreg: int, k_c: int, m_c: int, nct_c: int, offs_c: tuple, pack_c: tuple, idx32: bool = False,
@@ -87,14 +100,9 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
     CSH = centres_shared
     SH32 = storage == "float32"
     F32_INF = np.float32(np.inf)
-    TINY = np.float32(1.0e-36)
-    BIG = np.float32(_BIG)
 
     K_C, M_C, NCT_C = int(k_c), int(m_c), int(nct_c)
-    # bound on |computed - exact| of (|z|^2 - 2 y.z) for one centre is
-    # (m + 4)(1 + eps) u (|y|^2 + 2 max|z|^2); two centres, a computed |y|^2 and
-    # a computed gap need a little more: factor 2.1 and m + 5
-    TOLF = np.float32(2.1 * (M_C + 5) * _U32)
+    TOLF, TINY, BIG = certificate(M_C)
     (O_CM, O_CC, O_SH, O_SUMS, O_CNT, O_HIST, O_START, O_PERM, O_SLAB, O_LAB, O_W, O_XS, O_RED,
      O_JC, O_BRP, O_TMP) = (int(v) for v in SharedLayout(*offs_c))
     (P_CM, P_CC, P_SH32, P_ZL, P_C64, P_SH64, P_SUMS, P_CNT, P_SSE, I_CHG) = (int(v) for v in PackLayout(*pack_c))
