@@ -93,7 +93,7 @@ def warm_rest(threads: int = 1) -> float:
     from .comm import SerialComm
     from .exact import column_limb_sums, fixed_potential, scale_factors
     from .io import rowparse
-    from .io.binary import scan_rows
+    from .io.binary import PAGE_VALUES, fault_in, scan_rows
     from .io.output import write_arrays
 
     t0 = time.perf_counter()
@@ -110,6 +110,7 @@ def warm_rest(threads: int = 1) -> float:
     f1, f2 = scale_factors(0)
     fixed_potential(x[:, 0].copy(), x[:, 1].copy(), x[:0, 0].copy(), False, f1, f2)
     scan_rows(x, 1)
+    fault_in(x.reshape(-1), PAGE_VALUES, 1)
     SerialRows(x).assign(c)
     weighted_lloyd(x, np.ones(len(x)), c.copy(), 2)
     label_sums(x, np.zeros(len(x), dtype=np.int32), 3)  # a GPU run's centres at its fixed point too
@@ -217,10 +218,10 @@ def rest_warm() -> bool:
     from .backends import serial
     from .backends.cpu import tiles
     from .exact import _column_limbs, fixed_potential
-    from .io.binary import scan_rows
+    from .io.binary import fault_in, scan_rows
     from .io.textfmt import _write_fixed
 
-    kernels = [_column_limbs, fixed_potential, scan_rows, serial._assign_serial, serial.weighted_lloyd, _write_fixed,
+    kernels = [_column_limbs, fixed_potential, scan_rows, fault_in, serial._assign_serial, serial.weighted_lloyd, _write_fixed,
                tiles._label_sums]
     return all(_cached(k) for k in kernels)
 

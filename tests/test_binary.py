@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 
 import numpy as np
 import pytest
@@ -87,3 +88,63 @@ def test_extremes_from_convert_are_trusted_only_for_the_file_it_wrote(tmp_path, 
     os.utime(npy, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     with pytest.raises(InputError, match="not finite"):
         run_ranks(ranks, lambda comm: read_npy(str(npy), comm))
+
+
+def _converted(tmp_path, n=3000, m=7):
+    src = tmp_path / "m.arff"
+    x = np.random.default_rng(5).normal(size=(n, m))
+    src.write_text("@relation r\n" + "".join(f"@attribute a{j} numeric\n" for j in range(m)) + "@data\n"
+                   + "".join(",".join(repr(float(v)) for v in row) + "\n" for row in x))
+    npy = tmp_path / "m.npy"
+    r = run_cli(["convert", src, npy])
+    assert r.code == 0, r.err
+    return npy, x
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_mapped_rows_are_the_files_and_private(tmp_path, ranks):
+    npy, x = _converted(tmp_path)
+    before = npy.read_bytes()
+    parts = run_ranks(ranks, lambda comm: read_npy(str(npy), comm, threads=2))
+    assert np.array_equal(np.concatenate([p.x for p in parts]), x)
+    for p in parts:  # a job scales its rows in place: its own copy of those pages, never the file
+        assert p.x.flags.writeable and p.x.flags.c_contiguous
+        base = p.x
+        while isinstance(base, np.ndarray):
+            base = base.base
+        assert isinstance(base.obj if isinstance(base, memoryview) else base, mmap.mmap)  # the page cache's pages, not a copy
+        p.x *= 2.0
+    assert npy.read_bytes() == before
+
+
+def test_a_job_keeps_its_rows_when_convert_replaces_the_file(tmp_path):
+    npy, x = _converted(tmp_path)
+    part = run_ranks(1, lambda comm: read_npy(str(npy), comm))[0]
+    other = tmp_path / "other.arff"
+    other.write_text("@relation r\n" + "".join(f"@attribute a{j} numeric\n" for j in range(7)) + "@data\n"
+                     + "1,2,3,4,5,6,7\n" * 10)
+    r = run_cli(["convert", other, npy])
+    assert r.code == 0, r.err
+    assert np.load(npy).shape == (10, 7)
+    assert np.array_equal(part.x, x)  # the mapping is of the file convert replaced (renamed over)
+
+
+def test_rows_are_read_where_the_file_cannot_be_mapped(tmp_path, monkeypatch):
+    from mpikmeans.io import binary
+
+    npy, x = _converted(tmp_path)
+    monkeypatch.setattr(binary, "map_rows", lambda *a: None)
+    for threads in (1, 3):
+        parts = run_ranks(2, lambda comm: read_npy(str(npy), comm, threads=threads))
+        assert np.array_equal(np.concatenate([p.x for p in parts]), x)
+
+
+def test_fault_in_reads_every_stride_of_every_block():
+    from mpikmeans.io.binary import fault_in
+
+    flat = np.random.default_rng(1).integers(0, 1000, 10_000).astype(np.float64)  # sums exact in any order
+    for parts in (1, 3, 64):
+        assert fault_in(flat, 1, parts) == flat.sum()
+        starts = [10_000 * t // parts for t in range(parts)] + [10_000]
+        # each block from its own first value: no page of a block is left out
+        assert fault_in(flat, 512, parts) == sum(flat[a:b:512].sum() for a, b in zip(starts, starts[1:]))

@@ -7,10 +7,11 @@ shape (n, m), every rank writing its own rows at their offset.  Its sidecar
 instance weights, if any, go to ``DATA.weights.npy``.
 
 A run on the ``.npy`` maps only its rank's contiguous slice of rows (or, where
-mapping is not possible, reads it with several threads' ``pread``) straight into
-the array the backend takes, and one compiled pass finds non-finite values and
-the per-attribute min/max, so repeated runs skip parsing and read at the speed
-of the disk or page cache.
+mapping is not possible, reads it with several threads' ``pread``) as the array
+the backend takes, its pages brought in by the reading threads; the
+extremes come from the sidecar (``convert`` found them), or one compiled pass
+finds non-finite values and the per-attribute min/max, so repeated runs skip
+parsing and read at the speed of the disk or page cache.
 ``.npy`` was chosen over HDF5 or Parquet because NumPy reads it with no extra
 dependency, and a row slice is one contiguous byte range.
 """
@@ -28,6 +29,9 @@ from ..errors import InputError
 from ..jit import njit, prange
 from .arff import LocalData, read_arff
 from .output import write_atomic, write_parallel
+
+#: float64 values in a memory page: :func:`fault_in` reads one of each.
+PAGE_VALUES = 4096 // 8
 
 #: Bytes per ``pread`` when reading a rank's rows (several in flight, one per thread).
 READ_PIECE = 16 << 20
@@ -151,28 +155,49 @@ def read_rows(path: str, offset: int, out: np.ndarray, threads: int = 1) -> None
 
 
 def map_rows(path: str, offset: int, shape: tuple) -> np.ndarray | None:
-    """The rows at ``offset`` as a private, writable mapping of the file, its pages faulted in at once.
+    """The rows at ``offset``, shape (n, m) float64, as a private, writable mapping of the file; no copy.
 
-    No copy: the array is the page cache's pages (a write, e.g. scaling in place,
-    copies just that page).  ``MAP_POPULATE`` maps every page in one system call
-    instead of one fault per page.  None where that is not available (the caller
-    reads the bytes instead).
+    The array is the page cache's pages: reading them maps them (Linux maps 16
+    neighbouring cached pages a fault), a write copies just the page written
+    (scaling in place).  ``convert`` replaces a file by renaming a new one over it,
+    so a running job keeps the rows it mapped.  None where the file cannot be
+    mapped (the caller reads the bytes instead).
     """
     import mmap
 
-    populate = getattr(mmap, "MAP_POPULATE", None)
     nbytes = shape[0] * shape[1] * 8
-    if populate is None or nbytes == 0:
+    if nbytes == 0 or not hasattr(mmap, "MAP_PRIVATE"):
         return None
     start = offset - offset % mmap.ALLOCATIONGRANULARITY
     try:
         with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), nbytes + offset - start, flags=mmap.MAP_PRIVATE | populate,
+            # no MAP_POPULATE: on a writable private mapping it breaks copy-on-write for
+            # every page, a copy of the whole file on one thread (160 MB: 50 ms)
+            mm = mmap.mmap(f.fileno(), nbytes + offset - start, flags=mmap.MAP_PRIVATE,
                            prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
     except (OSError, ValueError):
         return None
     # the array holds the mapping alive; it is unmapped when the array goes
     return np.frombuffer(mm, dtype="<f8", count=shape[0] * shape[1], offset=offset - start).reshape(shape)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def fault_in(flat, stride, parts):  # pragma: no cover - compiled
+    """Read one value every ``stride`` of ``flat`` (n,) on ``parts`` blocks: the mapping's pages in memory.
+
+    The read is the time to bring the rows in (from the page cache, or the disk),
+    on the reading threads, not the first pass over them.  Returns the sum of the
+    values read (so that the reads are not left out).
+    """
+    n = flat.size
+    sums = np.zeros(parts)
+    for t in prange(parts):
+        a = n * t // parts
+        acc = 0.0
+        for i in range(a, n * (t + 1) // parts, stride):
+            acc += flat[i]
+        sums[t] = acc
+    return sums.sum()
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -239,6 +264,7 @@ def warm_up(threads: int = 1) -> None:
 
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     scan_rows(np.zeros((2, 1)), 1)
+    fault_in(np.zeros(2), PAGE_VALUES, 1)
 
 
 def read_npy(path: str, comm, threads: int = 1) -> LocalData:
@@ -269,10 +295,12 @@ def read_npy(path: str, comm, threads: int = 1) -> LocalData:
             meta = json.load(f)
     names = meta.get("attributes") or [f"X{j + 1}" for j in range(m)]
     lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
-    # mapping is the faster on few threads; with many, their reads fill a fresh array in
-    # parallel while MAP_POPULATE maps the pages on one (4 GB: 0.5 against 1.7 s, 16 cores)
-    x = map_rows(path, offset + lo * m * 8, (hi - lo, m)) if threads < 4 else None
-    if x is None:
+    # a mapping of the page cache, its pages brought in by the threads below (or the scan), is
+    # no copy at all: 160 MB on 2 cores in 2-5 ms, where threads' reads into a fresh array
+    # (its pages zeroed, then filled) took 21-45 ms
+    x = map_rows(path, offset + lo * m * 8, (hi - lo, m))
+    mapped = x is not None
+    if not mapped:
         x = np.empty((hi - lo, m), dtype=np.float64)
         read_rows(path, offset + lo * m * 8, x, threads)
     weights = None
@@ -285,6 +313,8 @@ def read_npy(path: str, comm, threads: int = 1) -> LocalData:
         # convert found them, and the file is the one it wrote: no pass over the rows
         mins = np.array([float.fromhex(v) for v in known["min"]])
         maxs = np.array([float.fromhex(v) for v in known["max"]])
+        if mapped:
+            fault_in(x.reshape(-1), PAGE_VALUES, max(1, min(threads * 4, len(x))))
     else:
         if len(x):
             bad, mins, maxs = scan_rows(x, max(1, min(threads * 4, len(x))))
