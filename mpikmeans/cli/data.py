@@ -63,7 +63,8 @@ def gen_data(out, n, m, k, seed, spread, decimals, report, verbose, quiet):
 @click.option("--ignore", help="Numeric attributes to leave out (as for run).")
 @click.option("--missing", type=click.Choice(MISSING_POLICIES), default="error", show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False),
-              help="Also write the figures as JSON here: bytes read and written, convert_s, startup_s, ranks.")
+              help="Also write the figures as JSON here: bytes read and written, convert_s (read_s + write_s "
+                   "on rank 0), startup_s, ranks.")
 @click.option("-q", "--quiet", is_flag=True)
 def convert(source, target, ignore, missing, report, quiet):
     """Parse SOURCE (ARFF) once and write TARGET (.npy) for fast repeated runs."""
@@ -79,12 +80,14 @@ def convert(source, target, ignore, missing, report, quiet):
         threads = rank_threads(comm)
         prepare_read(comm, source, threads)  # the reader's one-time start-up, reported apart
         t_ready = time.perf_counter()
-        local = convert_file(comm, source, target, ignore=ignore, missing=missing, threads=threads)
+        phases = {}
+        local = convert_file(comm, source, target, ignore=ignore, missing=missing, threads=threads, timings=phases)
         dt = time.perf_counter() - t_ready
         if report and comm.rank == 0:
             figures = {"source": os.path.abspath(source), "target": os.path.abspath(target),
                        "source_bytes": os.path.getsize(source), "target_bytes": os.path.getsize(target),
-                       "convert_s": dt, "startup_s": t_ready - t0, "ranks": comm.size, "n": local.n, "m": local.m}
+                       "convert_s": dt, "startup_s": t_ready - t0, "ranks": comm.size, "n": local.n, "m": local.m,
+                       **phases}
             write_atomic(report, (json.dumps(figures, indent=1) + "\n").encode())
         if comm.rank == 0 and not quiet:
             click.echo(f"wrote {target}: {local.n} rows x {local.m} attributes in {dt:.2f} s "

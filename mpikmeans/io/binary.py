@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -56,7 +57,7 @@ def _npy_header(shape: tuple, dtype=np.float64) -> bytes:
 
 
 def convert(comm, source: str, target: str, ignore: str | None = None, missing: str = "error",
-            threads: int = 1) -> LocalData:
+            threads: int = 1, timings: dict | None = None) -> LocalData:
     """Parse ``source`` (ARFF) and write ``target`` (.npy) and its sidecar (collective).
 
     Parameters
@@ -67,13 +68,18 @@ def convert(comm, source: str, target: str, ignore: str | None = None, missing: 
         As for ``mpikmeans run``.
     threads : int
         Parsing threads per rank (as a run's reader uses).
+    timings : dict, optional
+        Filled with this rank's ``read_s`` (parsing) and ``write_s`` (the
+        ``.npy``, the weights and the sidecar, up to the final barrier).
 
     Returns
     -------
     LocalData
         What this rank read.
     """
+    t0 = time.perf_counter()
     local = read_arff(source, comm, ignore=ignore, missing=missing, threads=threads)
+    t_read = time.perf_counter()
     head = _npy_header((local.n, local.m)) if comm.rank == 0 else b""
     write_parallel(comm, target, head, [np.ascontiguousarray(local.x, dtype="<f8")], threads)
     if local.weights is not None:
@@ -90,6 +96,8 @@ def convert(comm, source: str, target: str, ignore: str | None = None, missing: 
                              "file": _stamp(target)}}
         write_atomic(sidecar_path(target), (json.dumps(meta, indent=2) + "\n").encode())
     comm.barrier()
+    if timings is not None:
+        timings.update(read_s=t_read - t0, write_s=time.perf_counter() - t_read)
     return local
 
 
