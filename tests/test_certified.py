@@ -132,13 +132,38 @@ def test_backend_threads_do_not_change_bits():
     assert results[0] == results[1]
 
 
-def test_centre_data_pads_to_whole_groups():
+def test_centre_data():
     cen = np.arange(15.0).reshape(5, 3)
     shift, zt, cc, zlim, tolf = C.centre_data(cen)
-    assert zt.shape == (8, 8) and cc.shape == (8,)  # centres to groups of 4, attributes to vectors of 8
-    assert np.isinf(cc[5:]).all() and not zt[5:].any() and not zt[:, 3:].any()
-    assert np.array_equal(zt[:5, :3], (-2 * (cen - shift)).astype(np.float32))
+    assert zt.shape == (5, 3) and zt.dtype == np.float32 and cc.shape == (5,) and cc.dtype == np.float32
+    assert np.array_equal(zt, (-2 * (cen - shift)).astype(np.float32))
+    assert np.allclose(cc, ((cen - shift) ** 2).sum(axis=1))
     assert np.allclose(shift, cen.mean(axis=0))
     assert zlim > 0 and 0 < tolf < 1e-5
     _, _, _, zlim, _ = C.centre_data(np.array([[np.inf, 0.0]]))
     assert np.isinf(zlim)
+
+
+@pytest.mark.parametrize("k,m", [(1, 1), (8, 16), (50, 100), (1000, 257), (100000, 3)])
+def test_screen_rows_keep_a_tile_in_l2(k, m):
+    rows = C.screen_rows(k, m)
+    assert 16 <= rows <= 512 and rows % 16 == 0
+    assert rows == 16 or 4 * rows * (k + m) <= C._TILE_BYTES
+
+
+def test_blas_runs_on_the_calling_thread_inside_the_step_only():
+    # a program's own BLAS threads are its business outside the step
+    from threadpoolctl import threadpool_info
+
+    from mpikmeans.backends.cpu.blas import one_thread
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    import scipy.linalg.cython_blas  # noqa: F401 - the library the screen calls, loaded as the step loads it
+
+    before = blas_threads()
+    with one_thread():
+        inside = blas_threads()
+    assert inside and set(inside) == {1}
+    assert blas_threads() == before

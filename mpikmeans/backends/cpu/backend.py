@@ -8,7 +8,8 @@ import numpy as np
 from ...cpus import process_threads
 from ...exact import limbs_to_int, scale_factors
 from .. import Backend, BackendInfo, StepResult
-from .certified import certified_assign, certified_pass, centre_data
+from .blas import one_thread
+from .certified import certified_assign, certified_pass, centre_data, screen_rows
 from .tiles import _BLOCKS, _reduce_blocks, _tile_dist2, _tile_potentials, _tile_rows
 
 
@@ -70,8 +71,9 @@ class CPUBackend(Backend):
         part_sse = np.empty(nb, dtype=np.float64)
         part_changed = np.empty(nb, dtype=np.int64)
         part_exact = np.empty(nb, dtype=np.int64)
-        certified_pass(self._x, centres, *centre_data(centres), _tile_rows(m), self._labels, self._weights,
-                       self._weights.size > 0, part_sums, part_counts, part_sse, part_changed, part_exact)
+        with one_thread():
+            certified_pass(self._x, centres, *centre_data(centres), screen_rows(k, m), self._labels, self._weights,
+                           self._weights.size > 0, part_sums, part_counts, part_sse, part_changed, part_exact)
         self.rows_rechecked = int(part_exact.sum())
         sums, counts, sse, changed = _reduce_blocks(part_sums, part_counts, part_sse, part_changed)
         return StepResult(sums=sums, counts=counts, sse=float(sse), changed=int(changed))
@@ -82,7 +84,8 @@ class CPUBackend(Backend):
         labels = np.empty(n, dtype=np.int32)
         dist2 = np.empty(n, dtype=np.float64)
         if n:
-            certified_assign(self._x, centres, *centre_data(centres), _tile_rows(centres.shape[1]), labels, dist2)
+            with one_thread():
+                certified_assign(self._x, centres, *centre_data(centres), screen_rows(*centres.shape), labels, dist2)
         return labels, dist2
 
     def dist2_to(self, centre: np.ndarray) -> np.ndarray:
@@ -133,10 +136,11 @@ class CPUBackend(Backend):
         x = np.zeros((1, m))
         cen = np.zeros((k, m))
         prep = centre_data(cen)
-        certified_pass(x, cen, *prep, _tile_rows(m), np.full(1, -1, dtype=np.int32), np.ones(0), False,
-                       np.empty((1, k, m)), np.empty((1, k)), np.empty(1), np.empty(1, dtype=np.int64),
-                       np.empty(1, dtype=np.int64))
-        certified_assign(x, cen, *prep, _tile_rows(m), np.empty(1, dtype=np.int32), np.empty(1))
+        with one_thread():
+            certified_pass(x, cen, *prep, screen_rows(k, m), np.full(1, -1, dtype=np.int32), np.ones(0), False,
+                           np.empty((1, k, m)), np.empty((1, k)), np.empty(1), np.empty(1, dtype=np.int64),
+                           np.empty(1, dtype=np.int64))
+            certified_assign(x, cen, *prep, screen_rows(k, m), np.empty(1, dtype=np.int32), np.empty(1))
 
     def info(self) -> BackendInfo:
         return BackendInfo(name="cpu", devices=[], threads=self.threads, dtype="float64")

@@ -4,14 +4,16 @@ Finding each row's nearest of K centres is the bulk of a Lloyd step (N K M
 operations).  Here it is done as the GPU does it (see
 :mod:`mpikmeans.backends.gpu`): on data shifted by the mean of the centres
 (``y = x - s``, ``z = c - s``), in float32, in the dot-product form
-``|z|^2 - 2 y.z`` (one fused multiply-add per row, centre and attribute; the
-attribute loop vectorised, two rows by four centres per register block).  Each
-row keeps its best and second-best estimate;
-when their gap exceeds a rigorous bound on the float32 rounding error (the
-GPU's), the best is certainly the nearest.  A row whose gap does not (ties,
-near-ties, huge values) gets every distance again in exact float64, in
-attribute order, lowest index on ties.  The labels are therefore those of the
-exact float64 computation.
+``|z|^2 - 2 y.z``.  The products ``-2 z . y`` of a tile of rows and every
+centre are one float32 matrix product, by the BLAS library (``sgemm`` through
+Numba's ``np.dot``, one thread per caller: the backend's threads each make
+their own), whose register-blocked kernels run near the core's multiply-add
+peak.  Each row keeps its best and second-best estimate; when their gap
+exceeds a rigorous bound on the float32 rounding error (the GPU's; it holds
+for any order of the additions, so for any BLAS), the best is certainly the
+nearest.  A row whose gap does not (ties, near-ties, huge values) gets every
+distance again in exact float64, in attribute order, lowest index on ties.  The
+labels are therefore those of the exact float64 computation.
 
 What is summed is unchanged: every row's exact float64 squared distance to its
 centre (attribute order) and its values, block by block, rows in order, as
@@ -31,15 +33,21 @@ _U32 = 2.0 ** -24
 #: rows whose |y|^2 + 2 max|z|^2 exceeds this take the exact path (float32 overflow guard)
 _BIG = np.float32(1.0e30)
 _TINY = np.float32(1.0e-36)
-#: centres per register block of the screen (and the padding of the centres)
-_CG = 4
-#: attributes are padded with zeros to a multiple of this (one AVX2 float32 vector): the
-#: vectorised attribute loop then has no scalar remainder, and adding 0 * 0 changes no sum
-_LANES = 8
+#: bytes of one tile's float32 rows and estimates ((rows + centres) x ...): within a core's L2
+_TILE_BYTES = 1 << 19
+
+
+def screen_rows(k: int, m: int) -> int:
+    """Rows per tile of the screen: the tile's float32 rows (rows x m) and estimates (k x rows) in L2.
+
+    Multiples of 16 (whole vectors of the ranking loop), 16 to 512.
+    """
+    rows = _TILE_BYTES // (4 * max(1, k + m))
+    return int(min(512, max(16, rows - rows % 16)))
 
 
 def centre_data(centres: np.ndarray) -> tuple:
-    """What the float32 screen needs of the centres, padded to whole groups.
+    """What the float32 screen needs of the centres.
 
     Parameters
     ----------
@@ -49,11 +57,10 @@ def centre_data(centres: np.ndarray) -> tuple:
     -------
     shift : ndarray, shape (m,), float64
         ``s``, the mean of the centres.
-    zt : ndarray, shape (kp, mp), float32
-        ``-2 z`` with ``z = float32(c - s)``, zeros for padding (``kp`` a
-        multiple of 4, ``mp`` of 8).
-    cc : ndarray, shape (kp,), float32
-        ``|z|^2`` (+inf for padding: never the nearest).
+    zt : ndarray, shape (k, m), float32
+        ``-2 z`` with ``z = float32(c - s)``.
+    cc : ndarray, shape (k,), float32
+        ``|z|^2``.
     zlim : float
         ``2 max |z|^2`` with a margin, the bound's centre term (inf when a centre
         is not finite: every row then takes the exact path).
@@ -61,115 +68,75 @@ def centre_data(centres: np.ndarray) -> tuple:
         The bound's factor ``2.1 (m + 5) u``.
     """
     k, m = centres.shape
-    kp = -(-k // _CG) * _CG
-    mp = -(-m // _LANES) * _LANES
     # huge or non-finite centres overflow float32 here; zlim then sends every row to the exact path
     with np.errstate(over="ignore", invalid="ignore"):
         shift = centres.mean(axis=0)
         z = (centres - shift).astype(np.float32)
         z64 = z.astype(np.float64)
         norms = np.einsum("ij,ij->i", z64, z64)
-        zt = np.zeros((kp, mp), dtype=np.float32)
-        np.multiply(z, np.float32(-2.0), out=zt[:k, :m])
-        cc = np.full(kp, np.inf, dtype=np.float32)
-        cc[:k] = norms
+        zt = np.multiply(z, np.float32(-2.0))
+        cc = norms.astype(np.float32)
     finite = bool(np.isfinite(centres).all())
     zlim = min(2.0 * float(norms.max()) * (1.0 + 1e-6), 3.0e38) if finite else np.inf
     return shift, zt, cc, np.float32(zlim), np.float32(2.1 * (m + 5) * _U32)
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def _screen_tile(x, t0, rt, shift, zt, cc, ys, yy, b1, b2, i1):  # pragma: no cover - compiled
-    """Float32 estimates for rows ``t0..t0+rt-1``: best and second-best centre per row.
+def _shifted_rows(x, t0, rt, shift, ys, yy):  # pragma: no cover - compiled
+    """Rows ``t0..t0+rt-1`` as float32 ``y = x - s`` into ``ys[:rt]``, and their ``|y|^2`` (float32) into ``yy``.
 
     Compiled on its own so that only these float32 operations may be fused and
-    reordered (``contract``, ``reassoc``): the float64 arithmetic of the caller
-    stays one rounding per operation in attribute order.  Reordering a sum does
-    not loosen the bound (it holds for any order of the additions), and it is
-    what lets LLVM vectorise the attribute loop: each of the eight sums (two
-    rows, four centres) becomes a vector of partial sums in a register, and
-    every loaded value feeds four or two fused multiply-adds.
+    reordered (``contract``, ``reassoc``): the float64 arithmetic of the callers
+    stays one rounding per operation in attribute order.  The bound holds for any
+    order of the additions.
     """
     m = x.shape[1]
-    kp, mp = zt.shape
     for r in range(rt):
-        yr = ys[r]  # its padding (m..mp) stays zero
+        yr = ys[r]
         acc = np.float32(0.0)
         for j in range(m):
             v = np.float32(x[t0 + r, j] - shift[j])
             yr[j] = v
             acc += v * v
         yy[r] = acc
+
+
+@njit(cache=True, nogil=True)
+def _rank(est, cc, rt, b1, b2, i1):  # pragma: no cover - compiled
+    """Best (``b1``, its centre ``i1``) and second-best (``b2``) of ``cc[c] + est[c, r]`` for rows ``r < rt``.
+
+    Centres outside, rows inside: every operation is the same for each row, so
+    the row loop runs in vectors, without branches (which centre is nearest
+    follows the data: a branch on it is mispredicted often).  Strict '<': the
+    lowest index wins, and an exact tie leaves a gap of 0, so the row is
+    rechecked; a NaN estimate never certifies a row.
+    """
+    for r in range(rt):
         b1[r] = np.float32(np.inf)
         b2[r] = np.float32(np.inf)
         i1[r] = 0
-    if rt % 2:
-        # an odd tile: the pair's second row repeats the last row (its results are not kept);
-        # element by element: an array-to-array slice assignment compiles Numba's formatted
-        # shape-mismatch error (string code, ~2 s of every cold compile)
-        for j in range(m):
-            ys[rt, j] = ys[rt - 1, j]
-    # centres outside, rows inside: a group's four centres stay in L1 while the tile's rows (in
-    # L1/L2) stream past; the other way round every pair of rows streamed all K centres, from L3
-    # once K x M outgrew L2 (10^5 x 257, K = 1000: the screen took 1.9 s where the FMAs need ~1)
-    for c0 in range(0, kp, _CG):
-        z0 = zt[c0]
-        z1 = zt[c0 + 1]
-        z2 = zt[c0 + 2]
-        z3 = zt[c0 + 3]
-        for r in range(0, rt, 2):
-            y0 = ys[r]
-            y1 = ys[r + 1]
-            s00 = np.float32(0.0)
-            s01 = np.float32(0.0)
-            s02 = np.float32(0.0)
-            s03 = np.float32(0.0)
-            s10 = np.float32(0.0)
-            s11 = np.float32(0.0)
-            s12 = np.float32(0.0)
-            s13 = np.float32(0.0)
-            for j in range(mp):
-                u = y0[j]
-                v = y1[j]
-                w0 = z0[j]
-                w1 = z1[j]
-                w2 = z2[j]
-                w3 = z3[j]
-                s00 += u * w0
-                s01 += u * w1
-                s02 += u * w2
-                s03 += u * w3
-                s10 += v * w0
-                s11 += v * w1
-                s12 += v * w2
-                s13 += v * w3
-            _rank4(b1, b2, i1, r, c0, cc, s00, s01, s02, s03)
-            if r + 1 < rt:
-                _rank4(b1, b2, i1, r + 1, c0, cc, s10, s11, s12, s13)
+    for c in range(est.shape[0]):
+        row = est[c]
+        w = cc[c]
+        for r in range(rt):
+            d = row[r] + w
+            o1 = b1[r]
+            nearer = d < o1
+            b2[r] = min(b2[r], max(o1, d))  # d < o1: the old best; else min(o2, d)
+            i1[r] = c if nearer else i1[r]
+            b1[r] = d if nearer else o1
 
 
-@njit(cache=True, forceinline=True)
-def _rank4(b1, b2, i1, r, c0, cc, s0, s1, s2, s3):  # pragma: no cover - compiled
-    """Row ``r``'s best and second-best estimates after centres ``c0..c0+3``.
+@njit(cache=True, nogil=True)
+def _screen_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1):  # pragma: no cover - compiled
+    """Float32 estimates for rows ``t0..t0+rt-1``: best and second-best centre per row.
 
-    Without branches (min, max and selects): which centre is nearest follows
-    the data, so a branch on it is mispredicted often, and that cost more than
-    the multiply-adds at small M (87 against 53 ms for 10^6 x 16, K = 8).
-    Strict '<': the lowest index wins, and an exact tie leaves a gap of 0, so
-    the row is rechecked; a NaN estimate never certifies a row.
+    ``est = zt @ ys.T`` (k x tile) is one ``sgemm``: rows past ``rt`` hold an
+    earlier tile's values, whose estimates are not read.
     """
-    o1 = b1[r]
-    o2 = b2[r]
-    best = i1[r]
-    for g in range(_CG):
-        d = cc[c0 + g] + (s0 if g == 0 else (s1 if g == 1 else (s2 if g == 2 else s3)))
-        nearer = d < o1
-        o2 = min(o2, max(o1, d))  # d < o1: the old best; else min(o2, d)
-        best = c0 + g if nearer else best
-        o1 = d if nearer else o1
-    b1[r] = o1
-    b2[r] = o2
-    i1[r] = best
+    _shifted_rows(x, t0, rt, shift, ys, yy)
+    np.dot(zt, ys.T, est)
+    _rank(est, cc, rt, b1, b2, i1)
 
 
 @njit(cache=True, forceinline=True)
@@ -268,11 +235,11 @@ def _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, ss
 
 
 @njit(cache=True, forceinline=True)
-def _tile_buffers(tile, mp):  # pragma: no cover - compiled
-    """One thread's scratch for a tile: float32 rows (one spare for an odd tile), |y|^2, best, second, label."""
-    ys = np.zeros((tile + 1, mp), dtype=np.float32)
-    return (ys, np.empty(tile, dtype=np.float32), np.empty(tile, dtype=np.float32), np.empty(tile, dtype=np.float32),
-            np.empty(tile, dtype=np.int64))
+def _tile_buffers(tile, k, m):  # pragma: no cover - compiled
+    """One thread's scratch for a tile: float32 rows, estimates (k x tile), |y|^2, best, second, label."""
+    return (np.zeros((tile, m), dtype=np.float32), np.zeros((k, tile), dtype=np.float32),
+            np.empty(tile, dtype=np.float32), np.empty(tile, dtype=np.float32), np.empty(tile, dtype=np.float32),
+            np.empty(tile, dtype=np.int32))
 
 
 @njit(parallel=True, cache=True)
@@ -288,7 +255,7 @@ def certified_pass(x, cen, shift, zt, cc, zlim, tolf, tile, labels, weights, use
     n = x.shape[0]
     nb = part_sums.shape[0]
     for b in prange(nb):
-        ys, yy, b1, b2, i1 = _tile_buffers(tile, zt.shape[1])
+        ys, est, yy, b1, b2, i1 = _tile_buffers(tile, zt.shape[0], zt.shape[1])
         lo = n * b // nb
         hi = n * (b + 1) // nb
         sums = part_sums[b]
@@ -300,7 +267,7 @@ def certified_pass(x, cen, shift, zt, cc, zlim, tolf, tile, labels, weights, use
         exact = 0
         for t0 in range(lo, hi, tile):
             rt = min(tile, hi - t0)
-            _screen_tile(x, t0, rt, shift, zt, cc, ys, yy, b1, b2, i1)
+            _screen_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1)
             exact += _recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1)
             sse, moved = _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, sse)
             changed += moved
@@ -315,11 +282,11 @@ def certified_assign(x, cen, shift, zt, cc, zlim, tolf, tile, labels, dist2):  #
     n, m = x.shape
     nb = min(n, 256)
     for b in prange(nb):
-        ys, yy, b1, b2, i1 = _tile_buffers(tile, zt.shape[1])
+        ys, est, yy, b1, b2, i1 = _tile_buffers(tile, zt.shape[0], zt.shape[1])
         hi = n * (b + 1) // nb
         for t0 in range(n * b // nb, hi, tile):
             rt = min(tile, hi - t0)
-            _screen_tile(x, t0, rt, shift, zt, cc, ys, yy, b1, b2, i1)
+            _screen_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1)
             _recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1)
             for q in range(0, rt, 4):
                 d4 = _dist4(x, cen, i1, t0, rt, q)
