@@ -143,7 +143,7 @@ def warm_cpu_backend(threads: int = 1, parts: tuple = CPU_PARTS) -> float:
     backend = CPUBackend(threads=threads)
     backend.load(x)
     if "step" in parts:
-        backend.warmup(3, 3)
+        backend.warmup(3, 3, every_plan=True)
         backend.step(c)
     if "init" in parts:
         d2 = backend.dist2_to(c[0])
@@ -230,7 +230,7 @@ def cpu_backend_cold() -> list:
     """The parts of :data:`CPU_PARTS` whose kernels (:func:`warm_cpu_backend`) Numba's cache lacks."""
     from .backends.cpu import certified, tiles
 
-    kernels = {"step": [certified.certified_pass, certified.certified_assign],
+    kernels = {"step": [certified.certified_pass, certified.certified_assign, tiles._lloyd_pass, tiles._assign_pass],
                "init": [tiles._tile_potentials, tiles._tile_dist2]}
     return [p for p in CPU_PARTS if not all(_cached(k) for k in kernels[p])]
 
@@ -253,11 +253,12 @@ def data_shape(data: str, ranks: int = 1) -> tuple:
 
 #: CPU kernels whose presence in Numba's cache says the reader and the CPU backend are warm.
 def _cpu_kernels() -> list:
-    from .backends.cpu import certified
+    from .backends.cpu import certified, tiles
     from .io import rowparse, textfmt
 
     return [rowparse.parse_rows, rowparse._min_max_rows, rowparse._combine_min_max, rowparse.span_cuts,
-            textfmt._write_fixed, certified.certified_pass, certified.certified_assign]
+            textfmt._write_fixed, certified.certified_pass, certified.certified_assign, tiles._lloyd_pass,
+            tiles._assign_pass]
 
 
 def bytecode_status() -> dict:

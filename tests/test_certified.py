@@ -167,3 +167,32 @@ def test_blas_runs_on_the_calling_thread_inside_the_step_only():
         inside = blas_threads()
     assert inside and set(inside) == {1}
     assert blas_threads() == before
+
+
+@pytest.mark.parametrize("k,m,screen", [(1, 1, False), (7, 3, False), (8, 16, False), (4, 64, False), (8, 32, False),
+                                        (8, 64, True), (12, 24, True), (16, 16, True), (64, 4, True),
+                                        (50, 100, True), (1000, 257, True)])
+def test_the_step_screens_where_it_is_the_faster(k, m, screen):
+    from mpikmeans.backends.cpu.backend import screened
+
+    assert screened(k, m) == screen
+
+
+@pytest.mark.parametrize("k,m", [(8, 16), (30, 20)])
+def test_either_plan_gives_the_backend_the_same_bits(monkeypatch, k, m):
+    from mpikmeans.backends.cpu import backend as B
+
+    rng = np.random.default_rng(k + m)
+    x = rng.normal(size=(4000, m))
+    cen = x[rng.choice(len(x), k, replace=False)].copy()
+    w = rng.random(len(x)) + 0.5
+    plan = B.screened
+    out = []
+    for flip in (False, True):
+        monkeypatch.setattr(B, "screened", (lambda a, b: not plan(a, b)) if flip else plan)
+        be = B.CPUBackend(threads=2)
+        be.load(x, w)
+        r = be.step(cen)
+        labels, d2 = be.assign(cen)
+        out.append((r.sums.tobytes(), r.counts.tobytes(), r.sse, r.changed, labels.tobytes(), d2.tobytes()))
+    assert out[0] == out[1]

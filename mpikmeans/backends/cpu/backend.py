@@ -10,7 +10,22 @@ from ...exact import limbs_to_int, scale_factors
 from .. import Backend, BackendInfo, StepResult
 from .blas import one_thread
 from .certified import certified_assign, certified_pass, centre_data, screen_rows
-from .tiles import _BLOCKS, _reduce_blocks, _tile_dist2, _tile_potentials, _tile_rows
+from .tiles import _BLOCKS, _assign_pass, _lloyd_pass, _reduce_blocks, _tile_dist2, _tile_potentials, _tile_rows
+
+
+def screened(k: int, m: int) -> bool:
+    """Whether a step with ``k`` centres of ``m`` attributes screens in float32 (else: the exact kernels).
+
+    Both give the same bits.  The exact kernels compute every distance in
+    float64, one vector lane per row, so their cost grows with K x M; the
+    screen pays per row for its float32 copy, the exact distance to the chosen
+    centre and a tile's matrix product, and wins once there are more than a
+    few centres (2-core Xeon, ms per step on one thread, exact / screened:
+    10^6 x 16 K = 8 31.8 / 36.5, 5 10^5 x 64 K = 4 48.8 / 54.7, 3 10^5 x 64
+    K = 8 34.3 / 34.7, 10^6 x 16 K = 16 44.8 / 39.9, 10^6 x 4 K = 64 44.0 / 35.5,
+    2 10^5 x 100 K = 50 111 / 50).
+    """
+    return k > 8 or k * m > 256
 
 
 class CPUBackend(Backend):
@@ -71,10 +86,16 @@ class CPUBackend(Backend):
         part_sse = np.empty(nb, dtype=np.float64)
         part_changed = np.empty(nb, dtype=np.int64)
         part_exact = np.empty(nb, dtype=np.int64)
-        with one_thread():
-            certified_pass(self._x, centres, *centre_data(centres), screen_rows(k, m), self._labels, self._weights,
-                           self._weights.size > 0, part_sums, part_counts, part_sse, part_changed, part_exact)
-        self.rows_rechecked = int(part_exact.sum())
+        if screened(k, m):
+            with one_thread():
+                certified_pass(self._x, centres, *centre_data(centres), screen_rows(k, m), self._labels,
+                               self._weights, self._weights.size > 0, part_sums, part_counts, part_sse, part_changed,
+                               part_exact)
+            self.rows_rechecked = int(part_exact.sum())
+        else:
+            _lloyd_pass(self._x, centres, _tile_rows(m), self._labels, self._weights, self._weights.size > 0,
+                        part_sums, part_counts, part_sse, part_changed)
+            self.rows_rechecked = 0
         sums, counts, sse, changed = _reduce_blocks(part_sums, part_counts, part_sse, part_changed)
         return StepResult(sums=sums, counts=counts, sse=float(sse), changed=int(changed))
 
@@ -83,9 +104,11 @@ class CPUBackend(Backend):
         n = self._x.shape[0]
         labels = np.empty(n, dtype=np.int32)
         dist2 = np.empty(n, dtype=np.float64)
-        if n:
+        if n and screened(*centres.shape):
             with one_thread():
                 certified_assign(self._x, centres, *centre_data(centres), screen_rows(*centres.shape), labels, dist2)
+        elif n:
+            _assign_pass(self._x, centres, _tile_rows(centres.shape[1]), labels, dist2)
         return labels, dist2
 
     def dist2_to(self, centre: np.ndarray) -> np.ndarray:
@@ -132,15 +155,20 @@ class CPUBackend(Backend):
         his, los = hi.sum(axis=0), lo.sum(axis=0)
         return [(limbs_to_int(his[j], los[j]), float(vmax[:, j].max())) for j in range(t)]
 
-    def warmup(self, k: int, m: int) -> None:
+    def warmup(self, k: int, m: int, every_plan: bool = False) -> None:
+        """Compile (or load) the step and assignment kernels a shape uses; ``every_plan``: both plans'."""
         x = np.zeros((1, m))
         cen = np.zeros((k, m))
-        prep = centre_data(cen)
-        with one_thread():
-            certified_pass(x, cen, *prep, screen_rows(k, m), np.full(1, -1, dtype=np.int32), np.ones(0), False,
-                           np.empty((1, k, m)), np.empty((1, k)), np.empty(1), np.empty(1, dtype=np.int64),
-                           np.empty(1, dtype=np.int64))
-            certified_assign(x, cen, *prep, screen_rows(k, m), np.empty(1, dtype=np.int32), np.empty(1))
+        args = (np.empty((1, k, m)), np.empty((1, k)), np.empty(1), np.empty(1, dtype=np.int64))
+        if every_plan or screened(k, m):
+            prep = centre_data(cen)
+            with one_thread():
+                certified_pass(x, cen, *prep, screen_rows(k, m), np.full(1, -1, dtype=np.int32), np.ones(0), False,
+                               *args, np.empty(1, dtype=np.int64))
+                certified_assign(x, cen, *prep, screen_rows(k, m), np.empty(1, dtype=np.int32), np.empty(1))
+        if every_plan or not screened(k, m):
+            _lloyd_pass(x, cen, _tile_rows(m), np.full(1, -1, dtype=np.int32), np.ones(0), False, *args)
+            _assign_pass(x, cen, _tile_rows(m), np.empty(1, dtype=np.int32), np.empty(1))
 
     def info(self) -> BackendInfo:
         return BackendInfo(name="cpu", devices=[], threads=self.threads, dtype="float64")
