@@ -27,6 +27,7 @@ import numpy as np
 
 from ...jit import njit, prange
 from ..serial import _nearest_row as _exact_nearest  # every distance in float64, lowest index on ties
+from .tiles import _prefetch_row
 
 #: float32 unit roundoff; the bound is the GPU kernel's (kernels.py): tol = TOLF (|y|^2 + zlim) + tiny
 _U32 = 2.0 ** -24
@@ -200,11 +201,11 @@ def _nth(d4, g):  # pragma: no cover - compiled
 
 
 @njit(cache=True, forceinline=True)
-def _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, sse):  # pragma: no cover - compiled
+def _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, sse, ahead):  # pragma: no cover
     """Add the tile's rows, in increasing index (the exact kernels' order), to their clusters' sums
     and counts, and their weighted squared distances to ``sse``; store the labels.  Returns the
     new ``sse`` (one running sum over the block's rows, as the exact kernels add it) and how many
-    labels changed."""
+    labels changed.  Asks for the rows ``ahead`` rows on meanwhile (the next tile's)."""
     m = x.shape[1]
     changed = 0
     for q in range(0, rt, 4):
@@ -212,6 +213,7 @@ def _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, ss
         for g in range(min(4, rt - q)):
             r = q + g
             i = t0 + r
+            _prefetch_row(x, i + ahead)
             bi = i1[r]
             if labels[i] != bi:
                 changed += 1
@@ -269,7 +271,7 @@ def certified_pass(x, cen, shift, zt, cc, zlim, tolf, tile, labels, weights, use
             rt = min(tile, hi - t0)
             _screen_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1)
             exact += _recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1)
-            sse, moved = _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, sse)
+            sse, moved = _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, sse, tile)
             changed += moved
         part_sse[b] = sse
         part_changed[b] = changed
@@ -291,5 +293,6 @@ def certified_assign(x, cen, shift, zt, cc, zlim, tolf, tile, labels, dist2):  #
             for q in range(0, rt, 4):
                 d4 = _dist4(x, cen, i1, t0, rt, q)
                 for g in range(min(4, rt - q)):
+                    _prefetch_row(x, t0 + q + g + tile)
                     labels[t0 + q + g] = i1[q + g]
                     dist2[t0 + q + g] = _nth(d4, g)

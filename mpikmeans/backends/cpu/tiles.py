@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...jit import njit, prange
+from .prefetch import prefetch
 
 #: Row blocks with private partial sums.  Bounds the useful thread count and the
 #: scratch memory (_BLOCKS * k * m float64).
@@ -222,6 +223,19 @@ def _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best):  # pragma: no cover - 
                 best[r] = c if lt else best[r]
 
 
+#: Tiles ahead whose rows a pass asks for while it sums the current one (:mod:`.prefetch`).
+_AHEAD = 2
+
+
+@njit(cache=True, forceinline=True)
+def _prefetch_row(x, i):  # pragma: no cover - compiled
+    """Ask for the cache lines of row ``i`` of ``x`` (none past the last row)."""
+    n, m = x.shape
+    if i < n:
+        for j in range(0, m, 8):  # 8 float64: a 64-byte line
+            prefetch(x, i * m + j)
+
+
 @njit(parallel=True, cache=True, fastmath=False)
 def _lloyd_pass(x, cen, tile, labels, weights, use_weights, part_sums, part_counts, part_sse, part_changed):
     n, m = x.shape
@@ -249,6 +263,7 @@ def _lloyd_pass(x, cen, tile, labels, weights, use_weights, part_sums, part_coun
             # additions into sums, counts and sse as a row-at-a-time loop
             for r in range(rt):
                 i = t0 + r
+                _prefetch_row(x, i + _AHEAD * tile)
                 bi = best[r]
                 if labels[i] != bi:
                     changed += 1
@@ -276,6 +291,7 @@ def _assign_pass(x, cen, tile, labels, dist2):
             rt = min(tile, hi - t0)
             _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best)
             for r in range(rt):
+                _prefetch_row(x, t0 + r + _AHEAD * tile)
                 labels[t0 + r] = best[r]
                 dist2[t0 + r] = best_d[r]
 
