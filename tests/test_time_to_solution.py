@@ -5,7 +5,8 @@ and from the ``.npy`` that ``convert`` makes, every run with defaults.  Measured
 in one test run, next to scikit-learn's ``KMeans(50).fit`` on the same cores:
 
 - a second run's backend set-up takes at most 0.3 s (its kernels come from the cache);
-- ``convert`` costs at most 1.5 times reading the ARFF (parse once, write the bytes);
+- ``convert`` costs at most 1.5 times the ARFF read inside it (parse once, write the bytes),
+  and not grossly more than a run's read;
 - reading the ``.npy`` runs at least 3 times the ARFF's MB/s;
 - the whole job from the ``.npy`` is no slower than scikit-learn's fit (the
   ratio is printed; the assertion allows the noise of a shared machine).
@@ -93,12 +94,20 @@ def test_second_run_backend_setup(job):
 
 
 def test_convert_costs_no_more_than_reading_and_writing(job):
+    # The ARFF read a convert is held to is the one inside it: the same function on the same
+    # file, in the same process.  Across processes this VM moves the same parse by 2x (the host's
+    # page faults, above; in one suite run each convert's parse took 0.40-0.60 s and each run's
+    # 0.33-0.89 s), so the runs' best read bounds convert only loosely, against gross regressions
+    # (the issue measured 4.3x).
+    ratios = [c["convert_s"] / c["read_s"] for c in job["converts"]]
     convert = min(c["convert_s"] for c in job["converts"])
     read = _best(job["arff_runs"], "read_s")
-    print(f"convert {convert:.3f} s, ARFF read {read:.3f} s: {convert / read:.2f}x; each convert (read + write): "
+    print(f"convert / its read: best {min(ratios):.2f}x; convert {convert:.3f} s against the runs' best read "
+          f"{read:.3f} s: {convert / read:.2f}x; each convert (read + write): "
           + ", ".join(f"{c['convert_s']:.3f} ({c['read_s']:.3f} + {c['write_s']:.3f})" for c in job["converts"])
           + "; each run's read: " + ", ".join(f"{r['timings']['read_s']:.3f}" for r in job["arff_runs"]))
-    assert convert <= 1.5 * read
+    assert min(ratios) <= 1.5
+    assert convert <= 2.5 * read
 
 
 def test_npy_reads_at_least_three_times_faster(job):
