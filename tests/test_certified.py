@@ -147,8 +147,8 @@ def test_centre_data():
 @pytest.mark.parametrize("k,m", [(1, 1), (8, 16), (50, 100), (1000, 257), (100000, 3)])
 def test_screen_rows_keep_a_tile_in_l2(k, m):
     rows = C.screen_rows(k, m)
-    assert 16 <= rows <= 512 and rows % 16 == 0
-    assert rows == 16 or 4 * rows * (k + m) <= C._TILE_BYTES
+    assert C._MIN_ROWS <= rows <= 512 and rows % 16 == 0
+    assert rows == C._MIN_ROWS or 4 * rows * (k + m) <= C._TILE_BYTES
 
 
 def test_blas_runs_on_the_calling_thread_inside_the_step_only():
