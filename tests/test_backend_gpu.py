@@ -97,6 +97,19 @@ _SIM_PROGRAM = textwrap.dedent(
     compare("chunked_f32_weighted", x, c, dtype="float32", chunk=64, weights=w, iters=1)
     # K x M sums too big for the shared-memory budget: global atomics, centres from global
     compare("no_shared_room", x, c, tune={"smem_budget": 256}, iters=1)
+    # the split full step (pass 1, then the sums kernel of sums.py): the fused kernel's own
+    # summing pass for comparison; five tiles of 32 rows over two blocks (each block sums
+    # one tile after the other); m=50, threads that only stage (64 per block here), weighted
+    # float32
+    # (the split is forced: by default it is taken from 2**24 values of rows on)
+    sp = {"split": True}
+    compare("fused_walk", x, c, tune={"split": False}, iters=1)
+    xs_, cs_ = blobs(150, 40, 4, 11)
+    compare("split_tiles", xs_, cs_, tune=sp, iters=2)
+    xw_, cw_ = blobs(120, 50, 3, 12)
+    ww_ = np.random.default_rng(12).uniform(0.5, 2.0, xw_.shape[0])
+    compare("split_wide_weighted_f32", xw_, cw_, dtype="float32", weights=ww_, tune=sp, iters=1)
+    compare("split_f64", x, c, tune=sp, iters=2)
     # several centre tiles with padding (k=10, tiles of 4)
     x2, c2 = blobs(250, 5, 10, 2)
     compare("centre_tiles", x2, c2, tune={"TC": 4, "centres_shared": False}, iters=1)
@@ -108,9 +121,11 @@ _SIM_PROGRAM = textwrap.dedent(
     xt = r.integers(-3, 4, size=(240, 2)).astype(np.float64)
     ct = np.array([[0.5, 0.0], [-0.5, 0.0], [0.0, 0.5], [0.0, -0.5], [2.5, 2.5]])
     compare("ties", xt, ct, iters=1)
+    compare("split_ties", xt, ct, tune={"split": True}, iters=1)
     # two identical centres: every row nearest to them is a tie, lowest index wins
     cd = np.vstack([c[:3], c[2:3], c[3:]])
     compare("duplicate_centres", x, cd, iters=1)
+    compare("split_duplicate_centres_chunked", x, cd, chunk=70, tune={"split": True}, iters=1)
     compare("k1", x, c[:1], iters=1)
     # the flagged-row counters are per chunk when streaming
     compare("ties_chunked", xt, ct, chunk=70, iters=1)
@@ -273,7 +288,25 @@ def test_sim_float64_matches_cpu(sim):
     rec = sim["f64"]
     _assert_parity(rec)
     assert rec["steps"][0]["changed"][1] == 300  # every label is new on the first step
-    assert rec["plans"][0][0] == 0  # fused shared-memory sums
+    assert rec["plans"][0][0] == 0  # fused shared-memory sums (too few rows for the split step)
+
+
+def test_sim_split_step_matches_the_fused_one_and_cpu(sim):
+    """The split full step (sums.py) against the CPU: several tiles per block, threads that only
+    stage, weights; and the fused kernel's own summing pass where the split is refused."""
+    for name in ("split_tiles", "split_wide_weighted_f32", "split_f64", "split_ties",
+                 "split_duplicate_centres_chunked"):
+        rec = sim[name]
+        if name.endswith("f32"):
+            _assert_parity(rec, sums_tol=1e-6, exact_counts=False)
+        else:
+            _assert_parity(rec)
+        assert {p[0] for p in rec["plans"]} == {4}, rec["plans"]
+        if "ties" in name or "duplicate" in name:  # flagged rows: the exact kernel adds them
+            assert rec["steps"][0]["flagged"] > 0, rec
+    rec = sim["fused_walk"]
+    _assert_parity(rec)
+    assert rec["plans"][0][0] == 0
 
 
 def test_sim_float32(sim):
@@ -538,6 +571,20 @@ def _gpu_vs_cpu(n, m, k, dtype="float64", chunk=None, weights=False, tune=None, 
     assert np.array_equal(la, lb)
     assert np.abs(da - db).max() <= (1e-12 if tol == 1e-12 else 1e-5) * da.max()
     return gpu
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_gpu_split_step_matches_cpu(dtype):
+    """The split full step (pass 1, then sums.py) where the rule takes it (2**24 values and more)
+    and forced on smaller shapes: many copies of the sums (m=3, m=8), weights."""
+    gpu = _gpu_vs_cpu(300_000, 64, 40, dtype=dtype, iters=2, start_rows=True)
+    assert gpu._plan(40, False).mode == 4  # the full steps' plan (the last one was the assignment's)
+    sp = {"split": True, "delta": "never"}
+    for n, m, k in ((200_000, 3, 7), (150_000, 8, 16), (40_000, 100, 50)):
+        gpu = _gpu_vs_cpu(n, m, k, dtype=dtype, tune=sp, weights=(m == 8), iters=2)
+        assert gpu._plan(k, False).mode == 4
 
 
 @pytest.mark.gpu

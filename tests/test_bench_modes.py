@@ -187,6 +187,8 @@ def test_bench_gpu_without_a_gpu_is_a_clear_error(tmp_path):
     (["--stream", "1000x2x2"], "--stream needs --chunk-rows"),
     (["--stream", "1000x2x2", "--chunk-rows", "1000"], "--stream needs --chunk-rows"),
     (["--cases", "", "--stream", ""], "nothing to measure"),
+    (["--compare", "{split"], "--compare is not JSON"),
+    (["--compare", '{"split": false}'], "--compare must be a JSON list of objects"),
 ])
 def test_bench_fullstep_bad_options_exit_2(args, needle):
     _clean_error(run_cli(["bench", "fullstep", *args]), 2, needle)

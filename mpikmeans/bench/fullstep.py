@@ -16,6 +16,9 @@ started from the first K rows, so labels move for many iterations):
   bandwidth and N K M fused multiply-adds at the datasheet FP32 rate (the
   distances are computed in float32 for either dtype, with a certified bound).
 
+``--compare`` times the full-step run again with other kernel overrides (``tune``, e.g.
+``[{"split": false}]`` for the fused kernel's own summing pass), in the same process.
+
 Optionally one streamed case (``--stream NxMxK --chunk-rows R``): rows in pinned
 host memory, copied in chunks on two streams, against the measured pinned
 host-to-device bandwidth.
@@ -26,6 +29,7 @@ D = 3e5 x 257, K=1000; E = 2e6 x 3, K=7; or NxMxK.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
@@ -64,9 +68,23 @@ class FullStepSettings:
     no_torch: bool = False
     device: int = 0
     seed: int = 1
+    compare: str = ""
+
+    def variants(self) -> list:
+        """The ``--compare`` kernel overrides: a JSON list of dicts (``[]`` when not given)."""
+        if not self.compare:
+            return []
+        try:
+            out = json.loads(self.compare)
+        except ValueError as exc:
+            raise UsageError(f"bench fullstep: --compare is not JSON: {exc}") from None
+        if not isinstance(out, list) or not all(isinstance(v, dict) for v in out):
+            raise UsageError("bench fullstep: --compare must be a JSON list of objects, e.g. '[{\"split\": false}]'")
+        return out
 
     def check(self) -> tuple:
         """``(cases, dtypes, stream case or None)``; raises :class:`UsageError` for settings that cannot run."""
+        self.variants()
         cases = [parse_case(c, CASES, "bench fullstep") for c in self.cases.split(",") if c.strip()]
         dtypes = [d.strip() for d in self.dtype.split(",") if d.strip()]
         if not dtypes or any(d not in DTYPES for d in dtypes):
@@ -170,6 +188,15 @@ def run_fullstep(s: FullStepSettings, progress: Progress = quiet) -> dict:
             full = _lloyd(torch, s.device, dtype, lambda be: be.load_device(xt), start, s.iters, {"delta": "never"})
             row["full"] = full
             row["full_ms"] = full["median_ms"]
+            row["variants"] = []
+            for tune in s.variants():
+                other = _lloyd(torch, s.device, dtype, lambda be: be.load_device(xt), start, s.iters,
+                               {**tune, "delta": "never"})
+                row["variants"].append({"tune": tune, "median_ms": other["median_ms"], "ms": other["ms"],
+                                        "same_changes": other["changed"] == full["changed"]})
+                progress(f"{name} {dtype} with {json.dumps(tune)}: full step {other['median_ms']:.3f} ms "
+                         f"(default {full['median_ms']:.3f}); labels changed the same: "
+                         f"{other['changed'] == full['changed']}")
             row["policy"] = _lloyd(torch, s.device, dtype, lambda be: be.load_device(xt), start, s.iters, {})
             if not s.no_torch:
                 cen = torch.tensor(start, device="cuda", dtype=xt.dtype)

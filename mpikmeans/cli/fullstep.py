@@ -19,10 +19,12 @@ from .bench import _bench_failed, _save, bench
 @click.option("--stream", default="", help="Also a streamed case NxMxK (rows in pinned host memory).")
 @click.option("--chunk-rows", type=int, default=0, help="Rows per chunk of the streamed case.")
 @click.option("--no-torch", is_flag=True, help="Skip the PyTorch comparison.")
+@click.option("--compare", default="",
+              help='JSON list of kernel overrides to time beside each full run, e.g. \'[{"split": false}]\'.')
 @click.option("--device", type=int, default=0, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--out", help="Result file  [default: bench/results/fullstep_<device>_<date>.json]")
-def bench_fullstep(cases, dtype, iters, noise, repeats, stream, chunk_rows, no_torch, device, seed, out):
+def bench_fullstep(cases, dtype, iters, noise, repeats, stream, chunk_rows, no_torch, compare, device, seed, out):
     """Full Lloyd steps on the GPU inside runs whose labels keep changing, beside the floor and PyTorch.
 
     \b
@@ -33,7 +35,8 @@ def bench_fullstep(cases, dtype, iters, noise, repeats, stream, chunk_rows, no_t
     from ..bench.fullstep import FullStepSettings, fullstep_table, run_fullstep
     from ..bench.gpu import default_out
 
-    settings = FullStepSettings(cases, dtype, iters, noise, repeats, stream, chunk_rows, no_torch, device, seed)
+    settings = FullStepSettings(cases, dtype, iters, noise, repeats, stream, chunk_rows, no_torch, device, seed,
+                                compare)
     try:
         results = run_fullstep(settings, click.echo)
         out = out or default_out(results["device"], "fullstep")

@@ -23,8 +23,9 @@ from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available,
 from .hostk import add_step
 from .kernels import RC_WARPS, fused_kernel, recheck_kernel
 from .launch import Launch, Pack, cu, cucheck, fast_launch_wanted, launch_once, prepare
-from .plan import Plan, choose_plan, round_up
+from .plan import MODE_STEP_SPLIT, SPLIT_MIN_VALUES, Plan, choose_plan, round_up
 from .rows import DeviceRows
+from .sums import sums_launch
 
 log = logging.getLogger("mpikmeans.backends.gpu")
 
@@ -97,7 +98,9 @@ class GPUBackend(Backend):
         ``sum_mode`` ("global"), ``centres_shared`` (bool), ``smem_budget`` (bytes),
         ``maxreg``, ``blocks``, ``JC``; ``launch="numba"`` launches through Numba's
         dispatcher instead of the prepared launches; ``profile`` sets :attr:`profile`;
-        ``delta`` ("auto", "always", "never"), see below.
+        ``delta`` ("auto", "always", "never"), see below; ``split`` (bool) and
+        ``sums_maxreg``: the split full step of :mod:`.sums` (taken with resident rows
+        from :data:`.plan.SPLIT_MIN_VALUES` values on) and its sums kernel's register cap.
 
     Attributes
     ----------
@@ -230,13 +233,17 @@ class GPUBackend(Backend):
                 self._occupancy[spec] = max(1, min(by_regs, by_smem, by_thr, 32))
         return self._occupancy[spec]
 
+    def _smem_limit(self) -> int:
+        """Dynamic shared memory a block of any kernel may use, bytes."""
+        return min(self.limits.smem_optin, 200 * 1024) if not SIM else 48 * 1024
+
     def _plan(self, k: int, assign: bool, delta: bool = False) -> Plan:
         key = (k, assign, delta)
         plan = self._plans.get(key)
         if plan is None:
-            limit = min(self.limits.smem_optin, 200 * 1024) if not SIM else 48 * 1024
-            plan = choose_plan(k, self.m, self.dtype, assign, self.rows.weighted, limit, self.tune,
-                               self.limits.smem_sm, delta)
+            split = not self.rows.streaming and self.n * self.m >= SPLIT_MIN_VALUES  # the split full step's rule
+            plan = choose_plan(k, self.m, self.dtype, assign, self.rows.weighted, self._smem_limit(), self.tune,
+                               self.limits.smem_sm, delta, split)
             self._plans[key] = plan
         return plan
 
@@ -262,14 +269,20 @@ class GPUBackend(Backend):
         else:
             spec = self.fused_spec(plan, pack, k)
             kern = fused_kernel(*spec)
-            args = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, pack.ctr, labels, flags, w, dist2,
-                    int(fslot))
+            split = plan.mode == MODE_STEP_SPLIT
+            newlab = cuda.device_array(max(1, rows), dtype=np.int32) if split else None  # pass 1's labels
+            args = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, pack.ctr, labels, flags, w,
+                    newlab if split else dist2, int(fslot))
             kobj = compiled("fused", spec, kern, args)
             per_sm = self._blocks_per_sm(kobj, spec, plan)
             ntiles = -(-rows // (plan.NT * plan.R))
             grid = max(1, min(ntiles, 2 if SIM else per_sm * self.limits.sm_count))
             self.last_grid = grid
             fused = Launch(kern, kobj, args, grid, plan.NT, plan.smem, stream, self._fast)
+            if split:  # then the sums kernel adds the rows pass 1 certified
+                add = sums_launch(self.limits, self.dtype, self.rows.weighted, k, self.m, self._smem_limit(), pack,
+                                  x, rows, int(self.rows.ld), labels, newlab, w, stream, self._fast, self.tune)
+                fused = gemm.Steps([fused, add], grid)
         rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta)
         rk = recheck_kernel(*rspec)
         rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))

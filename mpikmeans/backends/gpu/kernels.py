@@ -15,7 +15,8 @@ import numpy as np
 
 from .device import SIM, cuda
 from .intrinsics import ld4, ldc32, ldc64, ldx, stx
-from .plan import MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_GLOBAL, MODE_STEP_SHARED, PackLayout, SharedLayout
+from .plan import (MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_GLOBAL, MODE_STEP_SHARED, MODE_STEP_SPLIT, PackLayout,
+                   SharedLayout)
 
 if cuda is not None:
     from numba import float32, float64, int32, int64
@@ -75,7 +76,8 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
     labels : int32, (n,)              previous labels in, new labels out
     flags : int32, (n,)               indices of rows handed to the exact kernel
     w : float64, (n,) or (1,)         weights (read only when weighted)
-    dist2 : float64, (n,) or (1,)     exact squared distances (assign mode)
+    dist2 : float64, (n,) or (1,)     exact squared distances (assign mode); int32 (n,) in the
+                                      split mode: each row's certified label, -1 where flagged
     fslot : int64                     index in ``ctr`` of this launch's flagged-row counter
 
     All hot-loop accesses go through :func:`ldx` / :func:`stx` (no wraparound
@@ -96,6 +98,7 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
     DELTA = mode == MODE_STEP_DELTA
     GLOBAL = mode == MODE_STEP_GLOBAL
     ASSIGN = mode == MODE_ASSIGN
+    SPLIT = mode == MODE_STEP_SPLIT
     WEIGHTED = weighted
     CSH = centres_shared
     SH32 = storage == "float32"
@@ -273,6 +276,8 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
                         lab = i1[r]
                         if ASSIGN:
                             stx(labels, i, lab)
+                        elif SPLIT:
+                            pass  # the sums kernel counts the change and writes the label
                         elif DELTA:
                             # a row that keeps its label: the kept sums and SSE hold it
                             # already.  One that changes is rare here: the exact kernel
@@ -290,6 +295,8 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
                         p = cuda.atomic.add(ctr, fslot, 1)
                         stx(flags, p, i)
                 labr[r] = lab
+                if SPLIT and i < n:
+                    stx(dist2, i, int32(lab))
                 if SHARED:
                     if WEIGHTED:
                         stx(smd, o_w + tid + r * NT, ldx(w, i) if i < n else 0.0)

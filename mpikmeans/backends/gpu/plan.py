@@ -28,6 +28,18 @@ MODE_STEP_SHARED = 0  # step, per-block partial sums in shared memory
 MODE_STEP_GLOBAL = 1  # step, sums straight into global memory with atomics
 MODE_ASSIGN = 2  # labels and exact squared distances only
 MODE_STEP_DELTA = 3  # step, only the changes of the sums (rows whose label changed)
+MODE_STEP_SPLIT = 4  # step, pass 1 only (certified labels); the sums kernel of sums.py adds the rows
+
+#: the split sums kernel (:mod:`.sums`): threads per block, bytes of all copies of the partial
+#: sums at most, bytes of a staged tile about (at most STAGE_MAX), bytes of one copy at most
+SUMS_NT = 64 if SIM else 256
+SUMS_COPIES_BYTES = 48 * 1024
+SUMS_STAGE_BYTES = 16 * 1024
+SUMS_STAGE_MAX = 48 * 1024
+SUMS_COPY_MAX = 96 * 1024
+#: a full step takes the split path from this many values of rows on (N x M): below it the second
+#: launch and its barriers cost more than they save (H100, 2e6 x 3, K = 7: 0.12 -> 0.19 ms)
+SPLIT_MIN_VALUES = 1 << 24
 
 
 def round_up(a: int, b: int) -> int:
@@ -130,6 +142,74 @@ class Plan:
     maxreg: int = 0
 
 
+class SumsLayout(NamedTuple):
+    """Shape and shared memory of the split sums kernel (:func:`.sums.sums_kernel`).
+
+    ``groups`` copies of the K x M partial sums (and K counts), each owned by a group of
+    ``cols`` threads (thread ``c`` of a group owns attribute ``c``: no two threads add
+    into one sum, so no atomics); ``nt`` threads per block, all of which stage, those past
+    ``groups * cols`` only stage.  Tiles of ``rows`` rows: a multiple of 32 that divides
+    ``nt`` or a multiple of ``nt`` (so each thread stages fixed rows: :func:`.sums.sums_kernel`),
+    staged row-major with the odd ``pitch`` (no bank conflicts on either side of the
+    transpose); group ``g`` sums rows ``g, g + groups, ...`` (a multiple of 4 of them;
+    ``groups`` is a power of two).  Offsets in units of each
+    view's dtype: ``sums``, ``cnt``, ``w``, ``red`` (float64), ``xs`` (storage dtype),
+    ``lab``, ``tmp`` (int32); ``smem`` bytes in all.
+    """
+
+    groups: int
+    cols: int
+    nt: int
+    rows: int
+    pitch: int
+    sums: int
+    cnt: int
+    w: int
+    red: int
+    xs: int
+    lab: int
+    tmp: int
+    smem: int
+
+
+def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int) -> SumsLayout | None:
+    """The split sums kernel's layout for K x M, or None where it does not fit.
+
+    As many copies as fill :data:`SUMS_COPIES_BYTES` (small K x M: every thread of a
+    block busy on few attributes), rows per tile to stage about :data:`SUMS_STAGE_BYTES`.
+    None where one copy takes more than :data:`SUMS_COPY_MAX`, M is more than a block's
+    threads, a tile of 32 rows more than :data:`SUMS_STAGE_MAX` or the block more than
+    ``budget`` bytes.
+    """
+    dsize = 8 if storage == "float64" else 4
+    nt = SUMS_NT
+    copy = (k * m + k) * 8
+    pitch = m | 1
+    if copy > SUMS_COPY_MAX or m > nt:
+        return None
+    # a power of two (it divides the block's threads), each group's rows a multiple of 4 (the walk's batches)
+    groups = 1 << (max(1, min(nt // m, SUMS_COPIES_BYTES // copy)).bit_length() - 1)
+    want = groups * max(4, min(32, SUMS_STAGE_BYTES // (groups * pitch * dsize)) // 4 * 4)
+    # 32 d rows for d a divisor of nt / 32, or multiples of nt: the fewest at least ``want``
+    shapes = [32 * d for d in range(1, nt // 32 + 1) if (nt // 32) % d == 0] + [nt * x for x in range(2, 9)]
+    rows = min((r for r in shapes if r >= want and r % (4 * groups) == 0), default=nt * 8)
+    if rows * pitch * dsize > SUMS_STAGE_MAX:
+        return None
+    a = _Arena()
+    sums = a.take(groups * k * m * 8)
+    cnt = a.take(groups * k * 8)
+    w = a.take(rows * 8 if weighted else 0)
+    red = a.take(8)
+    xs = a.take(rows * pitch * dsize)
+    lab = a.take(rows * 4)
+    tmp = a.take(4)
+    smem = a.total()
+    if smem > budget:
+        return None
+    return SumsLayout(groups=groups, cols=m, nt=nt, rows=rows, pitch=pitch, sums=sums // 8, cnt=cnt // 8,
+                      w=w // 8, red=red // 8, xs=xs // dsize, lab=lab // 4, tmp=tmp // 4, smem=smem)
+
+
 def shared_layout(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: int,
                   centres_shared: bool, weighted: bool, jc: int | None = None,
                   target: int | None = None) -> tuple[SharedLayout, int]:
@@ -182,7 +262,8 @@ def shared_layout(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: 
 
 
 def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
-                smem_limit: int, tune: dict, smem_sm: int = 228 * 1024, delta: bool = False) -> Plan:
+                smem_limit: int, tune: dict, smem_sm: int = 228 * 1024, delta: bool = False,
+                split: bool = False) -> Plan:
     """Pick rows per thread, centre tile, block size and the summing mode.
 
     Registers: each thread keeps ``R * TC`` float32 running distances; about 128 keeps
@@ -204,6 +285,11 @@ def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
         Shared memory per multiprocessor, bytes.
     delta : bool
         A plan for incremental steps.
+    split : bool
+        A full step takes the split path (:data:`MODE_STEP_SPLIT`: the fused kernel's
+        pass 1, then the sums kernel of :mod:`.sums`) where :func:`sums_layout` fits: the
+        caller says whether the rows are resident and many enough
+        (:data:`SPLIT_MIN_VALUES`); ``tune={"split": bool}`` decides instead where it fits.
 
     Returns
     -------
@@ -243,6 +329,8 @@ def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
         modes = [MODE_STEP_DELTA]
     else:
         modes = [MODE_STEP_SHARED, MODE_STEP_GLOBAL]
+        if tune.get("split", split) and sums_layout(k, m, storage, weighted, budget) is not None:
+            modes.insert(0, MODE_STEP_SPLIT)
     blocks = int(tune.get("blocks", 2))
     target = None
     if not SIM:

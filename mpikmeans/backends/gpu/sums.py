@@ -1,0 +1,217 @@
+"""The split full step's summing kernel: per-block float64 sums in shared memory, no atomics per row.
+
+A full step of the fused kernel (:mod:`.kernels`, ``MODE_STEP_SHARED``) sums each tile
+in its pass 2, inside the kernel whose pass 1 holds 255 registers: pass 2 then runs
+at pass 1's occupancy (8 warps per multiprocessor), latency-bound, 3.2 of 5 ms of a
+full step of 5e6 x 100, K = 50 on the H100 for 1/50 of pass 1's arithmetic
+(``bench/GPU_NOTES.md``).  The split step (``MODE_STEP_SPLIT``) runs pass 1 alone,
+which writes each row's certified label (-1 where flagged for the exact kernel), and
+then this kernel, small enough for many resident warps:
+
+* a tile of rows is read column-major (coalesced) and staged row-major in shared
+  memory with an odd row pitch, with its labels (and weights); the loads of the next
+  tile are issued before the current one is summed;
+* the block keeps ``groups`` copies of the K x M float64 deviation sums and K counts
+  in shared memory; thread ``c`` of group ``g`` owns attributes ``c, c + cols, ...``
+  of copy ``g`` and adds ``w (x - c_lab)`` of the group's rows (``g, g + groups,
+  ...``) into them: one owner per sum, so plain loads and stores, no atomics;
+* at the end the copies are added up and into the global sums, one atomic per
+  (cluster, attribute) and block.
+
+It also counts the changed labels and writes the new ones (pass 1 leaves ``labels``
+alone, so the exact kernel still sees a flagged row's old label) and sums
+``w |x - c_lab|^2`` per element, the exact diff form, for the SSE.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .compiled import compiled
+from .device import SIM, cuda
+from .intrinsics import ldx, stx
+from .launch import Launch, prepare
+from .plan import PackLayout, SumsLayout, sums_layout
+
+if cuda is not None:
+    from numba import float32, float64, int32, int64
+
+
+#: the kernel's register cap: 64 keeps four blocks of 256 threads on a multiprocessor (72 without a
+#: cap: three); a few spilled bytes cost less than the warps gained (H100: 5e6 x 100, K = 50 full step
+#: 4.76 -> 4.13 ms f32, 6.11 -> 5.02 ms f64; 1e8 x 8, K = 16: 4.38 -> 4.13, 6.40 -> 6.18)
+SUMS_MAXREG = 64
+
+
+@functools.lru_cache(maxsize=None)
+def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple, lay_c: tuple, maxreg: int = 0):
+    """Build the summing kernel for K x M, the step buffer's layout ``pack_c`` and ``lay_c``
+    (a :class:`.plan.SumsLayout`).
+
+    Kernel arguments: x, n, ld, p64, ctr, labels, newlab, w (as the fused kernel's; ``newlab``
+    int32 (n,), pass 1's certified labels, -1 for a flagged row).  ``maxreg``: a register cap
+    (0: the compiler's choice).
+    """
+    DT = float64 if storage == "float64" else float32
+    WEIGHTED = weighted
+    K, M = int(k_c), int(m_c)
+    L = PackLayout(*pack_c)
+    P_C64, P_SUMS, P_CNT, P_SSE = int(L.p64_c64), int(L.p64_sums), int(L.p64_cnt), int(L.p64_sse)
+    I_CHG = int(L.i64_chg)
+    S = SumsLayout(*lay_c)
+    G, COLS, NT, TR, PITCH = int(S.groups), int(S.cols), int(S.nt), int(S.rows), int(S.pitch)
+    O_S, O_CNT, O_W, O_RED, O_XS, O_LAB, O_TMP = (int(v) for v in (S.sums, S.cnt, S.w, S.red, S.xs, S.lab,
+                                                                    S.tmp))
+    KM = K * M
+    # staging: thread t loads rows t % RT (+ RT, ... when the tile has more rows than the
+    # block threads) of attributes t // RT, + JS, ...: fixed rows, so the index arithmetic
+    # is a base and constant steps, and a warp reads 32 consecutive rows of one attribute
+    RT = min(TR, NT)
+    JS = NT // RT
+    UJ = -(-M // JS)  # attributes per thread and pass over the rows
+    PASSES = TR // RT  # passes over the rows
+    FULLJ = M % JS == 0
+    SB = 8  # values per batch of loads (in flight together, then stored)
+    WB = 4  # rows per batch of the summing walk
+    LA = -(-TR // NT)  # the tile's labels: rows per thread
+    NR = TR // G  # rows per group and tile, a multiple of WB (plan.sums_layout)
+
+    def km_sums(x, n, ld, p64, ctr, labels, newlab, w):
+        smd = cuda.shared.array(0, dtype=float64)
+        smx = cuda.shared.array(0, dtype=DT)
+        smi = cuda.shared.array(0, dtype=int32)
+        tid = cuda.threadIdx.x
+        g = tid // COLS
+        c = tid - g * COLS
+        r0 = tid % RT
+        j0 = tid // RT
+        jsld = JS * ld
+        for q in range(tid, G * KM, NT):
+            stx(smd, O_S + q, 0.0)
+        for q in range(tid, G * K, NT):
+            stx(smd, O_CNT + q, 0.0)
+        if tid == 0:
+            smd[O_RED] = 0.0
+            smi[O_TMP] = 0
+        sse_t = 0.0
+        chg_t = 0
+        v = cuda.local.array(SB, dtype=DT)
+        labv = cuda.local.array(WB, dtype=int32)
+        wv = cuda.local.array(WB, dtype=float64)
+        tv = cuda.local.array(WB, dtype=float64)
+        labl = cuda.local.array(LA, dtype=int32)
+        oldl = cuda.local.array(LA, dtype=int32)
+        # this thread's rows in its group (a runtime count: the walk stays a loop, not unrolled)
+        nr = NR if g < G else 0
+        so = O_S + g * KM + c  # its sums, counts and centre values
+        co = O_CNT + g * K
+        cb = P_C64 + c
+        ntiles = (n + TR - 1) // TR
+        for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
+            row0 = tile * TR
+            cuda.syncthreads()  # the last tile is summed (and, the first time, the copies are zero)
+            # the tile's labels, pass 1's and the last step's, loaded side by side before the rows
+            for a in range(LA):
+                r = tid + a * NT
+                i = row0 + r
+                labl[a] = ldx(newlab, i) if r < TR and i < n else -1
+                oldl[a] = ldx(labels, i) if r < TR and i < n else -1
+            for a in range(PASSES):
+                i = row0 + r0 + a * RT
+                inside = i < n
+                gb = j0 * ld + i  # attribute j0 of this row, then + jsld per step
+                sb = O_XS + (r0 + a * RT) * PITCH + j0
+                for uj0 in range(0, UJ, SB):
+                    for u in range(SB):
+                        uj = uj0 + u
+                        if uj < UJ:
+                            v[u] = ldx(x, gb + uj * jsld) if inside and (FULLJ or j0 + uj * JS < M) else DT(0.0)
+                    for u in range(SB):
+                        uj = uj0 + u
+                        if uj < UJ and (FULLJ or j0 + uj * JS < M):
+                            stx(smx, sb + uj * JS, v[u])
+            for a in range(LA):
+                r = tid + a * NT
+                if r < TR:
+                    i = row0 + r
+                    lab = labl[a]
+                    if lab >= 0:
+                        if oldl[a] != lab:
+                            chg_t += 1
+                            stx(labels, i, lab)
+                        if WEIGHTED:
+                            stx(smd, O_W + r, ldx(w, i))
+                    stx(smi, O_LAB + r, lab)
+            cuda.syncthreads()
+            # WB rows per batch: their labels, weights and values are loaded together; the
+            # read-modify-writes of the sums then follow one another (rows may share a cluster).
+            # Offsets advance by constants: the row r = g + s G is at xo + s G PITCH
+            lo = O_LAB + g
+            xo = O_XS + g * PITCH + c
+            wo = O_W + g
+            for s0 in range(0, nr, WB):
+                for u in range(WB):
+                    lab = ldx(smi, lo + u * G)
+                    labv[u] = lab
+                    if lab >= 0:
+                        tv[u] = float64(ldx(smx, xo + u * G * PITCH)) - ldx(p64, cb + lab * M)
+                        if WEIGHTED:
+                            wv[u] = ldx(smd, wo + u * G)
+                for u in range(WB):
+                    lab = labv[u]
+                    if lab >= 0:
+                        wi = wv[u] if WEIGHTED else 1.0
+                        t = tv[u]
+                        o = so + lab * M
+                        stx(smd, o, ldx(smd, o) + wi * t)
+                        sse_t += wi * (t * t)
+                        if c == 0:
+                            o = co + lab
+                            stx(smd, o, ldx(smd, o) + wi)
+                lo += WB * G
+                xo += WB * G * PITCH
+                wo += WB * G
+        cuda.syncthreads()
+        for q in range(tid, KM, NT):
+            t = 0.0
+            for gg in range(G):
+                t += ldx(smd, O_S + gg * KM + q)
+            if t != 0.0:
+                cuda.atomic.add(p64, P_SUMS + q, t)
+        for q in range(tid, K, NT):
+            t = 0.0
+            for gg in range(G):
+                t += ldx(smd, O_CNT + gg * K + q)
+            if t != 0.0:
+                cuda.atomic.add(p64, P_CNT + q, t)
+        cuda.atomic.add(smd, O_RED, sse_t)
+        cuda.atomic.add(smi, O_TMP, chg_t)
+        cuda.syncthreads()
+        if tid == 0:
+            cuda.atomic.add(p64, P_SSE, smd[O_RED])
+            cuda.atomic.add(ctr, I_CHG, int64(smi[O_TMP]))
+
+    if SIM:
+        return cuda.jit(km_sums)
+    return cuda.jit(km_sums, fastmath=False, max_registers=maxreg or None)
+
+
+def sums_launch(limits, storage: str, weighted: bool, k: int, m: int, budget: int, pack, x, rows: int, ld: int,
+                labels, newlab, w, stream, fast: bool, tune: dict) -> Launch:
+    """The prepared launch of :func:`sums_kernel` for ``rows`` resident rows (layout
+    :func:`.plan.sums_layout` within ``budget`` bytes; ``tune["sums_maxreg"]`` overrides
+    :data:`SUMS_MAXREG`): a persistent grid of as many blocks as the multiprocessors hold."""
+    lay = sums_layout(k, m, storage, weighted, budget)
+    maxreg = int(tune.get("sums_maxreg", SUMS_MAXREG))
+    spec = (storage, weighted, int(k), int(m), tuple(pack.layout), tuple(lay), int(maxreg))
+    kern = sums_kernel(*spec)
+    args = (x, int(rows), int(ld), pack.dev, pack.ctr, labels, newlab, w)
+    kobj = compiled("sums", spec, kern, args)
+    per_sm = min(limits.smem_sm // (lay.smem + 1024), 2048 // lay.nt, 32)
+    if kobj is not None:
+        # resident blocks by registers too: a grid of more blocks than fit runs a second wave on
+        # mostly idle multiprocessors (every block has the same share of tiles)
+        regs = prepare(kobj, lay.smem) or 128
+        per_sm = min(per_sm, limits.regs_sm // (-(-regs // 8) * 8 * lay.nt))
+    grid = max(1, min(-(-rows // lay.rows), 2 if SIM else max(1, per_sm) * limits.sm_count))
+    return Launch(kern, kobj, args, grid, lay.nt, lay.smem, stream, fast)

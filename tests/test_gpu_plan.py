@@ -1,0 +1,86 @@
+"""GPU launch plans (backends/gpu/plan.py): pure arithmetic on K, M, dtype and the device's limits.
+
+The split full step's sums kernel gets its shape from :func:`sums_layout`; these tests pin the
+invariants the kernel relies on (one owner per sum, whole groups per tile, regions that do not
+overlap) and when :func:`choose_plan` takes the split step.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("numba")
+
+from mpikmeans.backends.gpu import plan as P  # noqa: E402
+
+LIMIT = 200 * 1024  # what the backend gives a block on an H100 (smem_optin 227 KB, capped)
+
+
+def _regions(lay: P.SumsLayout, k: int, m: int, dsize: int, weighted: bool) -> list:
+    """(start, end) byte ranges of the layout's regions."""
+    out = [(lay.sums * 8, (lay.sums + lay.groups * k * m) * 8), (lay.cnt * 8, (lay.cnt + lay.groups * k) * 8),
+           (lay.red * 8, lay.red * 8 + 8), (lay.xs * dsize, (lay.xs + lay.rows * lay.pitch) * dsize),
+           (lay.lab * 4, (lay.lab + lay.rows) * 4), (lay.tmp * 4, lay.tmp * 4 + 4)]
+    if weighted:
+        out.append((lay.w * 8, (lay.w + lay.rows) * 8))
+    return out
+
+
+@pytest.mark.parametrize("k,m,storage,weighted", [
+    (50, 100, "float32", False), (50, 100, "float64", True), (16, 8, "float32", False), (7, 3, "float64", False),
+    (2, 1, "float32", True), (40, 250, "float32", False), (5, 180, "float64", True), (120, 90, "float64", False),
+    (3, 33, "float32", False)])
+def test_sums_layout_invariants(k, m, storage, weighted):
+    lay = P.sums_layout(k, m, storage, weighted, LIMIT)
+    assert lay is not None
+    dsize = 8 if storage == "float64" else 4
+    # every attribute has one owner in each group; the block's threads hold whole warps
+    assert lay.cols == m and lay.nt == P.SUMS_NT and lay.groups * lay.cols <= lay.nt
+    # a tile is whole warps of rows, and each thread stages fixed rows of it
+    assert lay.rows % 32 == 0 and (lay.nt % lay.rows == 0 or lay.rows % lay.nt == 0)
+    assert lay.rows >= lay.groups  # every group has rows
+    # the staged pitch is odd and holds a row
+    assert lay.pitch % 2 == 1 and lay.pitch >= m
+    # the copies of the sums keep to their budget (one copy always allowed)
+    copy = (k * m + k) * 8
+    assert lay.groups == 1 or lay.groups * copy <= P.SUMS_COPIES_BYTES
+    regions = sorted(_regions(lay, k, m, dsize, weighted))
+    for (a0, a1), (b0, _b1) in zip(regions, regions[1:]):
+        assert a1 <= b0, regions  # no overlap
+    assert regions[-1][1] <= lay.smem <= LIMIT and lay.smem % 16 == 0
+
+
+def test_sums_layout_spreads_small_shapes_over_groups():
+    lay = P.sums_layout(16, 8, "float32", False, LIMIT)  # 1e8 x 8, K = 16: 1.1 KB a copy
+    assert lay.groups == P.SUMS_NT // 8
+    one = P.sums_layout(50, 100, "float32", False, LIMIT)  # 5e6 x 100, K = 50: 40 KB a copy
+    assert one.groups == 1 and one.rows == 32
+
+
+def test_sums_layout_refuses_what_does_not_fit():
+    assert P.sums_layout(1000, 32, "float32", False, LIMIT) is None  # 264 KB of sums
+    assert P.sums_layout(1000, 257, "float64", False, LIMIT) is None
+    assert P.sums_layout(5, 2000, "float64", False, LIMIT) is None  # more attributes than threads
+    assert P.sums_layout(50, 100, "float32", False, 32 * 1024) is None  # the block's budget
+    assert P.sums_layout(50, 100, "float32", False, 64 * 1024) is not None
+
+
+def test_choose_plan_takes_the_split_step_for_resident_full_steps():
+    def mode(k, m, **kw):
+        args = dict(assign=False, weighted=False, smem_limit=LIMIT, tune={}, split=True)
+        args.update(kw)
+        return P.choose_plan(k, m, "float32", args.pop("assign"), args.pop("weighted"), args.pop("smem_limit"),
+                             args.pop("tune"), **args).mode
+
+    assert mode(50, 100) == P.MODE_STEP_SPLIT
+    assert mode(16, 8, weighted=True) == P.MODE_STEP_SPLIT
+    assert mode(50, 100, split=False) == P.MODE_STEP_SHARED  # streamed rows, or few
+    assert mode(50, 100, tune={"split": False}) == P.MODE_STEP_SHARED
+    assert mode(50, 100, split=False, tune={"split": True}) == P.MODE_STEP_SPLIT
+    assert mode(1000, 32, tune={"split": True}) == P.MODE_STEP_GLOBAL  # forced, but it does not fit
+    assert mode(50, 100, tune={"sum_mode": "global"}) == P.MODE_STEP_GLOBAL
+    assert mode(50, 100, assign=True) == P.MODE_ASSIGN
+    assert mode(50, 100, delta=True) == P.MODE_STEP_DELTA
+    assert mode(1000, 32) == P.MODE_STEP_GLOBAL  # the sums do not fit a block
+    plan = P.choose_plan(50, 100, "float32", False, False, LIMIT, {}, split=True)
+    assert plan.offs.sums == 0 and plan.offs.xs == 0  # pass 1 alone: no summing regions
