@@ -3,7 +3,8 @@
 The package, by concern: :mod:`.device` (is a GPU usable, which one a rank takes),
 :mod:`.plan` (tiles, block size and the memory layouts, from K, M, dtype and the
 device), :mod:`.intrinsics` and :mod:`.kernels` (the kernel factories), :mod:`.launch`
-(the step buffer and prepared launches), :mod:`.rows` (the rows on the device,
+(the step buffer and prepared launches), :mod:`.gemm` and :mod:`.sums` (the GEMM-shaped
+and the split full steps), :mod:`.rows` (the rows on the device,
 resident or streamed) and :mod:`.backend` (``GPUBackend``: state between steps and
 when a step is incremental).
 
@@ -40,6 +41,10 @@ Data layout and kernels (see ``bench/GPU_NOTES.md`` for the measurements behind 
   notes).  When ``K x M`` float64 sums do not
   fit in shared memory, pass 2 adds into the global sums with atomics instead
   (slower, never a launch failure).
+* **Split full step** (resident rows, at least ``2**24`` values, K x M sums that fit a
+  block): pass 1 alone writes each row's certified label, and the summing kernel of
+  :mod:`.sums` adds the rows with per-block float64 sums in shared memory at its own
+  occupancy (pass 2 runs at pass 1's, which its registers hold to 8 warps per SM).
 * **Per step on the host** (after the first step with a given number of centres):
   the centre data is written into a pinned host buffer that mirrors one device
   buffer (centre data, then zeros for the outputs); one asynchronous copy in, the

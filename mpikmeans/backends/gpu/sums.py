@@ -8,13 +8,15 @@ full step of 5e6 x 100, K = 50 on the H100 for 1/50 of pass 1's arithmetic
 which writes each row's certified label (-1 where flagged for the exact kernel), and
 then this kernel, small enough for many resident warps:
 
-* a tile of rows is read column-major (coalesced) and staged row-major in shared
-  memory with an odd row pitch, with its labels (and weights); the loads of the next
-  tile are issued before the current one is summed;
+* a tile of rows is read column-major (a warp on 32 consecutive rows of an attribute,
+  eight loads in flight per thread) and staged row-major in shared memory with an odd
+  row pitch, with its labels (and weights); the blocks resident on a multiprocessor
+  overlap one's loads with another's sums;
 * the block keeps ``groups`` copies of the K x M float64 deviation sums and K counts
-  in shared memory; thread ``c`` of group ``g`` owns attributes ``c, c + cols, ...``
-  of copy ``g`` and adds ``w (x - c_lab)`` of the group's rows (``g, g + groups,
-  ...``) into them: one owner per sum, so plain loads and stores, no atomics;
+  in shared memory; thread ``c`` of group ``g`` owns attribute ``c`` of copy ``g`` and
+  adds ``w (x - c_lab)`` of the group's rows (``g, g + groups, ...``) into it: one
+  owner per sum, so plain loads and stores, no atomics (threads past ``groups x M``
+  only stage);
 * at the end the copies are added up and into the global sums, one atomic per
   (cluster, attribute) and block.
 
@@ -172,18 +174,14 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
                 xo += WB * G * PITCH
                 wo += WB * G
         cuda.syncthreads()
-        for q in range(tid, KM, NT):
+        # the copies added up, into the global sums (q < KM) and counts (the K after them)
+        for q in range(tid, KM + K, NT):
+            src, stride, dst = (O_S + q, KM, P_SUMS + q) if q < KM else (O_CNT + q - KM, K, P_CNT + q - KM)
             t = 0.0
             for gg in range(G):
-                t += ldx(smd, O_S + gg * KM + q)
+                t += ldx(smd, src + gg * stride)
             if t != 0.0:
-                cuda.atomic.add(p64, P_SUMS + q, t)
-        for q in range(tid, K, NT):
-            t = 0.0
-            for gg in range(G):
-                t += ldx(smd, O_CNT + gg * K + q)
-            if t != 0.0:
-                cuda.atomic.add(p64, P_CNT + q, t)
+                cuda.atomic.add(p64, dst, t)
         cuda.atomic.add(smd, O_RED, sse_t)
         cuda.atomic.add(smi, O_TMP, chg_t)
         cuda.syncthreads()
