@@ -178,7 +178,7 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int) -> Su
     As many copies as fill :data:`SUMS_COPIES_BYTES` (small K x M: every thread of a
     block busy on few attributes), rows per tile to stage about :data:`SUMS_STAGE_BYTES`.
     None where one copy takes more than :data:`SUMS_COPY_MAX`, M is more than a block's
-    threads, a tile of 32 rows more than :data:`SUMS_STAGE_MAX` or the block more than
+    threads, the staged tile more than :data:`SUMS_STAGE_MAX` or the block more than
     ``budget`` bytes.
     """
     dsize = 8 if storage == "float64" else 4
