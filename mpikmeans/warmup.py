@@ -221,17 +221,23 @@ def rest_warm() -> bool:
     from .io.binary import fault_in, scan_rows
     from .io.textfmt import _write_fixed
 
-    kernels = [_column_limbs, fixed_potential, scan_rows, fault_in, serial._assign_serial, serial.weighted_lloyd, _write_fixed,
-               tiles._label_sums]
+    kernels = [_column_limbs, fixed_potential, scan_rows, fault_in, serial._assign_serial, serial.weighted_lloyd,
+               _write_fixed, tiles._label_sums]
     return all(_cached(k) for k in kernels)
+
+
+def _cpu_step_kernels() -> list:
+    """The CPU backend's step and assignment kernels, both plans' (:func:`.backends.cpu.backend.screened`)."""
+    from .backends.cpu import certified, tiles
+
+    return [certified.certified_pass, certified.certified_assign, tiles._lloyd_pass, tiles._assign_pass]
 
 
 def cpu_backend_cold() -> list:
     """The parts of :data:`CPU_PARTS` whose kernels (:func:`warm_cpu_backend`) Numba's cache lacks."""
-    from .backends.cpu import certified, tiles
+    from .backends.cpu import tiles
 
-    kernels = {"step": [certified.certified_pass, certified.certified_assign, tiles._lloyd_pass, tiles._assign_pass],
-               "init": [tiles._tile_potentials, tiles._tile_dist2]}
+    kernels = {"step": _cpu_step_kernels(), "init": [tiles._tile_potentials, tiles._tile_dist2]}
     return [p for p in CPU_PARTS if not all(_cached(k) for k in kernels[p])]
 
 
@@ -253,12 +259,10 @@ def data_shape(data: str, ranks: int = 1) -> tuple:
 
 #: CPU kernels whose presence in Numba's cache says the reader and the CPU backend are warm.
 def _cpu_kernels() -> list:
-    from .backends.cpu import certified, tiles
     from .io import rowparse, textfmt
 
     return [rowparse.parse_rows, rowparse._min_max_rows, rowparse._combine_min_max, rowparse.span_cuts,
-            textfmt._write_fixed, certified.certified_pass, certified.certified_assign, tiles._lloyd_pass,
-            tiles._assign_pass]
+            textfmt._write_fixed, *_cpu_step_kernels()]
 
 
 def bytecode_status() -> dict:

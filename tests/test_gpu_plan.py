@@ -84,3 +84,5 @@ def test_choose_plan_takes_the_split_step_for_resident_full_steps():
     assert mode(1000, 32) == P.MODE_STEP_GLOBAL  # the sums do not fit a block
     plan = P.choose_plan(50, 100, "float32", False, False, LIMIT, {}, split=True)
     assert plan.offs.sums == 0 and plan.offs.xs == 0  # pass 1 alone: no summing regions
+    assert plan.sums == P.sums_layout(50, 100, "float32", False, LIMIT)  # the sums kernel's, carried by the plan
+    assert P.choose_plan(50, 100, "float32", False, False, LIMIT, {}, split=False).sums is None

@@ -233,16 +233,13 @@ class GPUBackend(Backend):
                 self._occupancy[spec] = max(1, min(by_regs, by_smem, by_thr, 32))
         return self._occupancy[spec]
 
-    def _smem_limit(self) -> int:
-        """Dynamic shared memory a block of any kernel may use, bytes."""
-        return min(self.limits.smem_optin, 200 * 1024) if not SIM else 48 * 1024
-
     def _plan(self, k: int, assign: bool, delta: bool = False) -> Plan:
         key = (k, assign, delta)
         plan = self._plans.get(key)
         if plan is None:
+            limit = min(self.limits.smem_optin, 200 * 1024) if not SIM else 48 * 1024
             split = not self.rows.streaming and self.n * self.m >= SPLIT_MIN_VALUES  # the split full step's rule
-            plan = choose_plan(k, self.m, self.dtype, assign, self.rows.weighted, self._smem_limit(), self.tune,
+            plan = choose_plan(k, self.m, self.dtype, assign, self.rows.weighted, limit, self.tune,
                                self.limits.smem_sm, delta, split)
             self._plans[key] = plan
         return plan
@@ -280,8 +277,8 @@ class GPUBackend(Backend):
             self.last_grid = grid
             fused = Launch(kern, kobj, args, grid, plan.NT, plan.smem, stream, self._fast)
             if split:  # then the sums kernel adds the rows pass 1 certified
-                add = sums_launch(self.limits, self.dtype, self.rows.weighted, k, self.m, self._smem_limit(), pack,
-                                  x, rows, int(self.rows.ld), labels, newlab, w, stream, self._fast, self.tune)
+                add = sums_launch(self.limits, self.dtype, self.rows.weighted, k, self.m, plan.sums, pack, x, rows,
+                                  int(self.rows.ld), labels, newlab, w, stream, self._fast, self.tune)
                 fused = gemm.Steps([fused, add], grid)
         rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta)
         rk = recheck_kernel(*rspec)

@@ -129,6 +129,8 @@ class Plan:
         Dynamic shared memory per block, bytes.
     maxreg : int
         Register cap per thread (0: the compiler's choice).
+    sums : SumsLayout or None
+        The split step's summing kernel (:data:`MODE_STEP_SPLIT` only).
     """
 
     mode: int
@@ -140,6 +142,7 @@ class Plan:
     offs: SharedLayout
     smem: int
     maxreg: int = 0
+    sums: SumsLayout | None = None
 
 
 class SumsLayout(NamedTuple):
@@ -319,6 +322,7 @@ def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
     maxreg = int(tune.get("maxreg", 0))
     want_cs = tune.get("centres_shared")
     sum_mode = tune.get("sum_mode")
+    sums = None  # the split step's summing kernel, where it is taken
     if assign:
         modes = [MODE_ASSIGN]
     elif sum_mode == "global":
@@ -329,7 +333,8 @@ def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
         modes = [MODE_STEP_DELTA]
     else:
         modes = [MODE_STEP_SHARED, MODE_STEP_GLOBAL]
-        if tune.get("split", split) and sums_layout(k, m, storage, weighted, budget) is not None:
+        sums = sums_layout(k, m, storage, weighted, budget) if tune.get("split", split) else None
+        if sums is not None:
             modes.insert(0, MODE_STEP_SPLIT)
     blocks = int(tune.get("blocks", 2))
     target = None
@@ -340,7 +345,7 @@ def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
         for cs in ([want_cs] if want_cs is not None else [True, False]):
             offs, smem = shared_layout(k, m, storage, mode, R, TC, NT, cs, weighted, jc, target)
             if smem <= budget:
-                return Plan(mode, R, TC, NT, nct, cs, offs, smem, maxreg)
+                return Plan(mode, R, TC, NT, nct, cs, offs, smem, maxreg, sums if mode == MODE_STEP_SPLIT else None)
     # the last resort always fits: no centres, no sums in shared memory
     mode = MODE_ASSIGN if assign else MODE_STEP_GLOBAL
     offs, smem = shared_layout(k, m, storage, mode, R, TC, NT, False, weighted)

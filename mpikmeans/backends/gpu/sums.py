@@ -33,7 +33,7 @@ from .compiled import compiled
 from .device import SIM, cuda
 from .intrinsics import ldx, stx
 from .launch import Launch, prepare
-from .plan import PackLayout, SumsLayout, sums_layout
+from .plan import PackLayout, SumsLayout
 
 if cuda is not None:
     from numba import float32, float64, int32, int64
@@ -194,12 +194,11 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
     return cuda.jit(km_sums, fastmath=False, max_registers=maxreg or None)
 
 
-def sums_launch(limits, storage: str, weighted: bool, k: int, m: int, budget: int, pack, x, rows: int, ld: int,
+def sums_launch(limits, storage: str, weighted: bool, k: int, m: int, lay: SumsLayout, pack, x, rows: int, ld: int,
                 labels, newlab, w, stream, fast: bool, tune: dict) -> Launch:
-    """The prepared launch of :func:`sums_kernel` for ``rows`` resident rows (layout
-    :func:`.plan.sums_layout` within ``budget`` bytes; ``tune["sums_maxreg"]`` overrides
-    :data:`SUMS_MAXREG`): a persistent grid of as many blocks as the multiprocessors hold."""
-    lay = sums_layout(k, m, storage, weighted, budget)
+    """The prepared launch of :func:`sums_kernel` for ``rows`` resident rows (``lay``: the plan's
+    :func:`.plan.sums_layout`; ``tune["sums_maxreg"]`` overrides :data:`SUMS_MAXREG`): a persistent
+    grid of as many blocks as the multiprocessors hold."""
     maxreg = int(tune.get("sums_maxreg", SUMS_MAXREG))
     spec = (storage, weighted, int(k), int(m), tuple(pack.layout), tuple(lay), int(maxreg))
     kern = sums_kernel(*spec)
