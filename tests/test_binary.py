@@ -66,6 +66,30 @@ def test_bad_npy_is_input_error(tmp_path):
 
 
 @pytest.mark.parametrize("ranks", [1, 3])
+def test_a_broken_sidecar_or_weights_file_is_input_error_on_every_rank(tmp_path, ranks):
+    src = tmp_path / "w.arff"
+    src.write_text("@relation r\n@attribute a numeric\n@attribute b numeric\n@data\n"
+                   "1,2,{3}\n4,5\n6,7,{2}\n")
+    npy = tmp_path / "w.npy"
+    assert run_cli(["convert", src, npy]).code == 0
+    side, wfile = tmp_path / "w.npy.json", tmp_path / "w.weights.npy"
+    assert side.exists() and wfile.exists()
+    good = side.read_text()
+    for text, why in (("{not json", "cannot read the description"), ("[1, 2]", "not a description")):
+        side.write_text(text)
+        with pytest.raises(InputError, match=why) as err:
+            run_ranks(ranks, lambda comm: read_npy(str(npy), comm))
+        assert err.value.collective and "w.npy.json" in str(err.value)
+    side.write_text(good)
+    np.save(wfile, np.ones(2))  # a row short
+    with pytest.raises(InputError, match="expected 3 float64 weights") as err:
+        run_ranks(ranks, lambda comm: read_npy(str(npy), comm))
+    assert err.value.collective
+    r = run_cli(["run", npy, "-k", 2], np=ranks)
+    assert r.code == 3 and "expected 3 float64 weights" in r.err and "Traceback" not in r.err
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
 def test_extremes_from_convert_are_trusted_only_for_the_file_it_wrote(tmp_path, ranks):
     src = tmp_path / "e.arff"
     src.write_text("@relation r\n@attribute a numeric\n@attribute b numeric\n@data\n"

@@ -131,6 +131,55 @@ def npy_layout(path: str) -> tuple[tuple, np.dtype, int]:
     return tuple(shape), np.dtype(dtype), offset
 
 
+def describe_npy(path: str) -> tuple[int, int, int, dict, int | None, bool]:
+    """What :func:`read_npy` needs to know before reading rows: shape, offsets and the sidecar.
+
+    Returns
+    -------
+    n, m : int
+        Rows and attributes.
+    offset : int
+        Where the rows start.
+    meta : dict
+        The sidecar written by ``convert`` (empty where there is none).
+    weights_offset : int or None
+        Where the weights start in the weights file, or None where the rows are unweighted.
+    extremes_hold : bool
+        The sidecar's per-attribute extremes describe this very file (same size and time of change).
+
+    Raises
+    ------
+    InputError
+        Not a 2-D float64 ``.npy`` with rows; an unreadable sidecar; weights that are not one
+        float64 per row.
+    """
+    shape, dtype, offset = npy_layout(path)
+    if len(shape) != 2 or dtype != np.dtype("<f8") or shape[0] == 0:
+        raise InputError(f"{path}: expected a 2-D float64 array with rows, found {dtype} {shape}")
+    n, m = shape
+    meta = {}
+    side = sidecar_path(path)
+    if os.path.exists(side):
+        try:
+            with open(side) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{side}: cannot read the description of {path}: {exc}; "
+                             "remove it or convert the file again") from None
+        if not isinstance(meta, dict):
+            raise InputError(f"{side}: not a description written by convert; remove it or convert again")
+    woffset = None
+    if meta.get("weights"):
+        wpath = weights_path(path)
+        wshape, wdtype, woffset = npy_layout(wpath)
+        if wshape != (n,) or wdtype != np.dtype("<f8"):
+            raise InputError(f"{wpath}: expected {n} float64 weights, one per row of {path}, "
+                             f"found {wdtype} {wshape}")
+    known = meta.get("extremes") or {}
+    extremes_hold = known.get("file") == _stamp(path) and len(known.get("min", ())) == m
+    return n, m, offset, meta, woffset, extremes_hold
+
+
 def read_rows(path: str, offset: int, out: np.ndarray, threads: int = 1) -> None:
     """Fill ``out`` (C-contiguous) with the file's bytes from ``offset``: ``pread`` on ``threads`` threads.
 
@@ -293,14 +342,11 @@ def read_npy(path: str, comm, threads: int = 1) -> LocalData:
     from .arff import Selection
     from .header import Header
 
-    shape, dtype, offset = npy_layout(path)
-    if len(shape) != 2 or dtype != np.dtype("<f8") or shape[0] == 0:
-        raise InputError(f"{path}: expected a 2-D float64 array with rows, found {dtype} {shape}", collective=True)
-    n, m = shape
-    meta = {}
-    if os.path.exists(sidecar_path(path)):
-        with open(sidecar_path(path)) as f:
-            meta = json.load(f)
+    # one rank reads the headers and the sidecar for all: one metadata read on a parallel file
+    # system, the same answer on every rank (whether the stored extremes still hold decides a
+    # collective below), and no header parsed on several threads at once (CPython 3.11's parser
+    # is not thread-safe there: gh-106905)
+    n, m, offset, meta, woffset, extremes_hold = comm.from_root(lambda: describe_npy(path))
     names = meta.get("attributes") or [f"X{j + 1}" for j in range(m)]
     lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
     # a mapping of the page cache, its pages brought in by the threads below (or the scan), is
@@ -312,12 +358,11 @@ def read_npy(path: str, comm, threads: int = 1) -> LocalData:
         x = np.empty((hi - lo, m), dtype=np.float64)
         read_rows(path, offset + lo * m * 8, x, threads)
     weights = None
-    if meta.get("weights"):
-        wshape, wdtype, woffset = npy_layout(weights_path(path))
+    if woffset is not None:
         weights = np.empty(hi - lo, dtype=np.float64)
         read_rows(weights_path(path), woffset + lo * 8, weights)
     known = meta.get("extremes") or {}
-    if known.get("file") == _stamp(path) and len(known.get("min", ())) == m:
+    if extremes_hold:
         # convert found them, and the file is the one it wrote: no pass over the rows
         mins = np.array([float.fromhex(v) for v in known["min"]])
         maxs = np.array([float.fromhex(v) for v in known["max"]])
