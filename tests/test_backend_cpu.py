@@ -285,6 +285,24 @@ def test_tiled_kernel_is_bit_identical_to_the_plain_sum(n, m, k):
     assert_exact(x, c, weights=rng.uniform(0.1, 5.0, size=n))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_backend_steps_through_changing_k_with_exact_sums(threads):
+    # the backend keeps its per-block partials between steps: each K x M must still get
+    # buffers of its own shape, and the parallel block reduction (several chunks of the
+    # flattened sums at K x M = 5200) must add the blocks in order
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((3000, 40)) * 4
+    b = loaded(x, threads=threads)
+    for k in (50, 130, 50, 7, 130):
+        c = x[rng.choice(len(x), k, replace=False)] + 0.01
+        labels, _, sums, counts, sse = exact_reference(x, c)
+        r = b.step(c)
+        assert r.sums.tobytes() == sums.tobytes() and r.counts.tobytes() == counts.tobytes()
+        assert np.float64(r.sse).tobytes() == np.float64(sse).tobytes()
+        np.testing.assert_array_equal(b._labels, labels)
+        r.sums[:] = np.nan  # what a step returns is the caller's: the next step must not see it
+
+
 def test_tiled_kernel_ties_go_to_the_lowest_index_in_every_group_position():
     # duplicate centres in every position of a group of four and across group boundaries:
     # the first copy always wins, with the same distance
