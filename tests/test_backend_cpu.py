@@ -364,3 +364,17 @@ def test_label_sums_are_the_step_sums_for_any_threads(weighted):
         got.append(label_sums(x, labels, 6, w))
     for sums, counts in got:
         assert sums.tobytes() == step.sums.tobytes() and counts.tobytes() == step.counts.tobytes()
+
+
+def test_seeding_distances_are_released_by_the_first_step_and_lower_d2_stays_exact():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2000, 7))
+    b = loaded(x, threads=2)
+    d2 = b.dist2_to(x[0])
+    cands = x[[3, 70, 900]]
+    b.potentials(d2, cands, None, 0)
+    expected = np.minimum(d2, nearest_exact(x, cands[1:2])[1])
+    assert b.lower_d2(d2, cands[1]).tobytes() == expected.tobytes()  # from the kept distances
+    b.step(x[:4])
+    assert b._cand_dists is None  # t x n float64 not held through the iterations
+    assert b.lower_d2(d2, cands[1]).tobytes() == expected.tobytes()  # computed again, same bits

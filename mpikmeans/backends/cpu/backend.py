@@ -80,6 +80,9 @@ class CPUBackend(Backend):
 
     def step(self, centres: np.ndarray) -> StepResult:
         centres = np.ascontiguousarray(centres, dtype=np.float64)
+        # seeding is over: the candidates' distances it kept for lower_d2 (t x n float64,
+        # 240 MB for 5 10^6 rows and 6 candidates) are not needed through the iterations
+        self._cand_dists = None
         k, m = centres.shape
         part_sums, part_counts, part_sse, part_changed, part_exact = self._partials(k, m)
         if screened(k, m):
