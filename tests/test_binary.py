@@ -80,6 +80,14 @@ def test_a_broken_sidecar_or_weights_file_is_input_error_on_every_rank(tmp_path,
         with pytest.raises(InputError, match=why) as err:
             run_ranks(ranks, lambda comm: read_npy(str(npy), comm))
         assert err.value.collective and "w.npy.json" in str(err.value)
+    meta = json.loads(good)
+    side.write_text(json.dumps({**meta, "attributes": ["a"]}))
+    with pytest.raises(InputError, match="do not match the 2 columns"):
+        run_ranks(ranks, lambda comm: read_npy(str(npy), comm))
+    # damaged extremes for this very file: scanned again, not trusted and not a traceback
+    side.write_text(json.dumps({**meta, "extremes": {**meta["extremes"], "min": ["zz", "1"]}}))
+    parts = run_ranks(ranks, lambda comm: read_npy(str(npy), comm))
+    assert list(parts[0].mins) == [1.0, 2.0] and list(parts[0].maxs) == [6.0, 7.0]
     side.write_text(good)
     np.save(wfile, np.ones(2))  # a row short
     with pytest.raises(InputError, match="expected 3 float64 weights") as err:

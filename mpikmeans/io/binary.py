@@ -131,7 +131,7 @@ def npy_layout(path: str) -> tuple[tuple, np.dtype, int]:
     return tuple(shape), np.dtype(dtype), offset
 
 
-def describe_npy(path: str) -> tuple[int, int, int, dict, int | None, bool]:
+def describe_npy(path: str) -> tuple[int, int, int, dict, int | None, tuple | None]:
     """What :func:`read_npy` needs to know before reading rows: shape, offsets and the sidecar.
 
     Returns
@@ -144,8 +144,10 @@ def describe_npy(path: str) -> tuple[int, int, int, dict, int | None, bool]:
         The sidecar written by ``convert`` (empty where there is none).
     weights_offset : int or None
         Where the weights start in the weights file, or None where the rows are unweighted.
-    extremes_hold : bool
-        The sidecar's per-attribute extremes describe this very file (same size and time of change).
+    extremes : (ndarray, ndarray) or None
+        Per-attribute minima and maxima, shape (m,) each, from the sidecar where they
+        describe this very file (same size and time of change); None where the rows must
+        be scanned (none stored, another file's, or unreadable).
 
     Raises
     ------
@@ -168,6 +170,10 @@ def describe_npy(path: str) -> tuple[int, int, int, dict, int | None, bool]:
                              "remove it or convert the file again") from None
         if not isinstance(meta, dict):
             raise InputError(f"{side}: not a description written by convert; remove it or convert again")
+        names = meta.get("attributes")
+        if names is not None and (not isinstance(names, list) or len(names) != m):
+            raise InputError(f"{side}: its attribute names do not match the {m} columns of {path}; "
+                             "remove it or convert again")
     woffset = None
     if meta.get("weights"):
         wpath = weights_path(path)
@@ -176,8 +182,16 @@ def describe_npy(path: str) -> tuple[int, int, int, dict, int | None, bool]:
             raise InputError(f"{wpath}: expected {n} float64 weights, one per row of {path}, "
                              f"found {wdtype} {wshape}")
     known = meta.get("extremes") or {}
-    extremes_hold = known.get("file") == _stamp(path) and len(known.get("min", ())) == m
-    return n, m, offset, meta, woffset, extremes_hold
+    extremes = None
+    if isinstance(known, dict) and known.get("file") == _stamp(path):
+        try:
+            extremes = (np.array([float.fromhex(v) for v in known["min"]]),
+                        np.array([float.fromhex(v) for v in known["max"]]))
+        except (KeyError, TypeError, ValueError):
+            extremes = None  # damaged: the scan finds them again
+        if extremes is not None and not (len(extremes[0]) == len(extremes[1]) == m):
+            extremes = None
+    return n, m, offset, meta, woffset, extremes
 
 
 def read_rows(path: str, offset: int, out: np.ndarray, threads: int = 1) -> None:
@@ -346,7 +360,7 @@ def read_npy(path: str, comm, threads: int = 1) -> LocalData:
     # system, the same answer on every rank (whether the stored extremes still hold decides a
     # collective below), and no header parsed on several threads at once (CPython 3.11's parser
     # is not thread-safe there: gh-106905)
-    n, m, offset, meta, woffset, extremes_hold = comm.from_root(lambda: describe_npy(path))
+    n, m, offset, meta, woffset, extremes = comm.from_root(lambda: describe_npy(path))
     names = meta.get("attributes") or [f"X{j + 1}" for j in range(m)]
     lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
     # a mapping of the page cache, its pages brought in by the threads below (or the scan), is
@@ -361,11 +375,9 @@ def read_npy(path: str, comm, threads: int = 1) -> LocalData:
     if woffset is not None:
         weights = np.empty(hi - lo, dtype=np.float64)
         read_rows(weights_path(path), woffset + lo * 8, weights)
-    known = meta.get("extremes") or {}
-    if extremes_hold:
+    if extremes is not None:
         # convert found them, and the file is the one it wrote: no pass over the rows
-        mins = np.array([float.fromhex(v) for v in known["min"]])
-        maxs = np.array([float.fromhex(v) for v in known["max"]])
+        mins, maxs = extremes
         if mapped:
             fault_in(x.reshape(-1), PAGE_VALUES, max(1, min(threads * 4, len(x))))
     else:
