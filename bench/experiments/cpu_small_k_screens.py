@@ -86,32 +86,6 @@ def dot_est(zt, yt, rv, est):
             for r in range(rv):
                 a[r] = a[r] + z0 * y0[r]
 
-@njit(parallel=True)
-def reg_pass(x, cen, shift, zt, cc, zlim, tolf, tile, labels, ps, pc, pse, pch, pex):
-    n = x.shape[0]
-    nb = ps.shape[0]
-    k, m = zt.shape
-    for b in prange(nb):
-        yt = np.zeros((m, tile), dtype=np.float32)
-        est = np.zeros((k, tile), dtype=np.float32)
-        yy = np.zeros(tile, dtype=np.float32)
-        b1 = np.empty(tile, dtype=np.float32); b2 = np.empty(tile, dtype=np.float32); i1 = np.empty(tile, dtype=np.int32)
-        sums = ps[b]; counts = pc[b]
-        sums[:, :] = 0.0; counts[:] = 0.0
-        lo = n * b // nb
-        hi = n * (b + 1) // nb
-        sse = 0.0; changed = 0; exact = 0
-        for t0 in range(lo, hi, tile):
-            rt = min(tile, hi - t0)
-            rv = min(tile, (rt + 15) // 16 * 16)
-            shifted_cols(x, t0, rt, rv, shift, yt, yy)
-            dot_est(zt, yt, rv, est)
-            C._rank(est, cc, rt, b1, b2, i1)
-            exact += C._recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1)
-            sse, moved = C._sum_tile(x, t0, rt, cen, i1, labels, np.ones(0), False, sums, counts, sse, tile)
-            changed += moved
-        pse[b] = sse; pch[b] = changed; pex[b] = exact
-
 @njit(fastmath={"contract"})
 def est64(yt, rv, zt, est):
     k, m = zt.shape
@@ -154,32 +128,56 @@ def shift_tile(xt, rv, shift, yy):
             a[r] = v
             yy[r] += v * v
 
+@njit
+def screen_f32(x, t0, rt, rv, shift, zt, yt, yy, est):
+    """``reg``: float32 rows of the tile, transposed, then their products with the centres."""
+    shifted_cols(x, t0, rt, rv, shift, yt, yy)
+    dot_est(zt, yt, rv, est)
+
+
+@njit
+def screen_f64(x, t0, rt, rv, shift, zt, yt, yy, est):
+    """``s64``: the exact kernels' transposed float64 tile, shifted, then FMA products."""
+    T._load_tile(x, t0, rt, yt)
+    shift_tile(yt, rv, shift, yy)
+    est64(yt, rv, zt, est)
+
+
 @njit(parallel=True)
-def s64_pass(x, cen, shift, zt, cc, zlim, tolf, tile, labels, ps, pc, pse, pch, pex):
+def screened_pass(screen, x, cen, shift, zt, cc, zlim, tolf, tile, labels, ps, pc, pse, pch, pex):
+    """``certified_pass`` with the tile's estimates from ``screen`` (in the float type of ``zt``):
+    ranked, rechecked and summed by the shipped helpers, so the same bits or an assertion fails."""
     n = x.shape[0]
     nb = ps.shape[0]
     k, m = zt.shape
     for b in prange(nb):
-        xt = np.zeros((m, tile + 8))
-        est = np.zeros((k, tile))
-        yy = np.zeros(tile)
-        b1 = np.empty(tile); b2 = np.empty(tile); i1 = np.empty(tile, dtype=np.int32)
-        sums = ps[b]; counts = pc[b]
-        sums[:, :] = 0.0; counts[:] = 0.0
+        yt = np.zeros((m, tile + 8), dtype=zt.dtype)  # 8 spare columns: the float64 tile's pitch
+        est = np.zeros((k, tile), dtype=zt.dtype)
+        yy = np.zeros(tile, dtype=zt.dtype)
+        b1 = np.empty(tile, dtype=zt.dtype)
+        b2 = np.empty(tile, dtype=zt.dtype)
+        i1 = np.empty(tile, dtype=np.int32)
+        sums = ps[b]
+        counts = pc[b]
+        sums[:, :] = 0.0
+        counts[:] = 0.0
         lo = n * b // nb
         hi = n * (b + 1) // nb
-        sse = 0.0; changed = 0; exact = 0
+        sse = 0.0
+        changed = 0
+        exact = 0
         for t0 in range(lo, hi, tile):
             rt = min(tile, hi - t0)
-            rv = min(tile, (rt + 7) // 8 * 8)
-            T._load_tile(x, t0, rt, xt)
-            shift_tile(xt, rv, shift, yy)
-            est64(xt, rv, zt, est)
+            rv = min(tile, (rt + 15) // 16 * 16)
+            screen(x, t0, rt, rv, shift, zt, yt, yy, est)
             C._rank(est, cc, rt, b1, b2, i1)
             exact += C._recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1)
             sse, moved = C._sum_tile(x, t0, rt, cen, i1, labels, np.ones(0), False, sums, counts, sse, tile)
             changed += moved
-        pse[b] = sse; pch[b] = changed; pex[b] = exact
+        pse[b] = sse
+        pch[b] = changed
+        pex[b] = exact
+
 
 def centre64(centres):
     k, m = centres.shape
@@ -201,11 +199,11 @@ def f_sgemm():
     with one_thread():
         C.certified_pass(x, cen, *prep, C.screen_rows(k, m), L["sgemm"], np.ones(0), False, *P["sgemm"])
 def f_reg():
-    reg_pass(x, cen, *prep, rtile, L["reg"], *P["reg"])
+    screened_pass(screen_f32, x, cen, *prep, rtile, L["reg"], *P["reg"])
 prep64 = centre64(cen)
 stile = int(sys.argv[7]) if len(sys.argv) > 7 else 64
 def f_s64():
-    s64_pass(x, cen, *prep64, stile, L["s64"], *P["s64"])
+    screened_pass(screen_f64, x, cen, *prep64, stile, L["s64"], *P["s64"])
 F = {"exact": f_exact, "sgemm": f_sgemm, "reg": f_reg, "s64": f_s64}
 for f in F.values():
     f()
