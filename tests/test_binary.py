@@ -41,13 +41,11 @@ def test_convert_then_run_equals_run_on_arff(blobs, tmp_path, np_):
 
 
 def test_weights_and_names_survive_conversion(tmp_path):
-    src = tmp_path / "w.arff"
-    src.write_text("@relation r\n@attribute 'a b' numeric\n@attribute c {x,y}\n@attribute d numeric\n@data\n"
-                   "1,x,2,{3}\n4,y,5\n")
-    r = run_cli(["convert", src, tmp_path / "w.npy"])
-    assert r.code == 0, r.err
+    npy = _convert_arff(tmp_path, "w", "@relation r\n@attribute 'a b' numeric\n@attribute c {x,y}\n"
+                        "@attribute d numeric\n@data\n1,x,2,{3}\n4,y,5\n")
+    src = npy.with_suffix(".arff")
     for ranks in (1, 2):
-        parts = run_ranks(ranks, lambda comm: read_npy(str(tmp_path / "w.npy"), comm))
+        parts = run_ranks(ranks, lambda comm: read_npy(str(npy), comm))
         ref = run_ranks(ranks, lambda comm: read_arff(str(src), comm))
         assert parts[0].names == ["a b", "d"]
         assert np.array_equal(np.concatenate([p.x for p in parts]), np.concatenate([p.x for p in ref]))
@@ -67,11 +65,8 @@ def test_bad_npy_is_input_error(tmp_path):
 
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_a_broken_sidecar_or_weights_file_is_input_error_on_every_rank(tmp_path, ranks):
-    src = tmp_path / "w.arff"
-    src.write_text("@relation r\n@attribute a numeric\n@attribute b numeric\n@data\n"
-                   "1,2,{3}\n4,5\n6,7,{2}\n")
-    npy = tmp_path / "w.npy"
-    assert run_cli(["convert", src, npy]).code == 0
+    npy = _convert_arff(tmp_path, "w", "@relation r\n@attribute a numeric\n@attribute b numeric\n@data\n"
+                        "1,2,{3}\n4,5\n6,7,{2}\n")
     side, wfile = tmp_path / "w.npy.json", tmp_path / "w.weights.npy"
     assert side.exists() and wfile.exists()
     good = side.read_text()
@@ -99,12 +94,9 @@ def test_a_broken_sidecar_or_weights_file_is_input_error_on_every_rank(tmp_path,
 
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_extremes_from_convert_are_trusted_only_for_the_file_it_wrote(tmp_path, ranks):
-    src = tmp_path / "e.arff"
-    src.write_text("@relation r\n@attribute a numeric\n@attribute b numeric\n@data\n"
-                   "1,-0.0\n-2.5,0\n7,3e-300\n0.5,-1e300\n")
-    npy = tmp_path / "e.npy"
-    r = run_cli(["convert", src, npy])
-    assert r.code == 0, r.err
+    npy = _convert_arff(tmp_path, "e", "@relation r\n@attribute a numeric\n@attribute b numeric\n@data\n"
+                        "1,-0.0\n-2.5,0\n7,3e-300\n0.5,-1e300\n")
+    src = npy.with_suffix(".arff")
     meta = json.loads((tmp_path / "e.npy.json").read_text())
     assert meta["extremes"]["min"] == [(-2.5).hex(), (-1e300).hex()]
     ref = run_ranks(ranks, lambda comm: read_arff(str(src), comm))[0]
@@ -122,14 +114,19 @@ def test_extremes_from_convert_are_trusted_only_for_the_file_it_wrote(tmp_path, 
         run_ranks(ranks, lambda comm: read_npy(str(npy), comm))
 
 
-def _converted(tmp_path, n=3000, m=7):
-    src = tmp_path / "m.arff"
-    x = np.random.default_rng(5).normal(size=(n, m))
-    src.write_text("@relation r\n" + "".join(f"@attribute a{j} numeric\n" for j in range(m)) + "@data\n"
-                   + "".join(",".join(repr(float(v)) for v in row) + "\n" for row in x))
-    npy = tmp_path / "m.npy"
+def _convert_arff(tmp_path, stem, text):
+    """``stem.arff`` holding ``text``, converted to ``stem.npy``; the .npy's path."""
+    src, npy = tmp_path / f"{stem}.arff", tmp_path / f"{stem}.npy"
+    src.write_text(text)
     r = run_cli(["convert", src, npy])
     assert r.code == 0, r.err
+    return npy
+
+
+def _converted(tmp_path, n=3000, m=7):
+    x = np.random.default_rng(5).normal(size=(n, m))
+    npy = _convert_arff(tmp_path, "m", "@relation r\n" + "".join(f"@attribute a{j} numeric\n" for j in range(m))
+                        + "@data\n" + "".join(",".join(repr(float(v)) for v in row) + "\n" for row in x))
     return npy, x
 
 
