@@ -19,7 +19,12 @@ Also printed: the BLAS library and its threading (threadpoolctl), Numba's
 threading layer, and the CPU topology.  Min ms of ``ROUNDS`` rounds, parts
 timed round-robin inside each round.
 
-    python bench/experiments/cpu_step_scaling.py [N M K] [THREADS,...] [ROUNDS]
+    python bench/experiments/cpu_step_scaling.py [N M K] [THREADS,...] [ROUNDS] [TILES,...]
+
+With ``TILES`` (rows per screen tile, e.g. ``96,208,416,832``) the step is also
+timed at each tile size (``step@T``: ``certified_pass`` with that tile; the
+shipped size is ``screen_rows(K, M)``).  Every tile size gives the same bits
+(checked).
 """
 import os
 import sys
@@ -115,6 +120,14 @@ def stream_pass(x, nb):
     return acc.sum()
 
 
+def tiled_step(be, cen, tile):
+    """The backend's step with ``tile`` rows per screen tile: sums, counts, SSE."""
+    k, m = cen.shape
+    parts = be._partials(k, m)
+    C.certified_pass(be._x, cen, *C.centre_data(cen), tile, be._labels, be._weights, False, *parts)
+    return T._reduce_blocks(*parts[:4])[:3]
+
+
 def topology() -> str:
     out = []
     try:
@@ -139,6 +152,7 @@ def main():
     threads = [int(t) for t in args[3].split(",")] if len(args) > 3 else [1, 2, 4, 8, os.cpu_count()]
     threads = [t for t in threads if t <= numba.config.NUMBA_NUM_THREADS]
     rounds = int(args[4]) if len(args) > 4 else 5
+    tiles = [int(t) for t in args[5].split(",")] if len(args) > 5 else []
     rng = np.random.default_rng(0)
     cen0 = rng.normal(size=(k, m)) * 3
     x = cen0[rng.integers(0, k, n)] + rng.normal(size=(n, m))
@@ -165,9 +179,16 @@ def main():
         "sums": lambda: sums_pass(x, cen, lab, tile, *parts),
         "stream": lambda: stream_pass(x, nb),
     }
+    shipped = be.step(cen)
+    for t in tiles:
+        parts_fns[f"step@{t}"] = (lambda t=t: tiled_step(be, cen, t))
     with one_thread():
-        for f in parts_fns.values():  # compile
-            f()
+        for name, f in parts_fns.items():  # compile, and every tile's bits against the shipped step's
+            out = f()
+            if name.startswith("step@"):
+                same = (np.array_equal(out[0], shipped.sums) and np.array_equal(out[1], shipped.counts)
+                        and out[2] == shipped.sse)
+                assert same, f"{name}: not the shipped step's bits"
     print(f"threading layer: {numba.threading_layer()}")
     for info in threadpool_info():
         print(f"  pool: {info.get('internal_api')} {info.get('version')} {info.get('threading_layer')} "
