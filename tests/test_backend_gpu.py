@@ -500,6 +500,49 @@ def test_add_step_forms_raw_sums_from_deviations():
     assert np.array_equal(sums, want_dev + want_counts[:, None] * c)
 
 
+def test_carry_kept_moves_the_deviation_sums_and_sse_to_new_centres():
+    """The kept rows about new centres: the carried sums and SSE equal those summed afresh."""
+    pytest.importorskip("numba")
+    from mpikmeans.backends.gpu.kept import Kept
+
+    r = np.random.default_rng(5)
+    k, m = 6, 9
+    x = r.normal(size=(200, m)) * 3 + 100.0  # far from the origin: the deviation form's case
+    lab = r.integers(0, k, 200)
+    old, new = Kept(k, m), Kept(k, m)
+    old.centres[:] = r.normal(size=(k, m)) + 100.0
+    new.centres[:] = old.centres + r.normal(size=(k, m)) * 0.01
+    for c in range(k):
+        rows = x[lab == c]
+        old.dev[c] = (rows - old.centres[c]).sum(axis=0)
+        old.counts[c] = len(rows)
+    old.sse = float(((x - old.centres[lab]) ** 2).sum())
+    sse = new.carry_from(old)
+    want_dev = np.array([(x[lab == c] - new.centres[c]).sum(axis=0) for c in range(k)])
+    assert np.allclose(new.dev, want_dev, rtol=0, atol=1e-9)
+    assert np.array_equal(new.counts, old.counts)
+    assert sse == pytest.approx(float(((x - new.centres[lab]) ** 2).sum()), rel=1e-12)
+
+
+def test_kept_sums_take_turns_between_two_slots():
+    """A step writes the slot the last step's sums are not in; a new K makes new slots."""
+    pytest.importorskip("numba")
+    from mpikmeans.backends.gpu.kept import KeptSums
+
+    ks = KeptSums()
+    c = np.arange(12.0).reshape(3, 4)
+    a = ks.spare(c)
+    assert np.array_equal(a.centres, c) and a.centres is not c and not ks.fits(3)
+    ks.last = a
+    b = ks.spare(c + 1)
+    assert b is not a and np.array_equal(a.centres, c) and ks.fits(3)
+    ks.last = b
+    assert ks.spare(c) is a
+    assert ks.spare(np.zeros((2, 4))).dev.shape == (2, 4) and not ks.fits(2)
+    ks.forget()
+    assert ks.last is None and not ks.fits(3)
+
+
 # --------------------------------------------------------------------------------------
 # Real GPU
 # --------------------------------------------------------------------------------------

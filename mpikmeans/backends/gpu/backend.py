@@ -2,7 +2,7 @@
 
 The backend owns the rows on the device (:class:`.rows.DeviceRows`), one
 :class:`_State` per number of centres (plan, step buffer, prepared launches), and
-what an incremental step builds on (:class:`_Kept`).  A step fills the step
+what an incremental step builds on (:class:`.kept.KeptSums`).  A step fills the step
 buffer, launches, and while the GPU works carries the kept sums over to the new
 centres on the host.
 """
@@ -20,7 +20,8 @@ from . import gemm, initk
 from ...cache import gpu_shape_key, mark_gpu_shape_warm
 from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
-from .hostk import add_step
+from .hostk import add_step, carry_kept
+from .kept import KeptSums
 from .kernels import RC_WARPS, fused_kernel, recheck_kernel
 from .launch import Launch, Pack, cu, cucheck, fast_launch_wanted, launch_once, prepare
 from .plan import MODE_STEP_SPLIT, SPLIT_MIN_VALUES, Plan, choose_plan, round_up
@@ -41,32 +42,6 @@ DELTA_REFRESH = 32
 MOVE_NS = 10.5
 MOVE_NS_PER_ELEM = 0.0031
 PASS2_NS_PER_ELEM = 0.004
-
-
-@dataclass
-class _Kept:
-    """What an incremental step builds on: the last step's labels, summed (float64).
-
-    ``dev`` (k, m): per cluster, the sum of ``w (x - c)`` over its rows; ``counts`` (k,):
-    their weight; ``sse``: the sum of ``w |x - c|^2`` over all rows; ``centres`` (k, m):
-    the ``c`` of that step.
-    """
-
-    dev: np.ndarray
-    counts: np.ndarray
-    sse: float
-    centres: np.ndarray
-
-    def carried_to(self, centres: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """SSE, deviation sums and counts of the same rows about new ``centres`` (exact algebra).
-
-        ``sum |x - c'|^2 = sum |x - c|^2 + 2 (c - c').sum(x - c) + n |c - c'|^2`` and
-        ``sum(x - c') = sum(x - c) + n (c - c')``: O(K M) host work, every term small
-        when the centres move little.
-        """
-        move = self.centres - centres
-        sse = self.sse + 2.0 * float(np.vdot(move, self.dev)) + float(self.counts @ np.einsum("km,km->k", move, move))
-        return sse, self.dev + self.counts[:, None] * move, self.counts.copy()
 
 
 @dataclass
@@ -116,11 +91,11 @@ class GPUBackend(Backend):
     what an incremental step needs.
 
     Incremental steps.  After a step the backend keeps, in float64, each cluster's
-    deviation sum and count, the total SSE and the centres used (:class:`_Kept`).
+    deviation sum and count, the total SSE and the centres used (:mod:`.kept`).
     When few labels changed in the last step (:meth:`_next_step_incremental`), the
     next step does no per-row work beyond the certified assignment (pass 1) for rows
     that keep their label: their deviation sums and SSE are carried over to the new
-    centres exactly on the host (:meth:`_Kept.carried_to`), O(K M) work.  Rows whose
+    centres exactly on the host (:meth:`.kept.Kept.carry_from`), O(K M) work.  Rows whose
     label changes leave the old cluster (``x - c_old`` and ``|x - c_old|^2`` taken
     away) and join the new one (global atomics).  The results equal a full step's up
     to float64 rounding.  A full step runs at least every ``DELTA_REFRESH`` steps,
@@ -169,6 +144,7 @@ class GPUBackend(Backend):
         self.last_fast_launch = None
         self._occupancy = {}
         self.last_kernel_ms = float("nan")
+        self._kept = KeptSums()  # what an incremental step builds on
         self._forget_kept()
         self.last_delta = False
 
@@ -408,6 +384,7 @@ class GPUBackend(Backend):
             zeros = np.zeros((k, self.m))
             st.pack.fill(zeros)  # overwritten by every step's fill
             add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros)
+            carry_kept(zeros, np.zeros(k), zeros, zeros, zeros.copy(), np.zeros(k))
         if "assign" in kinds:
             self._state(k, True)
         if "delta" in kinds and self._delta_allowed():
@@ -421,10 +398,6 @@ class GPUBackend(Backend):
         """Whether incremental steps may run at all: not when switched off, not with weights."""
         return self.tune.get("delta", "auto") != "never" and not self.rows.weighted
 
-    def _kept_fits(self, k: int) -> bool:
-        """Whether sums are kept, and for as many centres as this step has."""
-        return self._kept is not None and self._kept.counts.shape[0] == k
-
     def _moving_costs_less(self, k: int) -> bool:
         """Whether moving the last step's changed rows costs less than a full step's summing pass."""
         move_ns = self._last_changed * (MOVE_NS + MOVE_NS_PER_ELEM * k * self.m)
@@ -432,7 +405,7 @@ class GPUBackend(Backend):
 
     def _next_step_incremental(self, k: int) -> bool:
         """Whether the next step with ``k`` centres is incremental (see the class notes)."""
-        if not self._delta_allowed() or not self._kept_fits(k):
+        if not self._delta_allowed() or not self._kept.fits(k):
             return False
         if self.tune.get("delta", "auto") == "always":
             return True
@@ -442,31 +415,33 @@ class GPUBackend(Backend):
 
     def step(self, centres: np.ndarray) -> StepResult:
         """One Lloyd step on the device (see :meth:`Backend.step`), incremental where it pays."""
-        # a private copy: it is kept for the next step's carry-over
-        centres = np.array(centres, dtype=np.float64, order="C")
         k = centres.shape[0]
         if self.n == 0:
             return StepResult(sums=np.zeros((k, self.m if self.m else centres.shape[1])),
                               counts=np.zeros(k), sse=0.0, changed=0)
         delta = self._next_step_incremental(k)
-        # the kept rows are carried over to this step's centres on the host while the kernels run
-        carry = (lambda: self._kept.carried_to(centres)) if delta else None
-        res, carried = self._run(centres, assign=False, delta=delta, while_busy=carry)
+        # this step's sums go to the slot the last step's are not in: those are carried over
+        # to this step's centres on the host while the kernels run
+        new = self._kept.spare(np.asarray(centres))
+        last = self._kept.last
+        carry = (lambda: new.carry_from(last)) if delta else None
+        res, carried = self._run(new.centres, assign=False, delta=delta, while_busy=carry)
         if delta:
             # then the rows that changed label: they left one cluster and joined another
-            sse, dev, counts = carried
-            sse += res.sse
+            sse = carried + res.sse
             self._delta_run += 1
         else:
-            sse, dev, counts = res.sse, np.zeros_like(res.sums), np.zeros_like(res.counts)
+            new.clear()
+            sse = res.sse
             self._delta_run = 0
         # the device sums deviations from the centres (no cancellation far from the
         # origin, and what the carry-over above needs); the raw sums are dev + n c
-        sums = add_step(dev, counts, res.sums, res.counts, centres)
-        self._kept = _Kept(dev, counts, sse, centres)
+        sums = add_step(new.dev, new.counts, res.sums, res.counts, new.centres)
+        new.sse = sse
+        self._kept.last = new
         self._last_changed = res.changed
         self.last_delta = delta
-        return StepResult(sums=sums, counts=counts.copy(), sse=sse, changed=res.changed)
+        return StepResult(sums=sums, counts=new.counts.copy(), sse=sse, changed=res.changed)
 
     def forget_labels(self) -> None:
         """Start over: every label unknown, no kept sums (the next step is like a first one).
@@ -478,7 +453,7 @@ class GPUBackend(Backend):
 
     def _forget_kept(self) -> None:
         """Drop the kept sums: the next step is a full one."""
-        self._kept = None  # _Kept of the current labels
+        self._kept.forget()
         self._delta_run = 0
         self._last_changed = None
 
