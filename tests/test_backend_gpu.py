@@ -463,9 +463,10 @@ def _fill_numpy(centres, f32, TC):
 
 
 @pytest.mark.parametrize("f32", [True, False])
-@pytest.mark.parametrize("k,m,TC", [(50, 100, 52), (1000, 32, 64), (10, 5, 4), (7, 3, 8)])
+@pytest.mark.parametrize("k,m,TC", [(50, 100, 52), (1000, 32, 64), (10, 5, 4), (7, 3, 8), (1000, 40, 64)])
 def test_fill_centres_is_bit_identical_to_the_numpy_form(f32, k, m, TC):
-    """The compiled fill of the step buffer (host side, every step) against the numpy oracle."""
+    """The compiled fill of the step buffer (host side, every step) against the numpy oracle;
+    1000 x 40 is past THREADS_MIN_VALUES (the threaded form)."""
     pytest.importorskip("numba")
     from mpikmeans.backends.gpu import fill_centres
 
@@ -486,14 +487,16 @@ def test_fill_centres_is_bit_identical_to_the_numpy_form(f32, k, m, TC):
     assert zl[0] == np.inf
 
 
-def test_add_step_forms_raw_sums_from_deviations():
-    """dev += d_dev, counts += d_counts, and the raw sums dev + counts c."""
+@pytest.mark.parametrize("k,m", [(6, 4), (300, 200)])
+def test_add_step_forms_raw_sums_from_deviations(k, m):
+    """dev += d_dev, counts += d_counts, and the raw sums dev + counts c (one thread, and the
+    threaded form from THREADS_MIN_VALUES on)."""
     pytest.importorskip("numba")
     from mpikmeans.backends.gpu import add_step
 
     r = np.random.default_rng(4)
-    dev, d_dev, c = r.normal(size=(3, 6, 4))
-    counts, d_counts = r.integers(0, 50, size=(2, 6)).astype(np.float64)
+    dev, d_dev, c = r.normal(size=(3, k, m))
+    counts, d_counts = r.integers(0, 50, size=(2, k)).astype(np.float64)
     want_dev, want_counts = dev + d_dev, counts + d_counts
     sums = add_step(dev, counts, d_dev, d_counts, c)
     assert np.array_equal(dev, want_dev) and np.array_equal(counts, want_counts)

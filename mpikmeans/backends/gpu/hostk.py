@@ -11,8 +11,12 @@ import numpy as np
 from ...jit import njit, prange
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def fill_centres(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
+#: K x M from which the per-step helpers run on the rank's threads: below it, waking the
+#: threads costs more than they save (2e6 x 3, K = 7 on the H100: 0.12 -> 0.18 ms a step)
+THREADS_MIN_VALUES = 1 << 15
+
+
+def fill_centres(centres, f32, sh, cc, cm, c64, zl) -> None:
     """The step buffer's centre data, in one compiled pass (numpy took ~0.1 ms a step).
 
     ``sh`` (m,): ``s``, the mean of the centres (rounded to float32 first when the rows
@@ -22,12 +26,18 @@ def fill_centres(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compi
     centre is not finite (every row then takes the exact path); ``c64``: the centres.
     Padding centres keep what the buffer was set up with (``cc`` infinite, ``cm`` 0).
 
-    The tiles of centres are filled by the rank's threads side by side (K x M =
-    257,000 took 1.8-2.2 ms a step on one thread of the H100 host, the GPU idle
-    meanwhile); the shift adds the centres row by row, each attribute's sum in
+    From :data:`THREADS_MIN_VALUES` values on, the tiles of centres are filled by the
+    rank's threads side by side (K x M = 257,000 took 1.8-2.2 ms a step on one thread
+    of the H100 host, the GPU idle meanwhile); the shift adds the centres row by row, each attribute's sum in
     centre order, and each norm is summed in attribute order: the same bits on
     any number of threads.
     """
+    fill = _fill_threads if centres.size >= THREADS_MIN_VALUES else _fill_one
+    fill(centres, f32, sh, cc, cm, c64, zl)
+
+
+@njit(inline="always")
+def _fill(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
     k, m = centres.shape
     nct, _, TC = cm.shape
     shift = np.zeros(m)
@@ -62,13 +72,29 @@ def fill_centres(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compi
     zl[0] = min(2.0 * zmax.max() * (1.0 + 1e-6), 3.0e38) if bad.sum() == 0 else np.inf
 
 
+@njit(cache=True, nogil=True)
+def _fill_one(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
+    _fill(centres, f32, sh, cc, cm, c64, zl)
+
+
 @njit(cache=True, nogil=True, parallel=True)
-def add_step(dev, counts, d_dev, d_counts, centres):  # pragma: no cover - compiled
+def _fill_threads(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
+    _fill(centres, f32, sh, cc, cm, c64, zl)
+
+
+def add_step(dev, counts, d_dev, d_counts, centres) -> np.ndarray:
     """``dev += d_dev``, ``counts += d_counts``; return the raw sums ``dev + counts c`` (k, m).
 
-    Clusters side by side on the rank's threads (the GPU waits for the next step's
-    centres meanwhile); every element is its own arithmetic, so the same bits.
+    Clusters side by side on the rank's threads from :data:`THREADS_MIN_VALUES` on (the
+    GPU waits for the next step's centres meanwhile); every element is its own
+    arithmetic, so the same bits.
     """
+    add = _add_threads if dev.size >= THREADS_MIN_VALUES else _add_one
+    return add(dev, counts, d_dev, d_counts, centres)
+
+
+@njit(inline="always")
+def _add(dev, counts, d_dev, d_counts, centres):  # pragma: no cover - compiled
     k, m = dev.shape
     sums = np.empty((k, m))
     for i in prange(k):
@@ -79,6 +105,16 @@ def add_step(dev, counts, d_dev, d_counts, centres):  # pragma: no cover - compi
             dev[i, j] = d
             sums[i, j] = d + n * centres[i, j]
     return sums
+
+
+@njit(cache=True, nogil=True)
+def _add_one(dev, counts, d_dev, d_counts, centres):  # pragma: no cover - compiled
+    return _add(dev, counts, d_dev, d_counts, centres)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _add_threads(dev, counts, d_dev, d_counts, centres):  # pragma: no cover - compiled
+    return _add(dev, counts, d_dev, d_counts, centres)
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
