@@ -28,9 +28,9 @@ def fill_centres(centres, f32, sh, cc, cm, c64, zl) -> None:
 
     From :data:`THREADS_MIN_VALUES` values on, the tiles of centres are filled by the
     rank's threads side by side (K x M = 257,000 took 1.8-2.2 ms a step on one thread
-    of the H100 host, the GPU idle meanwhile); the shift adds the centres row by row, each attribute's sum in
-    centre order, and each norm is summed in attribute order: the same bits on
-    any number of threads.
+    of the H100 host, the GPU idle meanwhile); the shift adds the centres row by row,
+    each attribute's sum in centre order, and each norm is summed in attribute order:
+    the same bits on any number of threads.
     """
     fill = _fill_threads if centres.size >= THREADS_MIN_VALUES else _fill_one
     fill(centres, f32, sh, cc, cm, c64, zl)
