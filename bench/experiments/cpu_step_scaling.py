@@ -41,47 +41,37 @@ from mpikmeans.backends.cpu.backend import CPUBackend  # noqa: E402
 from mpikmeans.backends.cpu.blas import one_thread  # noqa: E402
 
 
-@njit(parallel=True)
-def convert_pass(x, shift, tile, nb, k):
-    n, m = x.shape
-    acc = np.zeros(nb)
-    for b in prange(nb):
-        ys, est, yy, b1, b2, i1 = C._tile_buffers(tile, k, m)
-        hi = n * (b + 1) // nb
-        for t0 in range(n * b // nb, hi, tile):
-            rt = min(tile, hi - t0)
-            C._shifted_rows(x, t0, rt, shift, ys, yy)
-            acc[b] += yy[0]
-    return acc.sum()
+@njit
+def convert_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1):
+    """The float32 shifted copy and ``|y|^2`` only."""
+    C._shifted_rows(x, t0, rt, shift, ys, yy)
+    return yy[0]
+
+
+@njit
+def sgemm_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1):
+    """The tile's product only (on whatever the tile buffer holds)."""
+    np.dot(zt, ys.T, est)
+    return est[0, 0]
+
+
+@njit
+def screen_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1):
+    """Convert, product and ranking: the shipped ``_screen_tile``."""
+    C._screen_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1)
+    return i1[0]
 
 
 @njit(parallel=True)
-def sgemm_pass(x, zt, tile, nb):
+def tile_pass(part, x, shift, zt, cc, tile, nb):
+    """``part`` on every screen tile of the step's ``nb`` row blocks, blocks under ``prange``."""
     n, m = x.shape
-    k = zt.shape[0]
     acc = np.zeros(nb)
     for b in prange(nb):
-        ys, est, yy, b1, b2, i1 = C._tile_buffers(tile, k, m)
-        ys[:, :] = 1.0
+        ys, est, yy, b1, b2, i1 = C._tile_buffers(tile, zt.shape[0], m)
         hi = n * (b + 1) // nb
         for t0 in range(n * b // nb, hi, tile):
-            np.dot(zt, ys.T, est)
-            acc[b] += est[0, 0]
-    return acc.sum()
-
-
-@njit(parallel=True)
-def screen_pass(x, shift, zt, cc, tile, nb):
-    n, m = x.shape
-    k = zt.shape[0]
-    acc = np.zeros(nb)
-    for b in prange(nb):
-        ys, est, yy, b1, b2, i1 = C._tile_buffers(tile, k, m)
-        hi = n * (b + 1) // nb
-        for t0 in range(n * b // nb, hi, tile):
-            rt = min(tile, hi - t0)
-            C._screen_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1)
-            acc[b] += i1[0]
+            acc[b] += part(x, t0, min(tile, hi - t0), shift, zt, cc, ys, est, yy, b1, b2, i1)
     return acc.sum()
 
 
@@ -173,9 +163,9 @@ def main():
     print(topology())
     parts_fns = {
         "step": lambda: be.step(cen),
-        "convert": lambda: convert_pass(x, shift, tile, nb, k),
-        "sgemm": lambda: sgemm_pass(x, zt, tile, nb),
-        "screen": lambda: screen_pass(x, shift, zt, cc, tile, nb),
+        "convert": lambda: tile_pass(convert_tile, x, shift, zt, cc, tile, nb),
+        "sgemm": lambda: tile_pass(sgemm_tile, x, shift, zt, cc, tile, nb),
+        "screen": lambda: tile_pass(screen_tile, x, shift, zt, cc, tile, nb),
         "sums": lambda: sums_pass(x, cen, lab, tile, *parts),
         "stream": lambda: stream_pass(x, nb),
     }
