@@ -62,6 +62,11 @@ class SerialComm:
             raise ValueError(f"unknown reduction {op!r}")
         return np.array(buf, copy=True)
 
+    def allreduce_in_place(self, buf: np.ndarray, op: str = "sum") -> None:
+        """:meth:`allreduce` into ``buf`` itself (a C-contiguous array), with no copy."""
+        if op not in _OPS:
+            raise ValueError(f"unknown reduction {op!r}")
+
     def allgather(self, obj: Any) -> list:
         """Every rank's ``obj``, in rank order."""
         return [obj]
@@ -142,6 +147,11 @@ class Comm(SerialComm):
         out = np.ascontiguousarray(buf).copy()
         self._comm.Allreduce(self._MPI.IN_PLACE, out, op=self._ops[op])
         return out
+
+    def allreduce_in_place(self, buf: np.ndarray, op: str = "sum") -> None:
+        if not buf.flags.c_contiguous:
+            raise ValueError("allreduce_in_place needs a C-contiguous array")
+        self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._ops[op])
 
     def allgather(self, obj: Any) -> list:
         return self._comm.allgather(obj)

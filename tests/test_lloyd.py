@@ -228,3 +228,44 @@ def test_parity_with_sklearn(blobs_file, ranks):
     assert res.iterations == km.n_iter_
     assert abs(res.inertia - km.inertia_) <= 1e-9 * km.inertia_
     assert res.sizes.tolist() == np.bincount(km.labels_, minlength=8).tolist()
+
+
+# =========================================================================== the update's arithmetic
+
+def _update_before(sums, counts, centres):
+    """The update as the loop computed it before its buffers were kept: the bits to keep."""
+    filled = counts > 0
+    new = centres.copy()
+    new[filled] = sums[filled] / counts[filled, None]
+    return new, float(np.sqrt(((new - centres)[filled] ** 2).sum(axis=1)).max(initial=0.0))
+
+
+@pytest.mark.parametrize("k,m,empty", [(1000, 257, 0), (7, 3, 2), (50, 100, 49), (1, 1, 0), (3, 5, 3)])
+def test_update_is_the_same_bits_as_the_row_selections(k, m, empty):
+    from mpikmeans.lloyd import _new_centres, _Scratch, _shift
+
+    rng = np.random.default_rng(k + m + empty)
+    sums = rng.standard_normal((k, m)) * 10.0 ** rng.integers(-3, 4, (k, 1))
+    counts = rng.integers(1, 10_000, k).astype(np.float64)
+    counts[rng.choice(k, empty, replace=False)] = 0.0
+    sums[counts == 0] = 0.0
+    centres = rng.standard_normal((k, m))
+    want_new, want_shift = _update_before(sums, counts, centres)
+    scratch = _Scratch()
+    for _ in range(2):  # the second time with the kept scratch
+        new, filled = _new_centres(sums, counts, centres, None, False)
+        assert new.tobytes() == want_new.tobytes()
+        assert filled.tolist() == (counts > 0).tolist()
+        assert not np.shares_memory(new, centres) and not np.shares_memory(new, sums)
+        assert _shift(new, centres, scratch.diff_buffer(new.shape)) == want_shift
+
+
+def test_scratch_follows_the_shape():
+    from mpikmeans.lloyd import _Scratch
+
+    s = _Scratch()
+    a = s.merge_buffer(4, 3)
+    assert a.shape == (4 * 3 + 4 + 3,) and s.merge_buffer(4, 3) is a
+    assert s.merge_buffer(3, 3).shape == (3 * 3 + 3 + 3,)  # a dropped cluster: K changed
+    d = s.diff_buffer((4, 3))
+    assert s.diff_buffer((4, 3)) is d and s.diff_buffer((3, 3)).shape == (3, 3)

@@ -28,7 +28,8 @@ def test_threadcomm_has_the_communicator_interface():
     def body(comm):
         for name in ("rank", "size", "node_rank", "node_size", "host", "is_mpi"):
             assert hasattr(comm, name), name
-        for name in ("allreduce", "allgather", "bcast", "barrier", "agree", "library", "abort"):
+        for name in ("allreduce", "allreduce_in_place", "allgather", "bcast", "barrier", "agree", "library",
+                     "abort"):
             assert callable(getattr(comm, name)), name
             assert callable(getattr(SerialComm, name))
         return comm.rank, comm.size, comm.node_rank, comm.node_size
@@ -43,6 +44,9 @@ def test_threadcomm_collectives():
         s = comm.allreduce(np.array([[1.0, 1e16, -1e16][r]]), "sum")
         mn = comm.allreduce(np.array([r, -r], dtype=np.int64), "min")
         mx = comm.allreduce(np.array([r, -r], dtype=np.int64), "max")
+        into = np.array([[1.0, 1e16, -1e16][r], float(r)])
+        comm.allreduce_in_place(into, "sum")
+        assert into.tolist() == [0.0, 3.0]
         mine = {"rank": r, "list": [r]}
         got = comm.allgather(mine)
         got[r]["list"].append("mutated")  # a copy: must not leak to other ranks

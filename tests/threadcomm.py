@@ -174,6 +174,10 @@ class ThreadComm:
                 out = np.maximum(out, arr)
         return np.asarray(out, dtype=mine.dtype)
 
+    def allreduce_in_place(self, buf: np.ndarray, op: str = "sum") -> None:
+        """:meth:`allreduce` written back into ``buf``."""
+        buf[...] = self.allreduce(buf, op)
+
     def allgather(self, obj: Any) -> list:
         """Every rank's ``obj`` (copies), in rank order."""
         return [_copy(o) for o in self._exchange(_copy(obj))]
