@@ -81,10 +81,12 @@ _SIM_PROGRAM = textwrap.dedent(
                 "changed": [a.changed, b.changed],
                 "dist2_rel": float(np.abs(da - db).max() / max(da.max(), 1e-300)),
                 "flagged": flagged,
+                "tf32": bool(getattr(gpu, "tf32", False)),  # the GEMM screen of the steps to come
             })
             good = a.counts > 0
             cent = cent.copy()
             cent[good] = a.sums[good] / a.counts[good, None]
+        out["n"] = len(x)
         gpu.close()
         print(json.dumps(out), flush=True)
 
@@ -165,6 +167,14 @@ _SIM_PROGRAM = textwrap.dedent(
     x8, c8 = blobs(260, 3, 130, 9)
     compare("gemm_centre_tiles", x8, c8, tune=g, iters=1)
     compare("gemm_delta", x6, x6[:40].copy(), tune=dict(g, delta="always"), iters=3)
+    # the same on the tensor cores (tensor.py; the simulator emulates the warp's product, slowly:
+    # two row tiles, one of them short)
+    t = {"gemm": True, "tf32": True}
+    compare("tf32_f64", x[:130], c, tune=t, iters=2)
+    compare("tf32_f32_weighted", x[:130], c, dtype="float32", weights=w[:130], tune=t, iters=1)
+    compare("tf32_wide_ties", x4, np.vstack([c4, c4[:1]]), tune=t, iters=1)
+    compare("tf32_centre_tiles", x8[:130], c8, tune=t, iters=1)
+    compare("tf32_delta", x6[:130], x6[:40].copy(), tune=dict(t, delta="always"), iters=3)
 
     if PART != 0:
         sys.exit(0)  # the scenarios below run in part 0 only
@@ -271,17 +281,25 @@ def _assert_parity(rec, sums_tol=1e-12, exact_counts=True, labels=True):
         assert st["dist2_rel"] <= max(sums_tol, 1e-12), st
 
 
-@pytest.mark.parametrize("name", ["gemm_f64", "gemm_f32_weighted", "gemm_wide_ties", "gemm_centre_tiles",
-                                  "gemm_delta"])
-def test_sim_gemm_screen_matches_cpu(sim, name):
-    """The GEMM-shaped screen gives the CPU's labels, counts, sums and SSE (ties go to the exact kernel)."""
-    rec = sim[name]
-    if name == "gemm_f32_weighted":  # rows rounded to float32 on the device, weighted counts
+@pytest.mark.parametrize("screen", ["gemm", "tf32"])
+@pytest.mark.parametrize("case", ["f64", "f32_weighted", "wide_ties", "centre_tiles", "delta"])
+def test_sim_gemm_screen_matches_cpu(sim, screen, case):
+    """The GEMM-shaped screen, in float32 and on the tensor cores, gives the CPU's labels, counts, sums
+    and SSE (ties go to the exact kernel)."""
+    rec = sim[f"{screen}_{case}"]
+    if case == "f32_weighted":  # rows rounded to float32 on the device, weighted counts
         _assert_parity(rec, sums_tol=1e-6, exact_counts=False)
     else:
         _assert_parity(rec)
-    if name == "gemm_wide_ties":  # the duplicated centre's rows are exact ties: flagged, lowest index
+    if case == "wide_ties":  # the duplicated centre's rows are exact ties: flagged, lowest index
         assert rec["steps"][0]["flagged"] > 0, rec
+    if screen == "tf32":  # more than 1 % of the rows (+ 16) flagged: the float32 screen takes over (backend.py)
+        from mpikmeans.backends.gpu.tensor import TF32_FLAG_LIMIT, TF32_FLAG_SLACK
+
+        first = rec["steps"][0]
+        assert first["tf32"] is (first["flagged"] <= TF32_FLAG_LIMIT * rec["n"] + TF32_FLAG_SLACK), rec
+        if case == "wide_ties":
+            assert first["tf32"] is False, rec
 
 
 def test_sim_float64_matches_cpu(sim):
@@ -657,6 +675,13 @@ def test_gpu_gemm_screen_matches_cpu(dtype):
     assert gpu.gemm_wanted(gpu._plan(1000, False), False)  # the step plan of this shape takes it
     _gpu_vs_cpu(50_000, 70, 130, dtype=dtype, tune={"gemm": True}, weights=True, iters=2)
     _gpu_vs_cpu(50_000, 70, 130, dtype=dtype, tune={"gemm": True, "delta": "always"}, iters=5, start_rows=True)
+    # the TF32 screen (tensor.py) from the first step, and with rows as centres (many rows flagged:
+    # the float32 screen takes over after the first step)
+    tf = _gpu_vs_cpu(30_000, 257, 1000, dtype=dtype, tune={"tf32": True}, iters=3)
+    assert tf.tf32  # blobs, centres near theirs: nothing to flag, TF32 throughout
+    _gpu_vs_cpu(30_000, 257, 1000, dtype=dtype, tune={"tf32": True}, iters=2, start_rows=True, cpu_sees_stored=True)
+    _gpu_vs_cpu(50_000, 70, 130, dtype=dtype, tune={"gemm": True, "tf32": True, "delta": "always"}, iters=4,
+                start_rows=True)
 
 
 @pytest.mark.gpu
@@ -946,3 +971,16 @@ def test_gemm_screen_only_where_the_device_gives_its_shared_memory():
     assert not gemm.device_fits((7, 5), 64 * 1024)  # T4: 64 KB opt-in, but not static
     assert not gemm.device_fits((8, 0), 48 * 1024)
     assert gemm.padded_centres(1000) == 1024 and gemm.padded_centres(128) == 128
+
+
+def test_gemm_screen_choice_rule():
+    """TF32 while it flags at most 1 % of the rows (+ 16); back from float32 only when its flagged
+    rows, 200 times over, are within that (bench/experiments/tf32_flagged.py's ratios: 49-190)."""
+    from mpikmeans.backends.gpu.tensor import next_screen
+
+    n = 300_000
+    assert next_screen(True, 0, n) and next_screen(True, 3016, n)
+    assert not next_screen(True, 3017, n) and not next_screen(True, 33_525, n)
+    assert next_screen(False, 0, n) and next_screen(False, 15, n)
+    assert not next_screen(False, 16, n) and not next_screen(False, 27, n)  # noise 4, rows as centres
+    assert next_screen(True, 16, 10) and not next_screen(True, 17, 10)  # a few rows decide nothing

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...exact import limbs_to_int, scale_factors
 from .. import Backend, BackendInfo, BackendUnavailable, StepResult
-from . import gemm, initk
+from . import gemm, initk, tensor
 from ...cache import gpu_shape_key, mark_gpu_shape_warm
 from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
@@ -126,7 +126,11 @@ class GPUBackend(Backend):
         if self.chunk_rows is not None and self.chunk_rows <= 0:
             raise ValueError("chunk_rows must be positive")
         self.tune = dict(tune or {})
+        # the GEMM path's screen: TF32 where the device has it, from the first step only if asked
+        # (tune {"tf32": true}); {"tf32": false}: never (see _choose_screen)
+        self.tf32 = bool(self.tune.get("tf32", False))
         self.limits = DeviceLimits()
+        self._tf32_allowed = tensor.wanted(self.limits, self.tune)
         self._desc = device_descriptions()
         self.rows = DeviceRows(dtype, self.limits)
         self._dummy = None
@@ -237,7 +241,8 @@ class GPUBackend(Backend):
         where :meth:`gemm_wanted`)."""
         if self.gemm_wanted(plan, assign):
             fused = gemm.step_launches(self.limits, self.dtype, self.rows.weighted, self.m, int(self.rows.ld), plan,
-                                       pack, x, rows, labels, flags, w, fslot, stream, delta, self._fast)
+                                       pack, x, rows, labels, flags, w, fslot, stream, delta, self._fast,
+                                       self.tf32)
             self.last_grid = fused.grid
         else:
             spec = self.fused_spec(plan, pack, k)
@@ -441,7 +446,20 @@ class GPUBackend(Backend):
         self._kept.last = new
         self._last_changed = res.changed
         self.last_delta = delta
+        if not delta:  # after the step buffer's views are consumed: a new screen drops the buffers
+            self._choose_screen(k)
         return StepResult(sums=sums, counts=new.counts.copy(), sse=sse, changed=res.changed)
+
+    def _choose_screen(self, k: int) -> None:
+        """After a full step on the GEMM path: the screen of the steps to come (:func:`.tensor.next_screen`)."""
+        if not self._tf32_allowed or not self.gemm_wanted(self._plan(k, False), False):
+            return
+        want = tensor.next_screen(self.tf32, self.last_flagged, self.n)
+        if want != self.tf32:
+            log.info("GEMM screen: %d of %d rows flagged for the exact kernel; the %s screen from now on",
+                     self.last_flagged, self.n, "TF32" if want else "float32")
+            self.tf32 = want
+            self._states.clear()  # the launches are prepared again with it
 
     def forget_labels(self) -> None:
         """Start over: every label unknown, no kept sums (the next step is like a first one).

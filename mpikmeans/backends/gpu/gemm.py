@@ -117,6 +117,71 @@ def repack_kernel(m_c: int, tc_c: int, nct_c: int, pack_c: tuple):
 
 
 @functools.lru_cache(maxsize=None)
+def row_verdicts(slots: int, tolf, tiny, big, delta: bool):
+    """The device function that ends a row tile of a screen: each row's label, or its flag.
+
+    Called by every thread of the block, after the tile's last centre tile:
+    ``yp`` is the thread's part of ``|y|^2`` of the row it staged (rows ``tid % BM``,
+    attribute groups ``tid // BM``); ``sb1``, ``sb2``, ``si1`` (``slots * BM``) hold
+    each slot's best, second best and best centre of each row (slot ``t``, row ``r``
+    at ``t * BM + r``).  Thread ``r < BM`` merges row ``r``'s slots and keeps the
+    label where the gap beats ``tolf (|y|^2 + zlim) + tiny``: the float32 screen's
+    certificate (:func:`.kernels.certificate`) or the tensor cores'
+    (:func:`.tensor.certificate`).  Writes ``newlab`` and the flagged rows as the
+    screens' docstrings say (``delta``: only changed certified rows are flagged).
+    """
+    SLOTS, DELTA = int(slots), bool(delta)
+    TOLF, TINY, BIG = np.float32(tolf), np.float32(tiny), np.float32(big)
+    XSTEP = NT // BM
+
+    def km_screen_verdicts(sb1, sb2, si1, syy, yp, zlim, row0, n, labels, newlab, flags, ctr, fslot):
+        tid = cuda.threadIdx.x
+        xr = tid % BM
+        xk = tid // BM
+        # |y|^2 of each row: the partial sums of the threads that staged its attributes
+        if tid < BM:
+            stx(syy, xr, yp)
+        cuda.syncthreads()
+        for h in range(1, XSTEP):
+            if xk == h:
+                stx(syy, xr, ldx(syy, xr) + yp)
+            cuda.syncthreads()
+        if tid < BM:
+            m1 = ldx(sb1, tid)
+            m2 = ldx(sb2, tid)
+            mi = ldx(si1, tid)
+            for t in range(1, SLOTS):  # the other slots' centres of this row
+                o1 = ldx(sb1, t * BM + tid)
+                o2 = ldx(sb2, t * BM + tid)
+                oi = ldx(si1, t * BM + tid)
+                take = o1 < m1 or (o1 == m1 and oi < mi)
+                hi = m1 if take else o1  # the larger of the two bests
+                s2 = m2 if m2 < o2 else o2
+                m2 = hi if hi < s2 else s2
+                m1 = o1 if take else m1
+                mi = oi if take else mi
+            i2 = row0 + tid
+            if i2 < n:
+                scale = ldx(syy, tid) + zlim
+                tol = TOLF * scale + TINY
+                lab = -1
+                if m2 - m1 > tol and scale < BIG:
+                    lab = mi
+                    if DELTA:
+                        # unchanged: the kept sums hold it; changed: the exact kernel moves it
+                        if ldx(labels, i2) != lab:
+                            p = cuda.atomic.add(ctr, fslot, 1)
+                            stx(flags, p, i2)
+                        lab = -1
+                else:
+                    p = cuda.atomic.add(ctr, fslot, 1)
+                    stx(flags, p, i2)
+                stx(newlab, i2, lab)
+
+    return cuda.jit(device=True)(km_screen_verdicts)
+
+
+@functools.lru_cache(maxsize=None)
 def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool):
     """Certified float32 nearest centre of every row, a register-blocked GEMM (see the module docstring).
 
@@ -138,7 +203,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     XSN, CSN = BK * BM, BK * BN
     XS2, CS2, MN = 2 * XSN, 2 * CSN, TX * BM
     XSTEP, CSTEP = NT // BM, NT // BN
-    TOLF, TINY, BIG = certificate(M_C)  # the fused kernel's, the same rows flagged
+    verdicts = row_verdicts(TX, *certificate(M_C), DELTA)  # the fused kernel's certificate, the same rows flagged
     INF = np.float32(np.inf)
 
     def km_gemm_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot):
@@ -233,45 +298,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                     stx(sb1, tx * BM + rr, m1)
                     stx(sb2, tx * BM + rr, m2)
                     stx(si1, tx * BM + rr, mi)
-            # |y|^2 of each row: the partial sums of the threads that staged its attributes
-            if tid < BM:
-                stx(syy, xr, yp)
-            cuda.syncthreads()
-            for h in range(1, XSTEP):
-                if xk == h:
-                    stx(syy, xr, ldx(syy, xr) + yp)
-                cuda.syncthreads()
-            if tid < BM:
-                m1 = ldx(sb1, tid)
-                m2 = ldx(sb2, tid)
-                mi = ldx(si1, tid)
-                for t in range(1, TX):  # the other threads' centres of this row
-                    o1 = ldx(sb1, t * BM + tid)
-                    o2 = ldx(sb2, t * BM + tid)
-                    oi = ldx(si1, t * BM + tid)
-                    take = o1 < m1 or (o1 == m1 and oi < mi)
-                    hi = m1 if take else o1  # the larger of the two bests
-                    s2 = m2 if m2 < o2 else o2
-                    m2 = hi if hi < s2 else s2
-                    m1 = o1 if take else m1
-                    mi = oi if take else mi
-                i2 = row0 + tid
-                if i2 < n:
-                    scale = ldx(syy, tid) + zlim
-                    tol = TOLF * scale + TINY
-                    lab = -1
-                    if m2 - m1 > tol and scale < BIG:
-                        lab = mi
-                        if DELTA:
-                            # unchanged: the kept sums hold it; changed: the exact kernel moves it
-                            if ldx(labels, i2) != lab:
-                                p = cuda.atomic.add(ctr, fslot, 1)
-                                stx(flags, p, i2)
-                            lab = -1
-                    else:
-                        p = cuda.atomic.add(ctr, fslot, 1)
-                        stx(flags, p, i2)
-                    stx(newlab, i2, lab)
+            verdicts(sb1, sb2, si1, syy, yp, zlim, row0, n, labels, newlab, flags, ctr, fslot)
             cuda.syncthreads()
 
     if SIM:
@@ -387,11 +414,12 @@ class Steps:
 
 
 def step_launches(limits, storage: str, weighted: bool, m: int, ld: int, plan, pack, x, rows: int, labels, flags,
-                  w, fslot: int, stream, delta: bool, fast: bool) -> Steps:
+                  w, fslot: int, stream, delta: bool, fast: bool, tf32: bool) -> Steps:
     """The prepared launches of one step for ``rows`` rows: repack, screen and (full steps) sums.
 
     ``plan`` and ``pack``: the step's plan and step buffer (:mod:`.plan`, :class:`.launch.Pack`);
-    the other arguments as the fused kernel's launch takes them.
+    the screen on the tensor cores with ``tf32`` (:mod:`.tensor`), else in float32; the other
+    arguments as the fused kernel's launch takes them.
     """
     kp = plan.nct * plan.TC
     kpg = padded_centres(kp)
@@ -405,13 +433,17 @@ def step_launches(limits, storage: str, weighted: bool, m: int, ld: int, plan, p
     rargs = (pack.p32, cmg, ccg)
     out.append(Launch(rk, compiled("gemm_repack", rspec, rk, rargs), rargs, -(-m * kpg // NT_SUMS), NT_SUMS, 0,
                       stream, fast))
+    from . import tensor
+
     sspec = (storage, m, kpg, layout, delta)
-    sk = screen_kernel(*sspec)
+    sk = (tensor.screen_kernel if tf32 else screen_kernel)(*sspec)
     sargs = (x, int(rows), int(ld), pack.p32, pack.dev, cmg, ccg, pack.ctr, labels, newlab, flags, int(fslot))
     # two blocks per multiprocessor where their shared memory fits (about 120 registers each)
-    per_sm = 2 if limits.smem_sm >= 2 * (SCREEN_SMEM + 1024) else 1
+    smem = tensor.SCREEN_SMEM if tf32 else SCREEN_SMEM
+    per_sm = 2 if limits.smem_sm >= 2 * (smem + 1024) else 1
     grid = max(1, min(-(-rows // BM), 2 if SIM else per_sm * limits.sm_count))
-    out.append(Launch(sk, compiled("gemm_screen", sspec, sk, sargs), sargs, grid, NT, 0, stream, fast))
+    name = "tf32_screen" if tf32 else "gemm_screen"
+    out.append(Launch(sk, compiled(name, sspec, sk, sargs), sargs, grid, NT, 0, stream, fast))
     if not delta:
         uspec = (storage, weighted, m, layout)
         uk = sums_kernel(*uspec)
