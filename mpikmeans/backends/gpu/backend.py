@@ -126,8 +126,7 @@ class GPUBackend(Backend):
         if self.chunk_rows is not None and self.chunk_rows <= 0:
             raise ValueError("chunk_rows must be positive")
         self.tune = dict(tune or {})
-        # the GEMM path's screen: TF32 where the device has it, from the first step only if asked
-        # (tune {"tf32": true}); {"tf32": false}: never (see _choose_screen)
+        # the GEMM path's screen on TF32 from the first step only with tune {"tf32": true} (_choose_screen)
         self.tf32 = bool(self.tune.get("tf32", False))
         self.limits = DeviceLimits()
         self._tf32_allowed = tensor.wanted(self.limits, self.tune)
@@ -390,6 +389,8 @@ class GPUBackend(Backend):
             st.pack.fill(zeros)  # overwritten by every step's fill
             add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros)
             carry_kept(zeros, np.zeros(k), zeros, zeros, zeros.copy(), np.zeros(k))
+            if self._tf32_allowed and not self.tf32 and self.gemm_wanted(self._plan(k, False), False):
+                self._warm_tf32(k, "delta" in kinds and self._delta_allowed())
         if "assign" in kinds:
             self._state(k, True)
         if "delta" in kinds and self._delta_allowed():
@@ -397,6 +398,15 @@ class GPUBackend(Backend):
         if not SIM and set(kinds) >= set(self.STEP_KINDS):  # a helper's share leaves the marking to the run
             idx64 = bool(self.tune.get("idx64")) or self.m * self.rows.ld >= 2**31
             mark_gpu_shape_warm(gpu_shape_key(k, self.m, self.dtype, idx64))
+
+    def _warm_tf32(self, k: int, delta: bool) -> None:
+        """Compile the TF32 screen a later step may switch to (:meth:`_choose_screen`); states dropped."""
+        kept, self._states, self.tf32 = self._states, {}, True
+        try:
+            for d in (False, True) if delta else (False,):
+                self._state(k, False, d)
+        finally:
+            self._states, self.tf32 = kept, False
 
     # ------------------------------------------------------------------ the step policy
     def _delta_allowed(self) -> bool:
