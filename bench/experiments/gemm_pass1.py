@@ -29,6 +29,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from mpikmeans.backends.gpu.device import SIM, cuda  # noqa: E402
+from mpikmeans.backends.gpu.gemm import merge_best  # noqa: E402
 from mpikmeans.backends.gpu.intrinsics import ld4, ldx, stx  # noqa: E402
 
 from numba import float32, int32  # noqa: E402
@@ -168,12 +169,7 @@ def gemm_pass1_kernel(m: int, kp: int, bn: int = 128, bk: int = 16, maxreg: int 
                     o1 = ldx(sb1, t * BM_ + tid)
                     o2 = ldx(sb2, t * BM_ + tid)
                     oi = ldx(si1, t * BM_ + tid)
-                    take = o1 < m1 or (o1 == m1 and oi < mi)
-                    hi = m1 if take else o1  # the larger of the two bests
-                    s2 = m2 if m2 < o2 else o2
-                    m2 = hi if hi < s2 else s2
-                    m1 = o1 if take else m1
-                    mi = oi if take else mi
+                    m1, m2, mi = merge_best(m1, m2, mi, o1, o2, oi)
                 i2 = row0 + tid
                 if i2 < n:
                     scale = ldx(syy, tid) + zlim

@@ -56,11 +56,10 @@ from numba import float32, int32  # noqa: E402
 if SIM:
     raise SystemExit("tf32_pass1: the tensor-core kernel needs a GPU (inline PTX), not the simulator")
 
-from llvmlite import ir as llir  # noqa: E402
-from numba import types as nbt  # noqa: E402
-from numba.cuda.extending import intrinsic  # noqa: E402
-
 import gemm_pass1  # noqa: E402
+
+from mpikmeans.backends.gpu.gemm import merge_best  # noqa: E402
+from mpikmeans.backends.gpu.tensor import mma_tf32, tf32_rna  # noqa: E402  (the backend's inline PTX)
 
 U32 = 2.0 ** -24
 CASES = gemm_pass1.CASES
@@ -69,43 +68,6 @@ BM = 128  # rows per tile
 BN = 128  # centres per tile
 BK = 16  # attributes per stage
 P = 136  # shared row pitch in words: (tig * 136 + gid) mod 32 covers every bank
-
-
-@intrinsic
-def tf32_rna(typingctx, v):
-    """``v`` rounded to TF32 (nearest, ties away), returned as the float32 with those bits."""
-    sig = nbt.float32(nbt.float32)
-
-    def codegen(context, builder, signature, args):
-        i32 = llir.IntType(32)
-        fty = llir.FunctionType(i32, [llir.FloatType()])
-        r = builder.asm(fty, "cvt.rna.tf32.f32 $0, $1;", "=r,f", [args[0]], side_effect=False)
-        return builder.bitcast(r, llir.FloatType())
-
-    return sig, codegen
-
-
-@intrinsic
-def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    """One warp's ``D = A B + C``, m16n8k8, A row-major and B column-major in TF32, C and D float32.
-
-    The lane's fragments: ``a0..a3`` A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4];
-    ``b0, b1`` B[t][g], B[t+4][g]; ``c0..c3`` C[g][2t], C[g][2t+1], C[g+8][2t],
-    C[g+8][2t+1] (g = lane / 4, t = lane % 4).
-    """
-    sig = nbt.UniTuple(nbt.float32, 4)(*([nbt.float32] * 10))
-
-    def codegen(context, builder, signature, args):
-        f32, i32 = llir.FloatType(), llir.IntType(32)
-        ins = [builder.bitcast(a, i32) for a in args[:6]] + list(args[6:])
-        fty = llir.FunctionType(llir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
-        r = builder.asm(fty, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                             "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
-                        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", ins, side_effect=False)
-        vals = [builder.extract_value(r, q) for q in range(4)]
-        return context.make_tuple(builder, signature.return_type, vals)
-
-    return sig, codegen
 
 
 def tf32_host(a: np.ndarray) -> np.ndarray:
@@ -142,6 +104,7 @@ def tf32_pass1_kernel(m: int, kp: int, maxreg: int = 0):
         sb2 = cuda.shared.array(WNBM, dtype=float32)
         si1 = cuda.shared.array(WNBM, dtype=int32)
         syy = cuda.shared.array(BM, dtype=float32)
+        scr = cuda.shared.array(1, dtype=float32)  # the simulator's exchange area of mma_tf32: unused here
         tid = cuda.threadIdx.x
         lane = tid % 32
         warp = tid // 32
@@ -205,7 +168,7 @@ def tf32_pass1_kernel(m: int, kp: int, maxreg: int = 0):
                             for mt in range(4):
                                 for nt in range(4):
                                     q = (mt * 4 + nt) * 4
-                                    d0, d1, d2, d3 = mma_tf32(af[mt * 4], af[mt * 4 + 1], af[mt * 4 + 2],
+                                    d0, d1, d2, d3 = mma_tf32(scr, af[mt * 4], af[mt * 4 + 1], af[mt * 4 + 2],
                                                               af[mt * 4 + 3], bf[nt * 2], bf[nt * 2 + 1],
                                                               acc[q], acc[q + 1], acc[q + 2], acc[q + 3])
                                     acc[q] = d0
@@ -240,23 +203,16 @@ def tf32_pass1_kernel(m: int, kp: int, maxreg: int = 0):
                             o1 = cuda.shfl_xor_sync(0xFFFFFFFF, m1, sx)
                             o2 = cuda.shfl_xor_sync(0xFFFFFFFF, m2, sx)
                             oi = cuda.shfl_xor_sync(0xFFFFFFFF, mi, sx)
-                            take = o1 < m1 or (o1 == m1 and oi < mi)
-                            hi = m1 if take else o1
-                            s2 = m2 if m2 < o2 else o2
-                            m2 = hi if hi < s2 else s2
-                            m1 = o1 if take else m1
-                            mi = oi if take else mi
+                            m1, m2, mi = merge_best(m1, m2, mi, o1, o2, oi)
                         if tig == 0:
                             q = wn * BM + rr
                             p1 = ldx(sb1, q)
                             p2 = ldx(sb2, q)
                             pi = ldx(si1, q)
-                            take = m1 < p1 or (m1 == p1 and mi < pi)
-                            hi = p1 if take else m1
-                            s2 = p2 if p2 < m2 else m2
-                            stx(sb2, q, hi if hi < s2 else s2)
-                            stx(sb1, q, m1 if take else p1)
-                            stx(si1, q, mi if take else pi)
+                            p1, p2, pi = merge_best(p1, p2, pi, m1, m2, mi)
+                            stx(sb1, q, p1)
+                            stx(sb2, q, p2)
+                            stx(si1, q, pi)
             # |y|^2 of each row: the partial sums of the two threads that staged it
             if tid < BM:
                 stx(syy, xr, yp)
@@ -272,12 +228,7 @@ def tf32_pass1_kernel(m: int, kp: int, maxreg: int = 0):
                     o1 = ldx(sb1, t * BM + tid)
                     o2 = ldx(sb2, t * BM + tid)
                     oi = ldx(si1, t * BM + tid)
-                    take = o1 < m1 or (o1 == m1 and oi < mi)
-                    hi = m1 if take else o1
-                    s2 = m2 if m2 < o2 else o2
-                    m2 = hi if hi < s2 else s2
-                    m1 = o1 if take else m1
-                    mi = oi if take else mi
+                    m1, m2, mi = merge_best(m1, m2, mi, o1, o2, oi)
                 i2 = row0 + tid
                 if i2 < n:
                     scale = ldx(syy, tid) + zlim

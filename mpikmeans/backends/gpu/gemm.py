@@ -116,6 +116,63 @@ def repack_kernel(m_c: int, tc_c: int, nct_c: int, pack_c: tuple):
     return cuda.jit(km_gemm_repack)
 
 
+def _device(fn):
+    """``fn`` as a device function of the screens, inlined into its kernel at the NVVM level (the
+    simulator takes no ``forceinline``)."""
+    return (cuda.jit(device=True) if SIM else cuda.jit(device=True, forceinline=True))(fn)
+
+
+def _merge_best(m1, m2, mi, o1, o2, oi):  # pragma: no cover - compiled
+    """Best, second best and best centre of two candidate sets ``(m1, m2, mi)`` and ``(o1, o2, oi)``.
+
+    Equal bests: the lower centre index wins and the other best becomes the second (a gap of 0,
+    so the row is flagged).
+    """
+    take = o1 < m1 or (o1 == m1 and oi < mi)
+    hi = m1 if take else o1  # the larger of the two bests
+    s2 = m2 if m2 < o2 else o2
+    return (o1 if take else m1), (hi if hi < s2 else s2), (oi if take else mi)
+
+
+merge_best = _device(_merge_best) if cuda is not None else _merge_best
+
+
+@functools.lru_cache(maxsize=None)
+def slice_loads(storage: str, m_c: int, kpg_c: int, pack_c: tuple):
+    """The device function that loads a screen's next slice into registers (both screens stage alike).
+
+    ``loads(x, ld, i, p32, p64, cmg, j0, ct, xk, ck, cr, px, pc)``: attributes ``j0 + xk +
+    q NT/BM`` of row ``i`` less the shift (float32) into ``px`` (``BK BM / NT``), attributes ``j0 +
+    ck + q NT/BN`` of centre ``ct BN + cr`` of the GEMM layout ``cmg`` into ``pc`` (``BK BN /
+    NT``); zeros past the last attribute.
+    """
+    SH32 = storage == "float32"
+    M_C, KPG = int(m_c), int(kpg_c)
+    L = PackLayout(*pack_c)
+    P_SH32, P_SH64 = int(L.p32_sh), int(L.p64_sh)
+    XQ, CQ = BK * BM // NT, BK * BN // NT
+    XSTEP, CSTEP = NT // BM, NT // BN
+
+    def km_slice_loads(x, ld, i, p32, p64, cmg, j0, ct, xk, ck, cr, px, pc):
+        for q in range(XQ):
+            j = j0 + xk + q * XSTEP
+            v = float32(0.0)
+            if j < M_C:
+                if SH32:
+                    v = ldx(x, j * ld + i) - ldx(p32, P_SH32 + j)
+                else:
+                    v = float32(ldx(x, j * ld + i) - ldx(p64, P_SH64 + j))
+            px[q] = v
+        for q in range(CQ):
+            j = j0 + ck + q * CSTEP
+            v = float32(0.0)
+            if j < M_C:
+                v = ldx(cmg, j * KPG + ct * BN + cr)
+            pc[q] = v
+
+    return _device(km_slice_loads)
+
+
 @functools.lru_cache(maxsize=None)
 def row_verdicts(slots: int, tolf, tiny, big, delta: bool):
     """The device function that ends a row tile of a screen: each row's label, or its flag.
@@ -151,15 +208,8 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool):
             m2 = ldx(sb2, tid)
             mi = ldx(si1, tid)
             for t in range(1, SLOTS):  # the other slots' centres of this row
-                o1 = ldx(sb1, t * BM + tid)
-                o2 = ldx(sb2, t * BM + tid)
-                oi = ldx(si1, t * BM + tid)
-                take = o1 < m1 or (o1 == m1 and oi < mi)
-                hi = m1 if take else o1  # the larger of the two bests
-                s2 = m2 if m2 < o2 else o2
-                m2 = hi if hi < s2 else s2
-                m1 = o1 if take else m1
-                mi = oi if take else mi
+                m1, m2, mi = merge_best(m1, m2, mi, ldx(sb1, t * BM + tid), ldx(sb2, t * BM + tid),
+                                        ldx(si1, t * BM + tid))
             i2 = row0 + tid
             if i2 < n:
                 scale = ldx(syy, tid) + zlim
@@ -178,7 +228,7 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool):
                     stx(flags, p, i2)
                 stx(newlab, i2, lab)
 
-    return cuda.jit(device=True)(km_screen_verdicts)
+    return _device(km_screen_verdicts)
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,11 +239,10 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     :func:`repack_kernel`), ctr, labels, newlab (n,), flags, fslot.  ``newlab[i]``: the
     certified label, or -1 (flagged, or in a ``delta`` step unchanged).
     """
-    SH32 = storage == "float32"
     M_C, KPG = int(m_c), int(kpg_c)
     DELTA = delta
     L = PackLayout(*pack_c)
-    P_SH32, P_SH64, P_ZL = int(L.p32_sh), int(L.p64_sh), int(L.p32_zl)
+    P_ZL = int(L.p32_zl)
     TX = BN // 8
     HM, HN = BM // 2, BN // 2
     NCT = KPG // BN
@@ -204,6 +253,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     XS2, CS2, MN = 2 * XSN, 2 * CSN, TX * BM
     XSTEP, CSTEP = NT // BM, NT // BN
     verdicts = row_verdicts(TX, *certificate(M_C), DELTA)  # the fused kernel's certificate, the same rows flagged
+    loads = slice_loads(storage, M_C, KPG, pack_c)
     INF = np.float32(np.inf)
 
     def km_gemm_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot):
@@ -244,22 +294,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                 for st in range(NST + 1):
                     # load slice st into registers, multiply slice st - 1, store slice st
                     if st < NST:
-                        j0 = st * BK
-                        for q in range(XQ):
-                            j = j0 + xk + q * XSTEP
-                            v = float32(0.0)
-                            if j < M_C:
-                                if SH32:
-                                    v = ldx(x, j * ld + i) - ldx(p32, P_SH32 + j)
-                                else:
-                                    v = float32(ldx(x, j * ld + i) - ldx(p64, P_SH64 + j))
-                            px[q] = v
-                        for q in range(CQ):
-                            j = j0 + ck + q * CSTEP
-                            v = float32(0.0)
-                            if j < M_C:
-                                v = ldx(cmg, j * KPG + ct * BN + cr)
-                            pc[q] = v
+                        loads(x, ld, i, p32, p64, cmg, st * BK, ct, xk, ck, cr, px, pc)
                     if st > 0:
                         bx = ((st - 1) & 1) * XSN
                         bc = ((st - 1) & 1) * CSN

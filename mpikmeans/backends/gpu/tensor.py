@@ -41,7 +41,7 @@ import functools
 import numpy as np
 
 from .device import HAVE_NUMBA_CUDA, SIM, cuda
-from .gemm import BK, BM, BN, NT, row_verdicts
+from .gemm import BK, BM, BN, NT, row_verdicts, slice_loads
 from .intrinsics import ldx, stx
 from .kernels import certificate as float32_certificate
 from .plan import PackLayout
@@ -184,10 +184,9 @@ else:
 def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool):
     """Certified nearest centre of every row on the tensor cores: :func:`.gemm.screen_kernel`'s
     arguments and results (see the module docstring)."""
-    SH32 = storage == "float32"
     M_C, KPG = int(m_c), int(kpg_c)
     L = PackLayout(*pack_c)
-    P_SH32, P_SH64, P_ZL = int(L.p32_sh), int(L.p64_sh), int(L.p32_zl)
+    P_ZL = int(L.p32_zl)
     NCT = KPG // BN
     NST = -(-M_C // BK)
     XSTEP, CSTEP = NT // BM, NT // BN
@@ -197,6 +196,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     SB = SLOTS * BM
     SCR = _SCRATCH
     verdicts = row_verdicts(SLOTS, *certificate(M_C), bool(delta))
+    loads = slice_loads(storage, M_C, KPG, pack_c)
     INF = np.float32(np.inf)
 
     def km_tf32_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot):
@@ -242,22 +242,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                 for st in range(NST + 1):
                     # load slice st into registers, multiply slice st - 1, store slice st
                     if st < NST:
-                        j0 = st * BK
-                        for q in range(XQ):
-                            j = j0 + xk + q * XSTEP
-                            v = float32(0.0)
-                            if j < M_C:
-                                if SH32:
-                                    v = ldx(x, j * ld + i) - ldx(p32, P_SH32 + j)
-                                else:
-                                    v = float32(ldx(x, j * ld + i) - ldx(p64, P_SH64 + j))
-                            px[q] = v
-                        for q in range(CQ):
-                            j = j0 + ck + q * CSTEP
-                            v = float32(0.0)
-                            if j < M_C:
-                                v = ldx(cmg, j * KPG + ct * BN + cr)
-                            pc[q] = v
+                        loads(x, ld, i, p32, p64, cmg, st * BK, ct, xk, ck, cr, px, pc)
                     if st > 0:
                         bo = ((st - 1) & 1) * BUF
                         for ks in range(BK // 8):
