@@ -144,7 +144,7 @@ class KMeans:
     def _make_backend(self, comm):
         if not isinstance(self.backend, str):
             return self.backend
-        options = {"threads": self._threads(comm)}
+        options = {"threads": self._threads(comm), "node_ranks": comm.node_size}
         if self.backend in ("gpu", "auto"):
             try:
                 from .backends.gpu import gpu_available, select_device_for

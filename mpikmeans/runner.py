@@ -285,8 +285,8 @@ class BackgroundCompile:
         self.comm.barrier()
 
 
-def _make_backend(cfg, threads: int, device: int | None, reason: str = ""):
-    options = {"threads": threads, "dtype": cfg.dtype, "chunk_rows": cfg.chunk_rows}
+def _make_backend(cfg, threads: int, device: int | None, reason: str = "", node_ranks: int = 1):
+    options = {"threads": threads, "dtype": cfg.dtype, "chunk_rows": cfg.chunk_rows, "node_ranks": node_ranks}
     if device is None:
         if cfg.backend == "auto" and reason:  # a node with NVIDIA devices, but none usable
             log.warning("--backend auto: the GPU cannot be used (%s); running on the CPU", reason)
@@ -476,7 +476,7 @@ def run_job(comm, data: str, cfg, launched_at: float | None = None) -> RunOutcom
     backend, error = None, None
     try:
         t = time.perf_counter()
-        backend = _make_backend(cfg, threads, gpu_start.result(), gpu_start.reason)
+        backend = _make_backend(cfg, threads, gpu_start.result(), gpu_start.reason, comm.node_size)
         setup_parts["backend_s"] = time.perf_counter() - t  # imports, device context
         t = time.perf_counter()
         backend.load(x, local.weights)

@@ -255,7 +255,7 @@ def make_backend(name: str, **options) -> Backend:
     name : {"cpu", "gpu", "auto"}
         ``auto`` picks the GPU when one is usable, else the CPU.
     **options
-        Passed to the backend's constructor (``threads`` for the CPU;
+        Passed to the backend's constructor (``threads`` and ``node_ranks`` for the CPU;
         ``device``, ``dtype``, ``chunk_rows`` for the GPU).
 
     Raises
@@ -266,7 +266,7 @@ def make_backend(name: str, **options) -> Backend:
     if name == "cpu":
         from .cpu import CPUBackend
 
-        return CPUBackend(threads=options.get("threads"))
+        return CPUBackend(threads=options.get("threads"), node_ranks=options.get("node_ranks", 1))
     if name in ("gpu", "auto"):
         try:
             from .gpu import GPUBackend, gpu_available
@@ -275,11 +275,11 @@ def make_backend(name: str, **options) -> Backend:
                 raise BackendUnavailable(f"the GPU backend cannot be loaded: {exc}") from None
             from .cpu import CPUBackend
 
-            return CPUBackend(threads=options.get("threads"))
+            return CPUBackend(threads=options.get("threads"), node_ranks=options.get("node_ranks", 1))
         if name == "auto" and not gpu_available():
             from .cpu import CPUBackend
 
-            return CPUBackend(threads=options.get("threads"))
-        gpu_options = {k: v for k, v in options.items() if k != "threads"}
+            return CPUBackend(threads=options.get("threads"), node_ranks=options.get("node_ranks", 1))
+        gpu_options = {k: v for k, v in options.items() if k not in ("threads", "node_ranks")}
         return GPUBackend(**gpu_options)
     raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")

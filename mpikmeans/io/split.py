@@ -14,6 +14,7 @@ import os
 import numpy as np
 
 from ..errors import InputError, RunError
+from ..memory import available_memory
 from .header import Header
 
 #: Most bytes of text parsed at a time by one rank (bounds the text buffer's memory).
@@ -98,35 +99,6 @@ def plan_local(path: str, header: Header, rank: int, size: int) -> dict:
     # estimate, and the one text buffer
     host = 2 * rows * m * 8 + min(READ_PIECE, n_bytes)
     return {"start": start, "end": end, "bytes": n_bytes, "rows": rows, "host_bytes": host}
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this node can give the job, if known.
-
-    The smallest of: ``MemAvailable``; the cgroup's limit (a batch system
-    often confines a job below the node's memory, and ``MemAvailable`` does
-    not show it); ``MPIKMEANS_MEMORY_LIMIT`` (bytes, set by the user).
-    """
-    limits = []
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    limits.append(int(line.split()[1]) * 1024)
-    except OSError:
-        pass
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-            if text.isdigit() and int(text) < 1 << 60:
-                limits.append(int(text))
-        except OSError:
-            pass
-    user = os.environ.get("MPIKMEANS_MEMORY_LIMIT", "")
-    if user.isdigit():
-        limits.append(int(user))
-    return min(limits) if limits else None
 
 
 def check_memory(path: str, header: Header, comm) -> dict:

@@ -6,11 +6,13 @@ import numba
 import numpy as np
 
 from ...cpus import process_threads
+from ...memory import available_memory
 from ...exact import limbs_to_int, scale_factors
 from .. import Backend, BackendInfo, StepResult
 from .blas import one_thread
 from .certified import certified_assign, certified_pass, centre_data, screen_rows
-from .tiles import _BLOCKS, _assign_pass, _lloyd_pass, _reduce_blocks, _tile_dist2, _tile_potentials, _tile_rows
+from .seeding import SeedingRows, candidate_data, potentials_pass
+from .tiles import _BLOCKS, _assign_pass, _lloyd_pass, _reduce_blocks, _tile_dist2, _tile_rows
 
 
 def screened(k: int, m: int) -> bool:
@@ -45,17 +47,25 @@ class CPUBackend(Backend):
         one, :func:`mpikmeans.cpus.process_threads`: what a one-rank run would
         use (this process's CPUs within its cgroup quota, lowered by
         ``OMP_NUM_THREADS`` / ``NUMBA_NUM_THREADS``).
+    node_ranks : int, optional
+        Ranks sharing this node's memory (a run passes ``comm.node_size``): k-means++
+        keeps a float32 copy of the rows while it seeds where half of this rank's
+        share of the available memory holds it.
     """
 
     name = "cpu"
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: int | None = None, node_ranks: int = 1):
+        self.node_ranks = max(1, int(node_ranks))
         self.threads = max(1, min(threads or process_threads(), numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self.threads)
         self._x = None
         self._labels = None
         self._weights = None
         self._cand_dists = None  # (candidates, their distances): what lower_d2 may reuse
+        self._seeding = None  # SeedingRows of the k-means++ under way
+        #: k-means++ passes: None screens when it pays (SeedingRows.screen_next); True / False always / never
+        self.seed_screen = None
         self._parts = None  # the step's per-block partial results (_partials)
         #: rows of the last step that float32 could not certify (computed again exactly)
         self.rows_rechecked = 0
@@ -71,6 +81,7 @@ class CPUBackend(Backend):
         """
         self._x = np.ascontiguousarray(x, dtype=np.float64)
         self._cand_dists = None
+        self._seeding = None
         n = self._x.shape[0]
         self._labels = np.full(n, -1, dtype=np.int32)
         if weights is None:
@@ -81,8 +92,9 @@ class CPUBackend(Backend):
     def step(self, centres: np.ndarray) -> StepResult:
         centres = np.ascontiguousarray(centres, dtype=np.float64)
         # seeding is over: the candidates' distances it kept for lower_d2 (t x n float64,
-        # 240 MB for 5 10^6 rows and 6 candidates) are not needed through the iterations
+        # 240 MB for 5 10^6 rows and 6 candidates) and its float32 rows are not needed through the iterations
         self._cand_dists = None
+        self._seeding = None
         k, m = centres.shape
         part_sums, part_counts, part_sse, part_changed, part_exact = self._partials(k, m)
         if screened(k, m):
@@ -126,6 +138,8 @@ class CPUBackend(Backend):
         """Squared distance to one point: the tile kernel (see :meth:`Backend.dist2_to`)."""
         n = self._x.shape[0]
         out = np.empty(n, dtype=np.float64)
+        if self._seeding is not None:
+            self._seeding.near_share = None  # a new D²: its first pass is not screened
         if n:
             c = np.ascontiguousarray(centre, dtype=np.float64).reshape(1, -1)
             _tile_dist2(self._x, c, _tile_rows(c.shape[1]), out)
@@ -147,21 +161,41 @@ class CPUBackend(Backend):
         return np.minimum(d2, self.dist2_to(centre))
 
     def potentials(self, d2: np.ndarray, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
-        """Every candidate's exact potential in one threaded pass over the rows (see :meth:`Backend.potentials`)."""
+        """Every candidate's exact potential in one threaded pass over the rows (see :meth:`Backend.potentials`).
+
+        Once few rows are near enough a candidate to be captured, the pass screens
+        in float32 and computes exactly only those (:mod:`.seeding`): the same bits.
+        """
         n = len(self._x)
         if not n:
             return super().potentials(d2, cands, weights, s)
         f1, f2 = scale_factors(s)
         w = weights if weights is not None else d2[:0]
         cands = np.ascontiguousarray(cands, dtype=np.float64)
+        t, m = cands.shape
         nb = min(n, 256)
-        t = len(cands)
-        hi = np.zeros((nb, t), dtype=np.int64)
-        lo = np.zeros((nb, t), dtype=np.int64)
-        vmax = np.zeros((nb, t))
-        dists = np.empty((t, n))
-        _tile_potentials(self._x, cands, d2, w, weights is not None, f1, f2, _tile_rows(cands.shape[1]), dists,
-                         hi, lo, vmax)
+        hi = np.empty((nb, t), dtype=np.int64)
+        lo = np.empty((nb, t), dtype=np.int64)
+        vmax = np.empty((nb, t))
+        near = np.empty(nb, dtype=np.int64)
+        kept = self._cand_dists
+        # the last pass's distances were read by lower_d2 (into a new array): their memory serves again
+        dists = kept[1] if kept is not None and kept[1].shape == (t, n) else np.empty((t, n))
+        if self._seeding is None:
+            avail = available_memory()
+            self._seeding = SeedingRows(None if avail is None else avail // (2 * self.node_ranks))
+        seeding = self._seeding
+        screen = seeding.screen_next(m) if self.seed_screen is None else self.seed_screen
+        if screen:
+            shift, ys, yy, resident = seeding.rows(self._x, cands)
+            zm, cc, zlim, tolf = candidate_data(cands, shift)
+        else:
+            shift, ys, yy, resident = cands[0], np.zeros((1, m), np.float32), np.zeros(1, np.float32), False
+            zm, cc, zlim, tolf = np.zeros((m, t), np.float32), np.zeros(t, np.float32), np.float32(0), np.float32(0)
+        with one_thread():
+            potentials_pass(self._x, screen, ys, yy, resident, shift, cands, zm, cc, zlim, tolf, d2, w,
+                            weights is not None, f1, f2, screen_rows(t, m), _tile_rows(m), dists, hi, lo, vmax, near)
+        seeding.record(int(near.sum()), t * n)
         self._cand_dists = (cands, dists)
         his, los = hi.sum(axis=0), lo.sum(axis=0)
         return [(limbs_to_int(his[j], los[j]), float(vmax[:, j].max())) for j in range(t)]
@@ -190,6 +224,7 @@ class CPUBackend(Backend):
 
     def close(self) -> None:
         self._x = None
+        self._seeding = None
         self._parts = None
         self._labels = None
         self._cand_dists = None

@@ -373,55 +373,56 @@ def label_sums(x: np.ndarray, labels: np.ndarray, k: int, weights: np.ndarray | 
     return sums, counts
 
 
-@njit(parallel=True, cache=True, fastmath=False)
-def _tile_potentials(x, cands, d2, w, use_w, f1, f2, tile, dists, hi, lo, vmax):  # pragma: no cover - compiled
-    """The greedy step of k-means++ in one pass over the rows for all candidates.
+@njit(cache=True, forceinline=True)
+def _cand_dists(x, t0, rt, cands, tile, xt, acc, dists):  # pragma: no cover - compiled
+    """Exact squared distances of rows ``t0 .. t0+rt-1`` to every candidate into ``dists[:, t0:t0+rt]``.
 
-    Per candidate ``c`` and row block ``b``: the exact fixed-point total of
-    ``v = min(D², |x - c|²) (* w)`` (``hi``, ``lo`` (blocks, t): the integers of
-    :func:`mpikmeans.exact.fixed_potential`) and the largest ``v`` (``vmax``); and
-    every row's distance to every candidate into ``dists`` (t, n), so that lowering
-    D² with the chosen one needs no second pass.  The distances are
-    :func:`_four_dists`' (the tile form of the Lloyd step, exact, attribute order);
-    the per-block sums are integers, so neither the threads nor the blocks change
-    the result.
+    :func:`_four_dists`' numbers (exact, attribute order), ``tile`` rows at a
+    time through the transposed scratch ``xt`` (m, >= tile) and ``acc`` (_GROUP, tile).
     """
-    n, m = x.shape
     t = cands.shape[0]
-    nb = hi.shape[0]
-    for b in prange(nb):
-        xt = np.zeros((m, tile + _PAD), dtype=np.float64)
-        acc = np.empty((_GROUP, tile), dtype=np.float64)
-        hi_b = hi[b]
-        lo_b = lo[b]
-        vm_b = vmax[b]
-        end = n * (b + 1) // nb
-        for t0 in range(n * b // nb, end, tile):
-            rt = min(tile, end - t0)
-            rv = (rt + 7) // 8 * 8 if rt + 7 < tile else tile
-            _load_tile(x, t0, rt, xt)
-            for c0 in range(0, t, _GROUP):
-                if t - c0 >= _GROUP:
-                    _four_dists(xt, rv, cands, c0, c0 + 1, c0 + 2, c0 + 3, acc)
-                else:  # the last few one at a time: no distances computed only to be dropped
-                    for g in range(t - c0):
-                        _one_dist(xt, rv, cands, c0 + g, acc[g:])
-                for g in range(min(_GROUP, t - c0)):
-                    c = c0 + g
-                    a = acc[g]
-                    dc = dists[c]
-                    for r in range(rt):
-                        i = t0 + r
-                        dd = a[r]
-                        dc[i] = dd
-                        v = min(d2[i], dd)
-                        if use_w:
-                            v *= w[i]
-                        if v > vm_b[c]:
-                            vm_b[c] = v
-                        q = np.int64(np.rint(v * f1 * f2))
-                        hi_b[c] += q >> 27
-                        lo_b[c] += q & 134217727
+    end = t0 + rt
+    for s0 in range(t0, end, tile):
+        srt = min(tile, end - s0)
+        rv = (srt + 7) // 8 * 8 if srt + 7 < tile else tile
+        _load_tile(x, s0, srt, xt)
+        for c0 in range(0, t, _GROUP):
+            if t - c0 >= _GROUP:
+                _four_dists(xt, rv, cands, c0, c0 + 1, c0 + 2, c0 + 3, acc)
+            else:  # the last few one at a time: no distances computed only to be dropped
+                for g in range(t - c0):
+                    _one_dist(xt, rv, cands, c0 + g, acc[g:])
+            for g in range(min(_GROUP, t - c0)):
+                dc = dists[c0 + g]
+                a = acc[g]
+                for r in range(srt):
+                    dc[s0 + r] = a[r]
+
+
+@njit(cache=True, forceinline=True)
+def _add_potentials(d2, dc, w, use_w, t0, rt, f1, f2, hi_b, lo_b, vm_b, c):  # pragma: no cover - compiled
+    """Rows ``t0 .. t0+rt-1``' ``v = min(D², dc) (* w)`` added, in fixed point, to candidate ``c``'s
+    limbs ``hi_b[c]``, ``lo_b[c]`` (integers: any order gives the same total); the largest into ``vm_b[c]``.
+    Returns how many of the rows have ``dc < D²`` (the candidate would capture them)."""
+    captured = 0
+    h = hi_b[c]
+    lw = lo_b[c]
+    vm = vm_b[c]
+    for r in range(rt):
+        i = t0 + r
+        captured += dc[i] < d2[i]
+        v = min(d2[i], dc[i])
+        if use_w:
+            v *= w[i]
+        if v > vm:
+            vm = v
+        q = np.int64(np.rint(v * f1 * f2))
+        h += q >> 27
+        lw += q & 134217727
+    hi_b[c] = h
+    lo_b[c] = lw
+    vm_b[c] = vm
+    return captured
 
 
 @njit(parallel=True, cache=True, fastmath=False)
