@@ -24,10 +24,10 @@ from threadcomm import Serialised, _backend_lock as _lock  # noqa: E402
 from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
 from mpikmeans.backends.cpu.certified import screen_rows  # noqa: E402
 from mpikmeans.backends.cpu.seeding import (  # noqa: E402
-    SCREEN_BELOW,
     SCREEN_MIN_M,
     SeedingRows,
     candidate_data,
+    screen_below,
     potentials_pass,
     shifted_rows,
 )
@@ -137,12 +137,14 @@ def test_rows_in_float32_kept_only_where_memory_allows():
 
 def test_when_passes_screen():
     rows = SeedingRows(None)
-    assert not rows.screen_next(50)  # no pass yet: the first one computes and counts
-    rows.record(int(0.3 * 1000), 1000)
-    assert not rows.screen_next(50)
-    rows.record(int(SCREEN_BELOW * 1000) - 1, 1000)
-    assert rows.screen_next(50)
-    assert not rows.screen_next(SCREEN_MIN_M - 1)
+    assert not rows.screen_next(100)  # no pass yet: the first one computes and counts
+    rows.record(300, 1000)
+    assert not rows.screen_next(100) and not rows.screen_next(2000)  # never above the largest share
+    rows.record(100, 1000)
+    assert rows.screen_next(100) and not rows.screen_next(16)  # the break-even share grows with M
+    rows.record(30, 1000)
+    assert rows.screen_next(16) and not rows.screen_next(SCREEN_MIN_M - 1)
+    assert 0.0 == screen_below(SCREEN_MIN_M - 1) < screen_below(16) < screen_below(100) < screen_below(257)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -246,14 +246,19 @@ def _screen_candidates(x, t0, rt, ys_all, yy_all, resident, shift, cands, zm, cc
     return npairs
 
 
-#: the next pass screens when the last one had to compute (or, unscreened, saw captured) fewer than
-#: this share of its (row, candidate) pairs exactly; above it a screen costs more than it saves
-#: (2-core Xeon, 2 10^5 x 100, t = 5, two threads: 35 % captured, screened 25 ms against 17 exact;
-#: 5 %, 11 against 17)
-SCREEN_BELOW = 0.15
+#: the screen's break-even: it pays while the pairs computed exactly stay below about
+#: ``0.04 log2(m / 8)`` of a pass's (2-core Xeon, two threads, exact against screened ms a pass:
+#: m = 16, 5 % exact 27.5 / 27.2, 11 % 21 / 22; m = 32, 3 % 21 / 15.5, 16 % 20 / 23; m = 100, 5 %
+#: 17 / 12, 20 % 17 / 19; m = 257, 13 % 30 / 18, 41 % 30 / 39); at most this share
+SCREEN_MAX_SHARE = 0.25
 #: fewest attributes for which the screen pays (below, a row's exact distances cost about what its
 #: estimates and their checks do)
-SCREEN_MIN_M = 8
+SCREEN_MIN_M = 16
+
+
+def screen_below(m: int) -> float:
+    """The share of a pass's (row, candidate) pairs computed exactly below which screening rows of ``m`` values pays."""
+    return 0.0 if m < SCREEN_MIN_M else min(SCREEN_MAX_SHARE, 0.04 * float(np.log2(m / 8)))
 
 
 class SeedingRows:
@@ -275,7 +280,7 @@ class SeedingRows:
 
     def screen_next(self, m: int) -> bool:
         """Whether the next pass screens: enough attributes, and few pairs near enough to need exact distances."""
-        return m >= SCREEN_MIN_M and self.near_share is not None and self.near_share < SCREEN_BELOW
+        return self.near_share is not None and self.near_share < screen_below(m)
 
     def record(self, near: int, pairs: int) -> None:
         """The last pass's pairs computed exactly (or captured), of ``pairs``."""
