@@ -228,6 +228,38 @@ class HostFixed:
         return lo
 
 
+class BlockFixed:
+    """Fixed-point weights known by the exact totals of ``nb`` consecutive row blocks (see :func:`draw_rows`).
+
+    A backend sums each block's ``to_fixed(w * D², s)`` where the rows live (threads,
+    a GPU); a draw finds its block by the blocks' exact prefix sums, then asks for
+    that block's ``w * D²`` alone and finds the row there with the same integers
+    (:class:`HostFixed`): no prefix sums over all rows.
+
+    Parameters
+    ----------
+    block_values : callable
+        ``block_values(a, z)``: ``w * D²`` of rows ``a .. z-1``, a host float64 array.
+    s : int
+        The fixed-point scale.
+    n, nb : int
+        Rows and blocks; block ``b`` is rows ``n b / nb`` to ``n (b + 1) / nb``.
+    block_totals : list of int
+        Each block's exact total.
+    """
+
+    def __init__(self, block_values, s: int, n: int, nb: int, block_totals: list):
+        self.block_values, self.s, self.n, self.nb = block_values, s, n, nb
+        self.ends = list(itertools.accumulate(block_totals))
+        self.total = self.ends[-1] if self.ends else 0
+
+    def find(self, t: int) -> int:
+        """The first local row whose exact inclusive prefix sum exceeds ``t`` (``0 <= t < total``)."""
+        b = bisect.bisect_right(self.ends, t)
+        a, z = self.n * b // self.nb, self.n * (b + 1) // self.nb
+        return a + HostFixed(to_fixed(self.block_values(a, z), self.s)).find(t - (self.ends[b - 1] if b else 0))
+
+
 def draw_rows(comm, x: np.ndarray, row_offset: int, q, r53) -> tuple[np.ndarray, np.ndarray]:
     """Draw global rows with probability ``q_i / sum(q)``, identically for any split (collective).
 

@@ -201,3 +201,27 @@ def test_screened_seeding_independent_of_ranks(ranks):
                                                                     backend=_WholeBackend(xl)), "uneven")
     for c in out:
         assert c.tobytes() == ref.tobytes()
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("n", [1, 7, 300, 5000])
+def test_block_totals_draw_the_rows_a_full_prefix_sum_draws(weighted, n):
+    """The backend's d2_fixed (threaded block totals, one block refined) against HostFixed over every row."""
+    from mpikmeans.backends import RowDistances
+    from mpikmeans.exact import HostFixed
+
+    rng = np.random.default_rng(n)
+    d2 = rng.exponential(size=n) * 10.0 ** rng.integers(-3, 3, size=n)
+    d2[rng.random(n) < 0.2] = 0.0  # rows on a centre weigh nothing
+    w = rng.integers(0, 4, size=n) * 0.37 if weighted else None
+    s = fixed_scale(float((d2 if w is None else d2 * w).max()) or 1.0)
+    cpu = CPUBackend(threads=2)
+    cpu.load(np.zeros((n, 2)))
+    ours = cpu.d2_fixed(d2, w, s)
+    ref = RowDistances.d2_fixed(cpu, d2, w, s)
+    assert isinstance(ref, HostFixed) and ours.total == ref.total
+    if ref.total:
+        targets = set(rng.integers(0, ref.total, size=200).tolist()) | {0, ref.total - 1}
+        targets |= {e for e in ours.ends if e < ref.total} | {e - 1 for e in ours.ends if 0 < e <= ref.total}
+        for t in sorted(targets):
+            assert ours.find(t) == ref.find(t), t

@@ -7,11 +7,11 @@ import numpy as np
 
 from ...cpus import process_threads
 from ...memory import available_memory
-from ...exact import limbs_to_int, scale_factors
+from ...exact import BlockFixed, limbs_to_int, scale_factors
 from .. import Backend, BackendInfo, StepResult
 from .blas import one_thread
 from .certified import certified_assign, certified_pass, centre_data, screen_rows
-from .seeding import SeedingRows, candidate_data, potentials_pass
+from .seeding import SeedingRows, candidate_data, fixed_blocks, potentials_pass
 from .tiles import _BLOCKS, _assign_pass, _lloyd_pass, _reduce_blocks, _tile_dist2, _tile_rows
 
 
@@ -159,6 +159,21 @@ class CPUBackend(Backend):
                 if cands[j].tobytes() == centre.tobytes():
                     return np.minimum(d2, dists[j])
         return np.minimum(d2, self.dist2_to(centre))
+
+    def d2_fixed(self, d2: np.ndarray, weights: np.ndarray | None, s: int):
+        """Block totals on the threads; a draw refines one block (:class:`mpikmeans.exact.BlockFixed`)."""
+        n = len(d2)
+        if not n:
+            return super().d2_fixed(d2, weights, s)
+        nb = min(n, 256)
+        hi = np.empty(nb, dtype=np.int64)
+        lo = np.empty(nb, dtype=np.int64)
+        fixed_blocks(d2, weights if weights is not None else d2[:0], weights is not None, *scale_factors(s), hi, lo)
+
+        def block_values(a: int, z: int) -> np.ndarray:
+            return d2[a:z] if weights is None else d2[a:z] * weights[a:z]
+
+        return BlockFixed(block_values, s, n, nb, [limbs_to_int(*p) for p in zip(hi, lo)])
 
     def potentials(self, d2: np.ndarray, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
         """Every candidate's exact potential in one threaded pass over the rows (see :meth:`Backend.potentials`).

@@ -246,6 +246,29 @@ def _screen_candidates(x, t0, rt, ys_all, yy_all, resident, shift, cands, zm, cc
     return npairs
 
 
+@njit(parallel=True, cache=True)
+def fixed_blocks(d2, w, use_w, f1, f2, hi, lo):  # pragma: no cover - compiled
+    """Each of ``nb`` row blocks' exact total of ``q = to_fixed(w * D², s)`` as two limbs ``hi``, ``lo`` (nb,).
+
+    The integers of :func:`mpikmeans.exact.to_fixed` (``f1 f2 = 2**s`` scales
+    exactly, :func:`mpikmeans.exact.scale_factors`) and :func:`mpikmeans.exact.limb_sums`,
+    on the backend's threads: a k-means++ draw reads the totals and one block
+    (:class:`mpikmeans.exact.BlockFixed`) instead of prefix sums over every row.
+    """
+    n = d2.shape[0]
+    nb = hi.shape[0]
+    for b in prange(nb):
+        h = 0
+        lw = 0
+        for i in range(n * b // nb, n * (b + 1) // nb):
+            v = d2[i] * w[i] if use_w else d2[i]
+            q = np.int64(np.rint(v * f1 * f2))
+            h += q >> 27
+            lw += q & 134217727
+        hi[b] = h
+        lo[b] = lw
+
+
 #: the screen's break-even: it pays while the pairs computed exactly stay below about
 #: ``0.04 log2(m / 8)`` of a pass's (2-core Xeon, two threads, exact against screened ms a pass:
 #: m = 16, 5 % exact 27.5 / 27.2, 11 % 21 / 22; m = 32, 3 % 21 / 15.5, 16 % 20 / 23; m = 100, 5 %

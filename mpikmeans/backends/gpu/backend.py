@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...exact import limbs_to_int, scale_factors
+from ...exact import BlockFixed, limbs_to_int, scale_factors
 from .. import Backend, BackendInfo, BackendUnavailable, StepResult
 from . import gemm, initk, tensor
 from ...cache import gpu_shape_key, mark_gpu_shape_warm
@@ -559,11 +559,11 @@ class GPUBackend(Backend):
         return float(self._fixed_blocks(d2, weights, 0)[3].max())
 
     def d2_fixed(self, d2, weights: np.ndarray | None, s: int):
-        """Exact block totals on the device; a draw refines one block on the host (:class:`.initk.DeviceFixed`)."""
+        """Exact block totals on the device; a draw refines one block on the host (``exact.BlockFixed``)."""
         if not self._on_device(d2):
             return super().d2_fixed(d2, weights, s)
         nb, hi, lo, _ = self._fixed_blocks(d2, weights, s)
-        return initk.DeviceFixed(d2, weights, s, self.n, nb, [limbs_to_int(h, l_) for h, l_ in zip(hi, lo)])
+        return BlockFixed(initk.device_values(d2, weights), s, self.n, nb, [limbs_to_int(*p) for p in zip(hi, lo)])
 
     def potentials(self, d2, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
         """All candidates' exact potentials in one pass over the rows on the device."""

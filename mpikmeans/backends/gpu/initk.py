@@ -13,11 +13,8 @@ the storage dtype, converted to float64 exactly.
 
 from __future__ import annotations
 
-import bisect
 import functools
-import itertools
 
-from ...exact import HostFixed, to_fixed
 from .device import SIM, cuda
 from .intrinsics import dadd_rn, dmul_rn, rint
 
@@ -190,23 +187,10 @@ def nearest_kernel():
     return cuda.jit(km_nearest)
 
 
-class DeviceFixed:
-    """Fixed-point weights ``to_fixed(w * D², s)`` whose D² is on the device (see :func:`mpikmeans.exact.draw_rows`).
-
-    The exact totals of ``nb`` consecutive row blocks come from the device; a draw
-    finds its block by their exact prefix sums, then copies that block's D² (a few
-    thousand values) to the host and finds the row there, with the same integers.
-    """
-
-    def __init__(self, d2, weights, s: int, n: int, nb: int, block_totals: list):
-        self.d2, self.weights, self.s, self.n, self.nb = d2, weights, s, n, nb
-        self.ends = list(itertools.accumulate(block_totals))
-        self.total = self.ends[-1] if self.ends else 0
-
-    def find(self, t: int) -> int:
-        b = bisect.bisect_right(self.ends, t)
-        a, z = self.n * b // self.nb, self.n * (b + 1) // self.nb
-        v = self.d2[a:z].copy_to_host()
-        if self.weights is not None:
-            v = v * self.weights[a:z]
-        return a + HostFixed(to_fixed(v, self.s)).find(t - (self.ends[b - 1] if b else 0))
+def device_values(d2, weights):
+    """For :class:`mpikmeans.exact.BlockFixed`: rows ``a .. z-1``' ``w * D²`` from D² on the device
+    (a block's few thousand values copied to the host)."""
+    def block_values(a: int, z: int):
+        v = d2[a:z].copy_to_host()
+        return v if weights is None else v * weights[a:z]
+    return block_values
