@@ -5,7 +5,10 @@ Times ``init_kmeanspp`` through the CPU backend with ``seed_screen = False``
 rows are captured: the default), round-robin in one process so that this
 machine's drifting speed falls on both alike, asserting the same centres; and
 scikit-learn's ``kmeans_plusplus`` (its greedy k-means++, the same number of
-candidates) on the same rows and threads.  Prints min and median seconds.
+candidates) on the same rows and threads.  The order of the three turns from
+round to round, and each waits 0.3 s first: an OpenMP runtime's threads spin
+for up to 200 ms after their work (``KMP_BLOCKTIME``) and would slow whatever
+runs next.  Prints min and median seconds.
 
     python bench/experiments/cpu_seeding_screen.py [THREADS] [ROUNDS] [SHAPE ...]
 
@@ -37,20 +40,22 @@ for shape in shapes:
     x = x[rng.integers(0, k, n)] + rng.normal(size=(n, m))
     times = {"exact": [], "screened": [], "scikit-learn": []}
     centres = {}
+    tools = [("exact", False), ("screened", None), ("scikit-learn", None)]
     for r in range(rounds + 1):  # the first round compiles and is not counted
-        for label, mode in (("exact", False), ("screened", None)):
-            cpu = CPUBackend(threads=threads)
-            cpu.load(x)
-            cpu.seed_screen = mode
+        for label, mode in tools[r % 3:] + tools[:r % 3]:
+            time.sleep(0.3)
             t0 = time.perf_counter()
-            centres[label] = init_kmeanspp(SerialComm(), k, x, 0, n, r, backend=cpu)
+            if label == "scikit-learn":
+                kmeans_plusplus(x, k, random_state=r)
+            else:
+                cpu = CPUBackend(threads=threads)
+                cpu.load(x)
+                cpu.seed_screen = mode
+                t0 = time.perf_counter()
+                centres[label] = init_kmeanspp(SerialComm(), k, x, 0, n, r, backend=cpu)
             if r:
                 times[label].append(time.perf_counter() - t0)
         assert centres["exact"].tobytes() == centres["screened"].tobytes(), shape
-        t0 = time.perf_counter()
-        kmeans_plusplus(x, k, random_state=r)
-        if r:
-            times["scikit-learn"].append(time.perf_counter() - t0)
     print(f"{n} x {m}, K = {k}: " + "; ".join(
         f"{label} min {min(v):.3f} s median {np.median(v):.3f}" for label, v in times.items())
         + "; same centres screened and exact")
