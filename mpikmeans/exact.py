@@ -110,6 +110,14 @@ def scale_factors(s: int) -> tuple[float, float]:
     return math.ldexp(1.0, a), math.ldexp(1.0, s - a)
 
 
+@njit(cache=True, forceinline=True)
+def fixed_limbs(v, f1, f2):  # pragma: no cover - compiled
+    """``q = to_fixed(v, s)`` as its two limbs ``(q >> LIMB, q & LIMB_MASK)``: ``f1 f2 = 2**s``
+    (:func:`scale_factors`) scales exactly, so ``rint(v f1 f2)`` is :func:`to_fixed`'s integer."""
+    q = np.int64(np.rint(v * f1 * f2))
+    return q >> 27, q & 134217727
+
+
 @njit(cache=True)
 def fixed_potential(d2, dist, w, use_w, f1, f2):  # pragma: no cover - compiled
     """The exact fixed-point total of ``v = min(D², dist) (* w)`` and the largest ``v``.
@@ -140,9 +148,9 @@ def fixed_potential(d2, dist, w, use_w, f1, f2):  # pragma: no cover - compiled
             v *= w[i]
         if v > vmax:
             vmax = v
-        q = np.int64(np.rint(v * f1 * f2))
-        hi += q >> 27
-        lo += q & 134217727
+        a, b = fixed_limbs(v, f1, f2)
+        hi += a
+        lo += b
     return hi, lo, vmax
 
 
@@ -160,9 +168,9 @@ def _column_limbs(x, f1, f2, center, square, hi, lo):  # pragma: no cover - comp
                 if square:
                     d = v - center[j]
                     v = d * d
-                q = np.int64(np.rint(v * f1[j] * f2[j]))
-                hi[t, j] += q >> 27
-                lo[t, j] += q & 134217727
+                a, b = fixed_limbs(v, f1[j], f2[j])
+                hi[t, j] += a
+                lo[t, j] += b
 
 
 def column_limb_sums(x: np.ndarray, scales: np.ndarray, center: np.ndarray | None = None) -> tuple:

@@ -6,8 +6,8 @@ import numba
 import numpy as np
 
 from ...cpus import process_threads
-from ...memory import available_memory
 from ...exact import BlockFixed, limbs_to_int, scale_factors
+from ...memory import available_memory
 from .. import Backend, BackendInfo, StepResult
 from .blas import one_thread
 from .certified import certified_assign, certified_pass, centre_data, screen_rows

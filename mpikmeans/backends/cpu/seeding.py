@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...exact import fixed_limbs
 from ...jit import njit, prange
 from .certified import _BIG, _TINY, _U32, _shifted_rows
 from .tiles import _GROUP, _PAD, _add_potentials, _cand_dists
@@ -261,10 +262,9 @@ def fixed_blocks(d2, w, use_w, f1, f2, hi, lo):  # pragma: no cover - compiled
         h = 0
         lw = 0
         for i in range(n * b // nb, n * (b + 1) // nb):
-            v = d2[i] * w[i] if use_w else d2[i]
-            q = np.int64(np.rint(v * f1 * f2))
-            h += q >> 27
-            lw += q & 134217727
+            a, z = fixed_limbs(d2[i] * w[i] if use_w else d2[i], f1, f2)
+            h += a
+            lw += z
         hi[b] = h
         lo[b] = lw
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...exact import fixed_potential
 from ...jit import njit, prange
 from .prefetch import prefetch
 
@@ -404,24 +405,14 @@ def _add_potentials(d2, dc, w, use_w, t0, rt, f1, f2, hi_b, lo_b, vm_b, c):  # p
     """Rows ``t0 .. t0+rt-1``' ``v = min(D², dc) (* w)`` added, in fixed point, to candidate ``c``'s
     limbs ``hi_b[c]``, ``lo_b[c]`` (integers: any order gives the same total); the largest into ``vm_b[c]``.
     Returns how many of the rows have ``dc < D²`` (the candidate would capture them)."""
+    end = t0 + rt
+    h, lw, vm = fixed_potential(d2[t0:end], dc[t0:end], w[t0:end] if use_w else w, use_w, f1, f2)
+    hi_b[c] += h
+    lo_b[c] += lw
+    vm_b[c] = max(vm_b[c], vm)
     captured = 0
-    h = hi_b[c]
-    lw = lo_b[c]
-    vm = vm_b[c]
-    for r in range(rt):
-        i = t0 + r
+    for i in range(t0, end):
         captured += dc[i] < d2[i]
-        v = min(d2[i], dc[i])
-        if use_w:
-            v *= w[i]
-        if v > vm:
-            vm = v
-        q = np.int64(np.rint(v * f1 * f2))
-        h += q >> 27
-        lw += q & 134217727
-    hi_b[c] = h
-    lo_b[c] = lw
-    vm_b[c] = vm
     return captured
 
 
