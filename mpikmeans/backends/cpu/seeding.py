@@ -2,7 +2,8 @@
 
 Each new centre of k-means++ costs one pass over the rows for its ``t``
 candidates: every row's ``v = min(D², |x - c|²)`` (times its weight), summed in
-fixed point (:func:`mpikmeans.backends.cpu.tiles._tile_potentials`).  After the
+fixed point (:func:`potentials_pass`; unscreened, every distance by the exact
+kernels' tile form, :func:`.tiles._cand_dists`).  After the
 first few centres most rows are far nearer a centre already chosen than any
 candidate, and ``min(D², d) = D²`` whatever ``d`` is, to the last bit.  So the
 distances are first estimated in float32, as the Lloyd screen does
@@ -20,9 +21,11 @@ so ``|(y - z)² - (a - b)²| <= 4 u (|a|² + |b|²)`` (Cauchy-Schwarz, and ``|a 
 2 (|a|² + |b|²)``).  The float32 sums ``|y|²`` and ``-2 y.z`` in any order, and
 ``|z|²`` rounded once, add at most ``(2 m + 1)(1 + eps) u (|y|² + |z|²)``, and the
 exact kernel's own float64 sum is within ``(m + 2) 2^-53 |x - c|²`` of the true
-value.  All of it is below ``tol = 2.1 (m + 5) u (|y|² + zlim)`` with ``zlim >= 2
-max |z|²`` (:func:`.certified.centre_data`'s certificate, which covers the same
-terms for two centres): a row keeps D² when ``e - tol > D²``.  Rows whose
+value.  All of it, about ``(2 m + 5) u (|y|² + |z|²)``, is below ``tol = 2.1 (m +
+5) u (|y|² + zlim)`` with ``zlim >= 2 max |z|²`` (:func:`.certified.centre_data`'s
+certificate, which covers the same terms for two centres); products and values
+below float32's normal range err by less than the ``1e-36`` added to it.  A row
+keeps D² when ``e - tol > D²``.  Rows whose
 ``|y|² + zlim`` reaches ``1e30`` (float32 overflow) or whose D² or estimate is not
 a number never pass that test and are computed exactly.
 
