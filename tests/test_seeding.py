@@ -225,3 +225,22 @@ def test_block_totals_draw_the_rows_a_full_prefix_sum_draws(weighted, n):
         targets |= {e for e in ours.ends if e < ref.total} | {e - 1 for e in ours.ends if 0 < e <= ref.total}
         for t in sorted(targets):
             assert ours.find(t) == ref.find(t), t
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_screened_pass_when_the_candidates_are_the_farthest_rows(weighted):
+    """k-means++ draws in proportion to D²: candidates are often the rows of largest D², whose own
+    pairs are listed for the exact distance; the largest value left must then come from the others."""
+    x = blobs(24, 0.8, n=6000, k=40, seed=11)
+    rng = np.random.default_rng(5)
+    centres = x[rng.choice(len(x), 30, replace=False)]
+    w = rng.integers(1, 4, size=len(x)) * 0.37 if weighted else None
+    far = int(np.argmax(_d2(x, centres)))
+    x[far - 1] = x[far]  # a tie for the largest D² beside the farthest row
+    d2 = _d2(x, centres)
+    v = d2 if w is None else d2 * w
+    cands = x[np.argsort(v)[-5:]]
+    exact = _pass(x, cands, d2, w, screen=False)
+    screened = _pass(x, cands, d2, w)
+    _same(exact, screened)
+    assert screened[4] < 0.3 * 5 * len(x)  # the screen decided most pairs

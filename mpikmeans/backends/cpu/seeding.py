@@ -186,6 +186,7 @@ def potentials_pass(x, screen, ys_all, yy_all, resident, shift, cands, zm, cc, z
         acc = np.empty((_GROUP, xtile), dtype=np.float64)
         pr = np.empty(tile * t if screen else 1, dtype=np.int32)
         pc = np.empty(tile * t if screen else 1, dtype=np.int32)
+        fm = np.empty(t, dtype=np.int64)
         hi_b = hi[b]
         lo_b = lo[b]
         vm_b = vmax[b]
@@ -196,23 +197,36 @@ def potentials_pass(x, screen, ys_all, yy_all, resident, shift, cands, zm, cc, z
         end = n * (b + 1) // nb
         for t0 in range(n * b // nb, end, tile):
             rt = min(tile, end - t0)
+            npairs = 0
             if screen:
-                near += _screen_candidates(x, t0, rt, ys_all, yy_all, resident, shift, cands, zm, cc, zlim, tolf, d2, xtile,
-                                     ybuf, yybuf, estbuf, tol, base, xt, acc, pr, pc, dists)
-            else:
+                npairs = _screen_candidates(t0, rt, ys_all, yy_all, resident, x, shift, zm, cc, zlim, tolf, d2,
+                                            ybuf, yybuf, estbuf, tol, base, pr, pc, dists)
+                near += npairs
+            if not screen or npairs * 3 > rt * t:
+                # unscreened, or many pairs a candidate may capture: every distance of the tile the exact
+                # kernels' way (vectors over rows), cheaper then than pair after pair
                 _cand_dists(x, t0, rt, cands, xtile, xt, acc, dists)
-            for c in range(t):
-                captured = _add_potentials(d2, dists[c], w, use_w, t0, rt, f1, f2, hi_b, lo_b, vm_b, c)
-                if not screen:
-                    near += captured
+                for c in range(t):
+                    captured = _add_potentials(d2, dists[c], w, use_w, t0, rt, f1, f2, hi_b, lo_b, vm_b, c)
+                    if not screen:
+                        near += captured
+            else:
+                for p in range(0, npairs, 4):
+                    _exact_pairs(x, t0, cands, pr, pc, p, npairs, dists)
+                _add_screened(d2, dists, w, use_w, t0, rt, f1, f2, pr, pc, npairs, fm, hi_b, lo_b, vm_b)
         part_near[b] = near
 
 
 @njit(cache=True, forceinline=True)
-def _screen_candidates(x, t0, rt, ys_all, yy_all, resident, shift, cands, zm, cc, zlim, tolf, d2, xtile, ybuf, yybuf, estbuf,
-                 tol, base, xt, acc, pr, pc, dists):  # pragma: no cover - compiled
-    """:func:`potentials_pass`' screen of rows ``t0 .. t0+rt-1``: ``dists[:, t0:t0+rt]`` filled; the pairs computed exactly."""
-    t = cands.shape[0]
+def _screen_candidates(t0, rt, ys_all, yy_all, resident, x, shift, zm, cc, zlim, tolf, d2, ybuf, yybuf, estbuf, tol,
+                       base, pr, pc, dists):  # pragma: no cover - compiled
+    """:func:`potentials_pass`' screen of rows ``t0 .. t0+rt-1``.
+
+    ``dists[c, i] = D²`` where candidate ``c`` is certainly farther than D² (then
+    ``min(D², d) = D²``); the other pairs, row ``t0 + pr[p]`` and candidate
+    ``pc[p]``, are listed for the exact distance.  Returns how many.
+    """
+    t = zm.shape[1]
     if resident:
         ys = ys_all[t0:t0 + rt]
         yy = yy_all[t0:t0 + rt]
@@ -231,7 +245,6 @@ def _screen_candidates(x, t0, rt, ys_all, yy_all, resident, shift, cands, zm, cc
     for c in range(t):
         dc = dists[c, t0:t0 + rt]
         cf = np.float64(cc[c])
-        # certainly farther than D² (then min(D², d) = D²: keep D²), else marked (-1) for the exact distance
         for r in range(rt):
             far = (base[r] + cf + np.float64(est[r, c])) - tol[r] > d2[t0 + r]
             dc[r] = d2[t0 + r] if far else -1.0
@@ -240,14 +253,62 @@ def _screen_candidates(x, t0, rt, ys_all, yy_all, resident, shift, cands, zm, cc
                 pr[npairs] = r
                 pc[npairs] = c
                 npairs += 1
-    if npairs * 3 > rt * t:
-        # many pairs a candidate may capture: every distance of the tile the exact
-        # kernels' way (vectors over rows) costs less than pair after pair
-        _cand_dists(x, t0, rt, cands, xtile, xt, acc, dists)
-    else:
-        for p in range(0, npairs, 4):
-            _exact_pairs(x, t0, cands, pr, pc, p, npairs, dists)
     return npairs
+
+
+@njit(cache=True, forceinline=True)
+def _add_screened(d2, dists, w, use_w, t0, rt, f1, f2, pr, pc, npairs, fm, hi_b, lo_b, vm_b):  # pragma: no cover
+    """:func:`.tiles._add_potentials` for every candidate of a screened tile, the same integers and maxima.
+
+    A row a candidate cannot capture adds ``q(w D²)`` to every candidate's
+    potential: the tile's total of those is added once to each, and only the
+    listed pairs are corrected to ``q(w min(D², d))`` (integers: exact in any
+    order).  The largest value: every ``v <= w D²`` (weights are not negative),
+    so a candidate's is the tile's largest ``w D²`` unless each row holding it
+    is one of its listed pairs; then its rows are scanned.
+    """
+    t = hi_b.shape[0]
+    th = 0
+    tl = 0
+    top = 0.0
+    for i in range(t0, t0 + rt):
+        v = d2[i] * w[i] if use_w else d2[i]
+        a, z = fixed_limbs(v, f1, f2)
+        th += a
+        tl += z
+        if v > top:
+            top = v
+    ntop = 0
+    for i in range(t0, t0 + rt):
+        ntop += (d2[i] * w[i] if use_w else d2[i]) == top
+    for c in range(t):
+        hi_b[c] += th
+        lo_b[c] += tl
+        fm[c] = 0
+    for p in range(npairs):
+        i = t0 + pr[p]
+        c = pc[p]
+        v0 = d2[i] * w[i] if use_w else d2[i]
+        v = min(d2[i], dists[c, i])
+        if use_w:
+            v *= w[i]
+        a0, z0 = fixed_limbs(v0, f1, f2)
+        a1, z1 = fixed_limbs(v, f1, f2)
+        hi_b[c] += a1 - a0
+        lo_b[c] += z1 - z0
+        fm[c] += v0 == top
+    for c in range(t):
+        if fm[c] < ntop:
+            vm_b[c] = max(vm_b[c], top)
+        else:
+            vm = vm_b[c]
+            for i in range(t0, t0 + rt):
+                v = min(d2[i], dists[c, i])
+                if use_w:
+                    v *= w[i]
+                if v > vm:
+                    vm = v
+            vm_b[c] = vm
 
 
 @njit(parallel=True, cache=True)
