@@ -263,23 +263,22 @@ def make_backend(name: str, **options) -> Backend:
     BackendUnavailable
         ``gpu`` was asked for and cannot run here.
     """
-    if name == "cpu":
+    def cpu():
         from .cpu import CPUBackend
 
         return CPUBackend(threads=options.get("threads"), node_ranks=options.get("node_ranks", 1))
+
+    if name == "cpu":
+        return cpu()
     if name in ("gpu", "auto"):
         try:
             from .gpu import GPUBackend, gpu_available
         except ImportError as exc:  # numba-cuda not installed, or gpu.py absent
             if name == "gpu":
                 raise BackendUnavailable(f"the GPU backend cannot be loaded: {exc}") from None
-            from .cpu import CPUBackend
-
-            return CPUBackend(threads=options.get("threads"), node_ranks=options.get("node_ranks", 1))
+            return cpu()
         if name == "auto" and not gpu_available():
-            from .cpu import CPUBackend
-
-            return CPUBackend(threads=options.get("threads"), node_ranks=options.get("node_ranks", 1))
+            return cpu()
         gpu_options = {k: v for k, v in options.items() if k not in ("threads", "node_ranks")}
         return GPUBackend(**gpu_options)
     raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
