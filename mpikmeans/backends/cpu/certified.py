@@ -171,23 +171,22 @@ def _dist4(x, cen, i1, t0, rt, q):  # pragma: no cover - compiled
     side: four independent chains of additions instead of one.  Past the
     tile's end the last row is repeated (its value is not used).
     """
-    m = x.shape[1]
     qb = min(q + 1, rt - 1)
     qc = min(q + 2, rt - 1)
     qd = min(q + 3, rt - 1)
-    xa = x[t0 + q]
-    xb = x[t0 + qb]
-    xc = x[t0 + qc]
-    xd = x[t0 + qd]
-    ca = cen[i1[q]]
-    cb = cen[i1[qb]]
-    cc = cen[i1[qc]]
-    cd = cen[i1[qd]]
+    return _four_chains(x[t0 + q], x[t0 + qb], x[t0 + qc], x[t0 + qd], cen[i1[q]], cen[i1[qb]], cen[i1[qc]],
+                        cen[i1[qd]])
+
+
+@njit(cache=True, forceinline=True)
+def _four_chains(xa, xb, xc, xd, ca, cb, cc, cd):  # pragma: no cover - compiled
+    """``|xa - ca|², |xb - cb|², |xc - cc|², |xd - cd|²`` (rows of m values), each in attribute
+    order with one rounding per operation, side by side: four independent chains of additions."""
     da = 0.0
     db = 0.0
     dc = 0.0
     de = 0.0
-    for j in range(m):
+    for j in range(xa.shape[0]):
         ta = xa[j] - ca[j]
         tb = xb[j] - cb[j]
         tc = xc[j] - cc[j]

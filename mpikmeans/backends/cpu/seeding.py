@@ -40,7 +40,7 @@ import numpy as np
 
 from ...exact import fixed_limbs
 from ...jit import njit, prange
-from .certified import _BIG, _TINY, _U32, _shifted_rows
+from .certified import _BIG, _TINY, _U32, _four_chains, _shifted_rows
 from .tiles import _GROUP, _PAD, _add_potentials, _cand_dists
 
 
@@ -97,32 +97,12 @@ def _exact_pairs(x, t0, cands, pr, pc, p, npairs, dists):  # pragma: no cover - 
     (one chain alone waits on each addition).  Past ``npairs`` the last pair is
     repeated.
     """
-    m = x.shape[1]
     qa = p
     qb = min(p + 1, npairs - 1)
     qc = min(p + 2, npairs - 1)
     qd = min(p + 3, npairs - 1)
-    xa = x[t0 + pr[qa]]
-    xb = x[t0 + pr[qb]]
-    xc = x[t0 + pr[qc]]
-    xd = x[t0 + pr[qd]]
-    ca = cands[pc[qa]]
-    cb = cands[pc[qb]]
-    cc = cands[pc[qc]]
-    cd = cands[pc[qd]]
-    da = 0.0
-    db = 0.0
-    dc = 0.0
-    de = 0.0
-    for j in range(m):
-        ta = xa[j] - ca[j]
-        tb = xb[j] - cb[j]
-        tc = xc[j] - cc[j]
-        td = xd[j] - cd[j]
-        da += ta * ta
-        db += tb * tb
-        dc += tc * tc
-        de += td * td
+    da, db, dc, de = _four_chains(x[t0 + pr[qa]], x[t0 + pr[qb]], x[t0 + pr[qc]], x[t0 + pr[qd]], cands[pc[qa]],
+                                  cands[pc[qb]], cands[pc[qc]], cands[pc[qd]])
     dists[pc[qa], t0 + pr[qa]] = da
     dists[pc[qb], t0 + pr[qb]] = db
     dists[pc[qc], t0 + pr[qc]] = dc
