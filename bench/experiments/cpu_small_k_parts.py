@@ -5,9 +5,8 @@ per tile of 64 rows it transposes the rows (``_load_tile``), computes every dist
 (``_four_dists``, one vector lane per row), keeps the nearest (``_nearest_tile``), then adds the rows
 to their clusters' sums.  Timed here, in one process, round-robin: the transposition alone, the
 distances alone (one tile loaded once), ``_nearest_tile`` (both and the ranking), and the whole
-pass; and two other ways to transpose a tile (the loops swapped; four rows at a time, which the
-kernel took from this experiment: run against a version before that commit, "_load_tile" is the
-row-at-a-time form), which give the same tile.  Prints ns per row (min and median of the rounds).
+pass; and two other ways to transpose a tile, which give the same tile: the loops swapped, and a
+row at a time (the kernel's form before it took four rows at a time from this experiment).  Prints ns per row (min and median of the rounds).
 
     python bench/experiments/cpu_small_k_parts.py [N] [M] [K] [ROUNDS]
 """
@@ -42,22 +41,9 @@ def load_swapped(x, t0, rt, xt):
 
 
 @njit
-def load_four(x, t0, rt, xt):
-    m = x.shape[1]
-    r4 = rt - rt % 4
-    for r in range(0, r4, 4):
-        a = x[t0 + r]
-        b = x[t0 + r + 1]
-        c = x[t0 + r + 2]
-        d = x[t0 + r + 3]
-        for j in range(m):
-            col = xt[j]
-            col[r] = a[j]
-            col[r + 1] = b[j]
-            col[r + 2] = c[j]
-            col[r + 3] = d[j]
-    for r in range(r4, rt):
-        for j in range(m):
+def load_rows(x, t0, rt, xt):
+    for r in range(rt):
+        for j in range(x.shape[1]):
             xt[j, r] = x[t0 + r, j]
 
 
@@ -73,7 +59,7 @@ def loads(x, tile, how):
         elif how == 1:
             load_swapped(x, t0, rt, xt)
         else:
-            load_four(x, t0, rt, xt)
+            load_rows(x, t0, rt, xt)
         s += xt[0, 0]
     return s
 
@@ -111,13 +97,13 @@ def nearest(x, cen, tile):
 xt_a, xt_b, xt_c = (np.zeros((m, TILE + 8)) for _ in range(3))
 T._load_tile(x, 5, TILE - 3, xt_a)
 load_swapped(x, 5, TILE - 3, xt_b)
-load_four(x, 5, TILE - 3, xt_c)
+load_rows(x, 5, TILE - 3, xt_c)
 assert np.array_equal(xt_a, xt_b) and np.array_equal(xt_a, xt_c)
 
 parts = (np.empty((T._BLOCKS, k, m)), np.empty((T._BLOCKS, k)), np.empty(T._BLOCKS), np.empty(T._BLOCKS, np.int64))
 lab = np.full(n, -1, np.int32)
 fs = {"transpose (_load_tile)": lambda: loads(x, TILE, 0), "transpose, loops swapped": lambda: loads(x, TILE, 1),
-      "transpose, four rows": lambda: loads(x, TILE, 2), "distances (_four_dists)": lambda: only_dists(x, cen, TILE),
+      "transpose, a row at a time": lambda: loads(x, TILE, 2), "distances (_four_dists)": lambda: only_dists(x, cen, TILE),
       "_nearest_tile": lambda: nearest(x, cen, TILE),
       "whole pass (_lloyd_pass)": lambda: T._lloyd_pass(x, cen, TILE, lab, np.ones(0), False, *parts)}
 for f in fs.values():
