@@ -229,10 +229,10 @@ def rest_warm() -> bool:
 
 
 def _cpu_step_kernels() -> list:
-    """The CPU backend's step and assignment kernels, both plans' (:func:`.backends.cpu.backend.screened`)."""
-    from .backends.cpu import certified, tiles
+    """The CPU backend's step and assignment kernels (both plans run them: :func:`.backends.cpu.backend.search_plan`)."""
+    from .backends.cpu import bounds
 
-    return [certified.certified_pass, certified.certified_assign, tiles._lloyd_pass, tiles._assign_pass]
+    return [bounds.step_pass, bounds.assign_pass]
 
 
 def cpu_backend_cold() -> list:

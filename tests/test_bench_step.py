@@ -69,7 +69,7 @@ def test_thread_env_sizes_every_pool():
     (["--shapes", "10x2x20"], "K=20 is more than the 10 rows"),
     (["--threads", "-1"], "thread counts"),
     (["--threads", "two"], "thread counts"),
-    (["--tools", "mpikmeans,weka"], "choose among mpikmeans, sklearn, sklearnex"),
+    (["--tools", "mpikmeans,weka"], "choose among mpikmeans, mpikmeans-full, sklearn, sklearn-elkan, sklearnex"),
     (["--iterations", "1"], "--iterations"),
     (["--repeats", "0"], "--repeats"),
 ])

@@ -6,10 +6,14 @@ import pytest
 from mpikmeans.backends.cpu import CPUBackend
 from mpikmeans.backends.cpu import certified as C
 from mpikmeans.backends.cpu import tiles as T
+from mpikmeans.backends.cpu.bounds import assign_pass, step_pass
+
+#: no bounds: every row is searched (by the screen, here)
+_NO_MOVES = (0.0, -1, 0.0)
 
 
 def _both_steps(x, cen, w=None, tile=None):
-    """(exact kernels' outputs, certified kernels' outputs, rows rechecked) of one step from no labels."""
+    """(exact kernels' outputs, screened step's outputs, rows rechecked) of one step from no labels."""
     n, m = x.shape
     k = len(cen)
     tile = tile or T._tile_rows(m)
@@ -22,7 +26,10 @@ def _both_steps(x, cen, w=None, tile=None):
         if exact:
             T._lloyd_pass(x, cen, tile, lab, ww, w is not None, ps, pc, pse, pch)
         else:
-            C.certified_pass(x, cen, *C.centre_data(cen), tile, lab, ww, w is not None, ps, pc, pse, pch, pex)
+            searched = np.zeros(T._BLOCKS, np.int64)
+            step_pass(x, cen, (True, *C.centre_data(cen)), tile, lab, np.zeros(n), False, _NO_MOVES, ww,
+                      w is not None, ps, pc, pse, pch, searched, pex)
+            assert searched.sum() == n
         outs.append((lab, ps, pc, pse, pch))
     return outs[0], outs[1], int(pex.sum())
 
@@ -35,8 +42,10 @@ def _assert_same(a, b):
 def _both_assigns(x, cen):
     n, m = x.shape
     out = []
+    none = np.full(n, -1, np.int32)
     for fn in (lambda lab, d: T._assign_pass(x, cen, T._tile_rows(m), lab, d),
-               lambda lab, d: C.certified_assign(x, cen, *C.centre_data(cen), T._tile_rows(m), lab, d)):
+               lambda lab, d: assign_pass(x, cen, (True, *C.centre_data(cen)), T._tile_rows(m), none, np.zeros(n),
+                                          False, _NO_MOVES, lab, d)):
         lab, d = np.empty(n, np.int32), np.empty(n)
         fn(lab, d)
         out.append((lab, d))

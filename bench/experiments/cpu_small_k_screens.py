@@ -4,7 +4,7 @@ At K <= 8 and K x M <= 256 the CPU step runs the exact float64 kernels
 (``backends/cpu/backend.py: screened``).  Three ways to do fewer float64
 operations, each giving the exact kernels' bits (asserted here before timing):
 
-* ``sgemm``: the shipped screen (float32 products by BLAS, ``certified_pass``);
+* ``sgemm``: the shipped screen (float32 products by BLAS: ``bounds.step_pass`` with the screen's plan, no bounds);
 * ``reg``: a float32 screen in Numba on a transposed float32 tile (no BLAS call);
 * ``s64``: a float64 screen with FMAs on the exact kernels' transposed tile,
   certified with the float64 form of the bound (``8 (m + 5) u``, which also
@@ -23,7 +23,7 @@ from numba import prange, njit
 import os
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from mpikmeans.backends.cpu import certified as C, tiles as T
+from mpikmeans.backends.cpu import bounds as B, certified as C, tiles as T
 from mpikmeans.backends.cpu.blas import one_thread
 if sys.argv[1:2] == ["--in-cache"]:
     m, k = 16, 8
@@ -143,9 +143,29 @@ def screen_f64(x, t0, rt, rv, shift, zt, yt, yy, est):
     est64(yt, rv, zt, est)
 
 
+@njit
+def recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1):
+    """Exact labels for the tile's rows the bound cannot certify (the shipped screen's test); how many."""
+    exact = 0
+    for r in range(rt):
+        if not C.is_certified(b1[r], b2[r], yy[r], zlim, tolf):
+            i1[r] = C._exact_nearest(x, t0 + r, cen)[0]
+            exact += 1
+    return exact
+
+
+@njit
+def sum_tile(x, t0, rt, cen, i1, labels, sums, counts, sse, tile, rows, dt):
+    """The shipped step's sums of the tile's rows (exact distances to their labels, rows in order)."""
+    for r in range(rt):
+        rows[r] = r
+    T.label_dists(x, t0, rows, rt, cen, i1, dt)
+    return B._sum_rows(x, t0, rt, i1, dt, labels, np.ones(0), False, sums, counts, sse, tile)
+
+
 @njit(parallel=True)
 def screened_pass(screen, x, cen, shift, zt, cc, zlim, tolf, tile, labels, ps, pc, pse, pch, pex):
-    """``certified_pass`` with the tile's estimates from ``screen`` (in the float type of ``zt``):
+    """The screened step with the tile's estimates from ``screen`` (in the float type of ``zt``):
     ranked, rechecked and summed by the shipped helpers, so the same bits or an assertion fails."""
     n = x.shape[0]
     nb = ps.shape[0]
@@ -157,6 +177,8 @@ def screened_pass(screen, x, cen, shift, zt, cc, zlim, tolf, tile, labels, ps, p
         b1 = np.empty(tile, dtype=zt.dtype)
         b2 = np.empty(tile, dtype=zt.dtype)
         i1 = np.empty(tile, dtype=np.int32)
+        rows = np.empty(tile, dtype=np.int64)
+        dt = np.empty(tile)
         sums = ps[b]
         counts = pc[b]
         sums[:, :] = 0.0
@@ -171,8 +193,8 @@ def screened_pass(screen, x, cen, shift, zt, cc, zlim, tolf, tile, labels, ps, p
             rv = min(tile, (rt + 15) // 16 * 16)
             screen(x, t0, rt, rv, shift, zt, yt, yy, est)
             C._rank(est, cc, rt, b1, b2, i1)
-            exact += C._recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1)
-            sse, moved = C._sum_tile(x, t0, rt, cen, i1, labels, np.ones(0), False, sums, counts, sse, tile)
+            exact += recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1)
+            sse, moved = sum_tile(x, t0, rt, cen, i1, labels, sums, counts, sse, tile, rows, dt)
             changed += moved
         pse[b] = sse
         pch[b] = changed
@@ -195,9 +217,12 @@ prep = C.centre_data(cen)
 rtile = int(sys.argv[5]) if len(sys.argv) > 5 else 256
 def f_exact():
     T._lloyd_pass(x, cen, T._tile_rows(m), L["exact"], np.ones(0), False, *P["exact"][:4])
+searched = np.empty(nb, dtype=np.int64)
 def f_sgemm():
+    s, ex = P["sgemm"][:4], P["sgemm"][4]
     with one_thread():
-        C.certified_pass(x, cen, *prep, C.screen_rows(k, m), L["sgemm"], np.ones(0), False, *P["sgemm"])
+        B.step_pass(x, cen, (True, *prep), C.screen_rows(k, m), L["sgemm"], np.zeros(n), False, (0.0, -1, 0.0),
+                    np.ones(0), False, *s, searched, ex)
 def f_reg():
     screened_pass(screen_f32, x, cen, *prep, rtile, L["reg"], *P["reg"])
 prep64 = centre64(cen)

@@ -1,7 +1,7 @@
 """How each part of the CPU step scales with threads (issue 17: 4.5x on 16 cores against oneDAL's 10x).
 
-The screened step (``backends/cpu/certified.py: certified_pass``) does, per tile
-of rows: the float32 shifted copy, one ``sgemm`` by the BLAS library behind
+The screened step (``backends/cpu/bounds.py: step_pass`` with the screen's plan,
+every row searched) does, per tile of rows: the float32 shifted copy, one ``sgemm`` by the BLAS library behind
 Numba's ``np.dot`` (held to one thread per caller), the ranking, the exact
 recheck of uncertified rows, the exact distance to the chosen centre and the
 sums.  Here each part runs alone over the same rows and tiles, in the step's 64
@@ -12,7 +12,7 @@ scaling shows:
 * ``convert``: the float32 shifted copy and ``|y|^2`` only;
 * ``sgemm``: the tile products only (on a tile converted once);
 * ``screen``: convert + sgemm + ranking (no recheck, no sums);
-* ``sums``: the exact distance to a fixed label and the sums (``_sum_tile``);
+* ``sums``: the exact distance to a fixed label and the sums (``label_dists``, ``_sum_rows``);
 * ``stream``: a plain sum over the rows, vectorised (memory bandwidth).
 
 Also printed: the BLAS library and its threading (threadpoolctl), Numba's
@@ -22,7 +22,7 @@ timed round-robin inside each round.
     python bench/experiments/cpu_step_scaling.py [N M K] [THREADS,...] [ROUNDS] [TILES,...]
 
 With ``TILES`` (rows per screen tile, e.g. ``96,208,416,832``) the step is also
-timed at each tile size (``step@T``: ``certified_pass`` with that tile; the
+timed at each tile size (``step@T``: ``step_pass`` with that tile; the
 shipped size is ``screen_rows(K, M)``).  Every tile size gives the same bits
 (checked).
 """
@@ -35,6 +35,7 @@ import numpy as np
 from numba import njit, prange
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from mpikmeans.backends.cpu import bounds as B  # noqa: E402
 from mpikmeans.backends.cpu import certified as C  # noqa: E402
 from mpikmeans.backends.cpu import tiles as T  # noqa: E402
 from mpikmeans.backends.cpu.backend import CPUBackend  # noqa: E402
@@ -57,8 +58,10 @@ def sgemm_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1):
 
 @njit
 def screen_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1):
-    """Convert, product and ranking: the shipped ``_screen_tile``."""
-    C._screen_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1)
+    """Convert, product and ranking, as the shipped ``screen_search`` does them on a whole tile."""
+    C._shifted_rows(x, t0, rt, shift, ys, yy)
+    np.dot(zt, ys.T, est)
+    C._rank(est, cc, rt, b1, b2, i1)
     return i1[0]
 
 
@@ -68,7 +71,9 @@ def tile_pass(part, x, shift, zt, cc, tile, nb):
     n, m = x.shape
     acc = np.zeros(nb)
     for b in prange(nb):
-        ys, est, yy, b1, b2, i1 = C._tile_buffers(tile, zt.shape[0], m)
+        ys, est = np.zeros((tile, m), dtype=np.float32), np.zeros((zt.shape[0], tile), dtype=np.float32)
+        yy, b1, b2 = np.empty(tile, np.float32), np.empty(tile, np.float32), np.empty(tile, np.float32)
+        i1 = np.empty(tile, dtype=np.int32)
         hi = n * (b + 1) // nb
         for t0 in range(n * b // nb, hi, tile):
             acc[b] += part(x, t0, min(tile, hi - t0), shift, zt, cc, ys, est, yy, b1, b2, i1)
@@ -88,10 +93,13 @@ def sums_pass(x, cen, lab, tile, part_sums, part_counts):
         counts[:] = 0.0
         hi = n * (b + 1) // nb
         sse = 0.0
+        rows = np.arange(tile)
+        dt = np.empty(tile)
         for t0 in range(n * b // nb, hi, tile):
             rt = min(tile, hi - t0)
             i1 = lab[t0:t0 + rt]
-            sse, moved = C._sum_tile(x, t0, rt, cen, i1, labels, lab[:0].astype(np.float64), False, sums, counts,
+            T.label_dists(x, t0, rows, rt, cen, i1, dt)
+            sse, moved = B._sum_rows(x, t0, rt, i1, dt, labels, lab[:0].astype(np.float64), False, sums, counts,
                                      sse, tile)
         total += sse
     return total
@@ -114,7 +122,9 @@ def tiled_step(be, cen, tile):
     """The backend's step with ``tile`` rows per screen tile: sums, counts, SSE."""
     k, m = cen.shape
     parts = be._partials(k, m)
-    C.certified_pass(be._x, cen, *C.centre_data(cen), tile, be._labels, be._weights, False, *parts)
+    with one_thread():
+        B.step_pass(be._x, cen, (True, *C.centre_data(cen)), tile, be._labels, be._lower, False, (0.0, -1, 0.0),
+                    be._weights, False, *parts)
     return T._reduce_blocks(*parts[:4])[:3]
 
 

@@ -6,11 +6,17 @@ rows as the initial centres.  Then, for each thread count, each tool runs in a
 process of its own (its thread pools size themselves at start-up, from
 ``OMP_NUM_THREADS`` and friends, which the driver sets):
 
-* ``mpikmeans``: :class:`mpikmeans.api.KMeans` with the CPU backend;
+* ``mpikmeans``: :class:`mpikmeans.api.KMeans` with the CPU backend as a run
+  uses it (rows whose centre cannot have changed are not searched:
+  :mod:`mpikmeans.backends.cpu.bounds`);
+* ``mpikmeans-full``: the same with every row searched every iteration (the
+  full step; the same labels, sums and SSE bit for bit);
 * ``sklearn``: scikit-learn's ``KMeans(algorithm="lloyd")``;
-* ``sklearnex``: the same estimator from scikit-learn-intelex (Intel's oneDAL),
-  an optional extra (``pip install mpikmeans[bench]``): where it is not
-  installed its rows say so and the rest runs.
+* ``sklearn-elkan``: scikit-learn's ``KMeans(algorithm="elkan")``, its
+  triangle-inequality bounds (the same labels and SSE);
+* ``sklearnex``: scikit-learn's Lloyd estimator from scikit-learn-intelex
+  (Intel's oneDAL), an optional extra (``pip install mpikmeans[bench]``):
+  where it is not installed its rows say so and the rest runs.
 
 Every tool is timed the same way: fits from the same centres with ``tol=0``
 and ``max_iter`` 1 and ``iterations``, alternately, ``repeats`` times; the ms
@@ -40,7 +46,9 @@ from ..errors import RunError
 
 #: The issue's shapes: (rows, attributes, K).
 SHAPES = ((200_000, 100, 50), (1_000_000, 16, 8), (100_000, 257, 1000))
-TOOLS = ("mpikmeans", "sklearn", "sklearnex")
+TOOLS = ("mpikmeans", "mpikmeans-full", "sklearn", "sklearn-elkan", "sklearnex")
+#: the references each mpikmeans row is compared with (``ratio_to_<tool>``, ``same_labels_as_<tool>``)
+REFERENCES = ("sklearn", "sklearn-elkan", "sklearnex")
 NOTES = ("ms_per_iteration: (median fit time with max_iter=iterations - median with max_iter=1) / "
          "(difference of n_iter_); same initial centres, tol=0, one process per tool and thread count")
 
@@ -59,21 +67,28 @@ class StepSettings:
 
 
 def _estimator(tool: str, k: int, init, max_iter: int, threads: int):
-    if tool == "mpikmeans":
+    if tool in ("mpikmeans", "mpikmeans-full"):
         from ..api import KMeans
 
-        return KMeans(k, init=init, n_init=1, max_iter=max_iter, tol=0.0, backend="cpu", threads=threads)
-    if tool == "sklearn":
+        backend = "cpu"
+        if tool == "mpikmeans-full":
+            from ..backends.cpu import CPUBackend
+
+            backend = CPUBackend(threads=threads, bounds=False)
+        return KMeans(k, init=init, n_init=1, max_iter=max_iter, tol=0.0, backend=backend, threads=threads)
+    if tool in ("sklearn", "sklearn-elkan"):
         from sklearn.cluster import KMeans
     else:
         from sklearnex.cluster import KMeans
-    return KMeans(n_clusters=k, init=init, n_init=1, max_iter=max_iter, tol=0.0, algorithm="lloyd")
+    algorithm = "elkan" if tool == "sklearn-elkan" else "lloyd"
+    return KMeans(n_clusters=k, init=init, n_init=1, max_iter=max_iter, tol=0.0, algorithm=algorithm)
 
 
 def _library_version(tool: str) -> str:
     import importlib.metadata as md
 
-    name = {"mpikmeans": "mpikmeans", "sklearn": "scikit-learn", "sklearnex": "scikit-learn-intelex"}[tool]
+    name = {"mpikmeans": "mpikmeans", "mpikmeans-full": "mpikmeans", "sklearn": "scikit-learn",
+            "sklearn-elkan": "scikit-learn", "sklearnex": "scikit-learn-intelex"}[tool]
     try:
         return md.version(name)
     except md.PackageNotFoundError:
@@ -85,7 +100,7 @@ def time_tool(tool: str, x, init, iterations: int, repeats: int, threads: int) -
 
     Parameters
     ----------
-    tool : {"mpikmeans", "sklearn", "sklearnex"}
+    tool : {"mpikmeans", "mpikmeans-full", "sklearn", "sklearn-elkan", "sklearnex"}
     x : ndarray, shape (n, m), float64
     init : ndarray, shape (k, m), float64
     iterations, repeats : int
@@ -149,8 +164,8 @@ def run_step(settings: StepSettings, progress=None) -> dict:
     -------
     dict
         ``cpus``, ``python``, ``notes`` and ``points``: one dict per shape, thread
-        count and tool, with :func:`time_tool`'s figures and ``ratio_to_sklearn``,
-        ``ratio_to_sklearnex`` (mpikmeans only).
+        count and tool, with :func:`time_tool`'s figures and, for both mpikmeans
+        rows, ``ratio_to_<reference>`` and ``same_labels_as_<reference>``.
     """
     from ..io.gen import GenSpec
     from .data import initial_centres, write_blobs_npy
@@ -181,12 +196,13 @@ def run_step(settings: StepSettings, progress=None) -> dict:
                     out.update(tool=tool, threads=threads, rows=n, attrs=m, k=k)
                     row[tool] = out
                     progress(_line(out))
-                mine = row.get("mpikmeans", {})
-                for ref in ("sklearn", "sklearnex"):
-                    other = row.get(ref, {})
-                    if "ms_per_iteration" in mine and "ms_per_iteration" in other:
-                        mine[f"ratio_to_{ref}"] = mine["ms_per_iteration"] / other["ms_per_iteration"]
-                        mine[f"same_labels_as_{ref}"] = mine["labels_sha1"] == other["labels_sha1"]
+                for me in ("mpikmeans", "mpikmeans-full"):
+                    mine = row.get(me, {})
+                    for ref in REFERENCES:
+                        other = row.get(ref, {})
+                        if "ms_per_iteration" in mine and "ms_per_iteration" in other:
+                            mine[f"ratio_to_{ref}"] = mine["ms_per_iteration"] / other["ms_per_iteration"]
+                            mine[f"same_labels_as_{ref}"] = mine["labels_sha1"] == other["labels_sha1"]
                 points += row.values()
             os.remove(data)
         return {"cpus": every, "python": sys.version.split()[0], "iterations": s.iterations, "repeats": s.repeats,
@@ -204,11 +220,17 @@ def _line(p: dict) -> str:
 
 
 def step_table(doc: dict) -> list:
-    """The results as lines of a table (what ``bench step`` prints)."""
+    """The results as lines of a table (what ``bench step`` prints).
+
+    ``full``: mpikmeans searching every row every iteration; ``elkan``:
+    scikit-learn's Elkan; the ratios are mpikmeans' time over scikit-learn's
+    Lloyd and over oneDAL's; ``labels``: whether mpikmeans' labels are
+    scikit-learn's.
+    """
     lines = [f"ms per Lloyd iteration, {doc.get('cpus')} CPUs ({doc['machine'].get('host')}), "
              f"{doc['iterations']} iterations, medians of {doc['repeats']}",
-             f"{'shape':<22} {'threads':>7} {'mpikmeans':>10} {'sklearn':>9} {'sklearnex':>10} "
-             f"{'/sklearn':>9} {'/oneDAL':>8} {'labels':>7}"]
+             f"{'shape':<22} {'threads':>7} {'mpikmeans':>10} {'full':>8} {'sklearn':>9} {'elkan':>8} "
+             f"{'sklearnex':>10} {'/sklearn':>9} {'/oneDAL':>8} {'labels':>7}"]
     rows = {}
     for p in doc["points"]:
         rows.setdefault((p["rows"], p["attrs"], p["k"], p["threads"]), {})[p["tool"]] = p
@@ -221,6 +243,7 @@ def step_table(doc: dict) -> list:
         r1 = f"{me['ratio_to_sklearn']:.2f}" if "ratio_to_sklearn" in me else "-"
         r2 = f"{me['ratio_to_sklearnex']:.2f}" if "ratio_to_sklearnex" in me else "-"
         same = {True: "same", False: "differ"}.get(me.get("same_labels_as_sklearn"), "-")
-        lines.append(f"{f'{n}x{m} K={k}':<22} {t:>7} {ms(me):>10} {ms(tools.get('sklearn')):>9} "
+        lines.append(f"{f'{n}x{m} K={k}':<22} {t:>7} {ms(me):>10} {ms(tools.get('mpikmeans-full')):>8} "
+                     f"{ms(tools.get('sklearn')):>9} {ms(tools.get('sklearn-elkan')):>8} "
                      f"{ms(tools.get('sklearnex')):>10} {r1:>9} {r2:>8} {same:>7}")
     return lines

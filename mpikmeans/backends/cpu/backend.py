@@ -10,9 +10,10 @@ from ...exact import BlockFixed, limbs_to_int, scale_factors
 from ...memory import available_memory
 from .. import Backend, BackendInfo, StepResult
 from .blas import one_thread
-from .certified import certified_assign, certified_pass, centre_data, screen_rows
+from .bounds import assign_pass, centre_moves, step_pass
+from .certified import centre_data, screen_rows
 from .seeding import SeedingRows, candidate_data, fixed_blocks, potentials_pass
-from .tiles import _BLOCKS, _assign_pass, _lloyd_pass, _reduce_blocks, _tile_dist2, _tile_rows
+from .tiles import _BLOCKS, _reduce_blocks, _tile_dist2, _tile_rows
 
 
 def screened(k: int, m: int) -> bool:
@@ -30,13 +31,29 @@ def screened(k: int, m: int) -> bool:
     return k > 8 or k * m > 256
 
 
+def search_plan(centres: np.ndarray) -> tuple:
+    """How a step with these centres searches for the nearest one: the plan tuple of
+    :func:`.bounds.step_pass` and its rows per tile.
+
+    Parameters
+    ----------
+    centres : ndarray, shape (k, m), float64
+    """
+    k, m = centres.shape
+    if screened(k, m):
+        return (True, *centre_data(centres)), screen_rows(k, m)
+    return (False, np.zeros(m), np.zeros((k, m), np.float32), np.zeros(k, np.float32), np.float32(0),
+            np.float32(0)), _tile_rows(m)
+
+
 class CPUBackend(Backend):
     """Lloyd iteration on the host with Numba: float64 results, labels screened in float32.
 
     Labels, distances and sums are bit for bit those of the exact float64
     kernels (:mod:`.tiles`) for any thread count: float32 only ranks the
     centres, and a row whose ranking it cannot certify is computed again in
-    float64 (:mod:`.certified`).
+    float64 (:mod:`.certified`).  From the second step on, a row whose centre
+    cannot have changed (Hamerly's bounds, :mod:`.bounds`) is not searched.
 
     Parameters
     ----------
@@ -51,12 +68,16 @@ class CPUBackend(Backend):
         Ranks sharing this node's memory (a run passes ``comm.node_size``): k-means++
         keeps a float32 copy of the rows while it seeds where half of this rank's
         share of the available memory holds it.
+    bounds : bool, optional
+        Keep Hamerly's bounds from step to step (default).  False searches every
+        row every step: the same results, slower; for measuring the full step.
     """
 
     name = "cpu"
 
-    def __init__(self, threads: int | None = None, node_ranks: int = 1):
+    def __init__(self, threads: int | None = None, node_ranks: int = 1, bounds: bool = True):
         self.node_ranks = max(1, int(node_ranks))
+        self.bounds = bool(bounds)
         self.threads = max(1, min(threads or process_threads(), numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self.threads)
         self._x = None
@@ -67,8 +88,12 @@ class CPUBackend(Backend):
         #: k-means++ passes: None screens when it pays (SeedingRows.screen_next); True / False always / never
         self.seed_screen = None
         self._parts = None  # the step's per-block partial results (_partials)
+        self._lower = None  # per row: a lower bound on its distance to every centre but its own (.bounds)
+        self._bounds_for = None  # the centres the labels and bounds hold for (None: they hold for none)
         #: rows of the last step that float32 could not certify (computed again exactly)
         self.rows_rechecked = 0
+        #: rows of the last step (or assignment) whose nearest centre was searched (the others kept theirs)
+        self.rows_searched = 0
 
     def load(self, x: np.ndarray, weights: np.ndarray | None = None) -> None:
         """Keep this rank's rows (see :meth:`Backend.load`).
@@ -84,6 +109,8 @@ class CPUBackend(Backend):
         self._seeding = None
         n = self._x.shape[0]
         self._labels = np.full(n, -1, dtype=np.int32)
+        self._lower = np.zeros(n)
+        self._bounds_for = None
         if weights is None:
             self._weights = np.ones(0, dtype=np.float64)
         else:
@@ -96,19 +123,26 @@ class CPUBackend(Backend):
         self._cand_dists = None
         self._seeding = None
         k, m = centres.shape
-        part_sums, part_counts, part_sse, part_changed, part_exact = self._partials(k, m)
-        if screened(k, m):
-            with one_thread():
-                certified_pass(self._x, centres, *centre_data(centres), screen_rows(k, m), self._labels,
-                               self._weights, self._weights.size > 0, part_sums, part_counts, part_sse, part_changed,
-                               part_exact)
-            self.rows_rechecked = int(part_exact.sum())
-        else:
-            _lloyd_pass(self._x, centres, _tile_rows(m), self._labels, self._weights, self._weights.size > 0,
-                        part_sums, part_counts, part_sse, part_changed)
-            self.rows_rechecked = 0
+        part_sums, part_counts, part_sse, part_changed, part_searched, part_exact = self._partials(k, m)
+        plan, tile = search_plan(centres)
+        use_bounds, moves = self._moves(centres)
+        with one_thread():
+            step_pass(self._x, centres, plan, tile, self._labels, self._lower, use_bounds, moves, self._weights,
+                      self._weights.size > 0, part_sums, part_counts, part_sse, part_changed, part_searched,
+                      part_exact)
+        self._bounds_for = centres.copy() if self.bounds else None
+        self.rows_rechecked = int(part_exact.sum())
+        self.rows_searched = int(part_searched.sum())
         sums, counts, sse, changed = _reduce_blocks(part_sums, part_counts, part_sse, part_changed)
         return StepResult(sums=sums, counts=counts, sse=float(sse), changed=int(changed))
+
+    def _moves(self, centres: np.ndarray) -> tuple:
+        """Whether the labels and bounds of the last step can serve for ``centres``, and how far the
+        centres moved since (:func:`.bounds.centre_moves`)."""
+        old = self._bounds_for
+        if old is None or old.shape != centres.shape:
+            return False, (0.0, -1, 0.0)
+        return True, centre_moves(old, centres)
 
     def _partials(self, k: int, m: int) -> tuple:
         """The blocks' partial results, kept from step to step while K x M stays the same.
@@ -119,19 +153,25 @@ class CPUBackend(Backend):
         if self._parts is None or self._parts[0].shape[1:] != (k, m):
             nb = _BLOCKS
             self._parts = (np.empty((nb, k, m)), np.empty((nb, k)), np.empty(nb), np.empty(nb, dtype=np.int64),
-                           np.empty(nb, dtype=np.int64))
+                           np.empty(nb, dtype=np.int64), np.empty(nb, dtype=np.int64))
         return self._parts
 
     def assign(self, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Nearest centre and exact squared distance of every row (see :meth:`Backend.assign`).
+
+        Rows that the last step's bounds keep with their centre are not searched;
+        the step's labels and bounds are left as they are.
+        """
         centres = np.ascontiguousarray(centres, dtype=np.float64)
         n = self._x.shape[0]
         labels = np.empty(n, dtype=np.int32)
         dist2 = np.empty(n, dtype=np.float64)
-        if n and screened(*centres.shape):
+        if n:
+            plan, tile = search_plan(centres)
+            use_bounds, moves = self._moves(centres)
             with one_thread():
-                certified_assign(self._x, centres, *centre_data(centres), screen_rows(*centres.shape), labels, dist2)
-        elif n:
-            _assign_pass(self._x, centres, _tile_rows(centres.shape[1]), labels, dist2)
+                self.rows_searched = int(assign_pass(self._x, centres, plan, tile, self._labels, self._lower,
+                                                     use_bounds, moves, labels, dist2))
         return labels, dist2
 
     def dist2_to(self, centre: np.ndarray) -> np.ndarray:
@@ -216,19 +256,22 @@ class CPUBackend(Backend):
         return [(limbs_to_int(his[j], los[j]), float(vmax[:, j].max())) for j in range(t)]
 
     def warmup(self, k: int, m: int, every_plan: bool = False) -> None:
-        """Compile (or load) the step and assignment kernels a shape uses; ``every_plan``: both plans'."""
+        """Compile (or load) the step and assignment kernels.
+
+        Both plans (and steps with or without bounds) run the same compiled
+        kernels, so one shape compiles them all; ``every_plan`` changes nothing.
+        """
         x = np.zeros((1, m))
         cen = np.zeros((k, m))
-        args = (np.empty((1, k, m)), np.empty((1, k)), np.empty(1), np.empty(1, dtype=np.int64))
-        if every_plan or screened(k, m):
-            prep = centre_data(cen)
-            with one_thread():
-                certified_pass(x, cen, *prep, screen_rows(k, m), np.full(1, -1, dtype=np.int32), np.ones(0), False,
-                               *args, np.empty(1, dtype=np.int64))
-                certified_assign(x, cen, *prep, screen_rows(k, m), np.empty(1, dtype=np.int32), np.empty(1))
-        if every_plan or not screened(k, m):
-            _lloyd_pass(x, cen, _tile_rows(m), np.full(1, -1, dtype=np.int32), np.ones(0), False, *args)
-            _assign_pass(x, cen, _tile_rows(m), np.empty(1, dtype=np.int32), np.empty(1))
+        parts = (np.empty((1, k, m)), np.empty((1, k)), np.empty(1), np.empty(1, dtype=np.int64),
+                 np.empty(1, dtype=np.int64), np.empty(1, dtype=np.int64))
+        plan, tile = search_plan(cen)
+        no_moves = (0.0, -1, 0.0)
+        with one_thread():
+            step_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, no_moves, np.ones(0),
+                      False, *parts)
+            assign_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, no_moves,
+                        np.empty(1, dtype=np.int32), np.empty(1))
 
     def info(self) -> BackendInfo:
         return BackendInfo(name="cpu", devices=[], threads=self.threads, dtype="float64")
@@ -236,10 +279,13 @@ class CPUBackend(Backend):
     def forget_labels(self) -> None:
         if self._labels is not None:
             self._labels[:] = -1
+        self._bounds_for = None
 
     def close(self) -> None:
         self._x = None
         self._seeding = None
         self._parts = None
         self._labels = None
+        self._lower = None
+        self._bounds_for = None
         self._cand_dists = None

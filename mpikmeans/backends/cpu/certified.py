@@ -1,6 +1,6 @@
-"""The CPU step with float32 distance screening, certified, so the labels are the exact ones.
+"""The search for each row's nearest centre by float32 screening, certified, so the labels are the exact ones.
 
-Finding each row's nearest of K centres is the bulk of a Lloyd step (N K M
+Finding each row's nearest of K centres is the bulk of a full Lloyd step (N K M
 operations).  Here it is done as the GPU does it (see
 :mod:`mpikmeans.backends.gpu`): on data shifted by the mean of the centres
 (``y = x - s``, ``z = c - s``), in float32, in the dot-product form
@@ -15,19 +15,21 @@ nearest.  A row whose gap does not (ties, near-ties, huge values) gets every
 distance again in exact float64, in attribute order, lowest index on ties.  The
 labels are therefore those of the exact float64 computation.
 
-What is summed is unchanged: every row's exact float64 squared distance to its
-centre (attribute order) and its values, block by block, rows in order, as
-:func:`mpikmeans.backends.cpu.tiles._lloyd_pass` does.  So a step here gives the
-same bits as the exact kernels, faster.
+The step around the search (:mod:`.bounds`) sums what the exact kernels sum:
+every row's exact float64 squared distance to its centre (attribute order) and
+its values, block by block, rows in order, as
+:func:`mpikmeans.backends.cpu.tiles._lloyd_pass` does.  So a screened step gives
+the same bits as the exact kernels, faster.  The same bound also gives a row
+a lower bound on its distance to every other centre (:func:`gap_bound`), which
+the next step's bounds start from.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...jit import njit, prange
+from ...jit import njit
 from ..serial import _nearest_row as _exact_nearest  # every distance in float64, lowest index on ties
-from .tiles import _prefetch_row
 
 #: float32 unit roundoff; the bound is the GPU kernel's (kernels.py): tol = TOLF (|y|^2 + zlim) + tiny
 _U32 = 2.0 ** -24
@@ -88,23 +90,27 @@ def centre_data(centres: np.ndarray) -> tuple:
 
 
 @njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
-def _shifted_rows(x, t0, rt, shift, ys, yy):  # pragma: no cover - compiled
-    """Rows ``t0..t0+rt-1`` as float32 ``y = x - s`` into ``ys[:rt]``, and their ``|y|^2`` (float32) into ``yy``.
+def _shifted_row(xr, shift, yr):  # pragma: no cover - compiled
+    """One row ``xr`` (m,) as float32 ``y = x - s`` into ``yr``; returns its ``|y|^2`` (float32).
 
     Compiled on its own so that only these float32 operations may be fused and
     reordered (``contract``, ``reassoc``): the float64 arithmetic of the callers
     stays one rounding per operation in attribute order.  The bound holds for any
     order of the additions.
     """
-    m = x.shape[1]
+    acc = np.float32(0.0)
+    for j in range(xr.shape[0]):
+        v = np.float32(xr[j] - shift[j])
+        yr[j] = v
+        acc += v * v
+    return acc
+
+
+@njit(cache=True, nogil=True)
+def _shifted_rows(x, t0, rt, shift, ys, yy):  # pragma: no cover - compiled
+    """Rows ``t0..t0+rt-1`` as float32 ``y = x - s`` into ``ys[:rt]``, and their ``|y|^2`` (float32) into ``yy``."""
     for r in range(rt):
-        yr = ys[r]
-        acc = np.float32(0.0)
-        for j in range(m):
-            v = np.float32(x[t0 + r, j] - shift[j])
-            yr[j] = v
-            acc += v * v
-        yy[r] = acc
+        yy[r] = _shifted_row(x[t0 + r], shift, ys[r])
 
 
 @njit(cache=True, nogil=True)
@@ -133,170 +139,50 @@ def _rank(est, cc, rt, b1, b2, i1):  # pragma: no cover - compiled
             b1[r] = d if nearer else o1
 
 
-@njit(cache=True, nogil=True)
-def _screen_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1):  # pragma: no cover - compiled
-    """Float32 estimates for rows ``t0..t0+rt-1``: best and second-best centre per row.
+@njit(cache=True, forceinline=True)
+def is_certified(b1, b2, yy, zlim, tolf):  # pragma: no cover - compiled
+    """Whether float32's best centre of a row (best ``b1``, second ``b2``, ``|y|^2`` ``yy``) is certainly the nearest.
 
-    ``est = zt @ ys.T`` (k x tile) is one ``sgemm``: rows past ``rt`` hold an
-    earlier tile's values, whose estimates are not read.
+    True when the gap exceeds the bound (and nothing overflowed: NaN and huge
+    values fail the test).
     """
-    _shifted_rows(x, t0, rt, shift, ys, yy)
-    np.dot(zt, ys.T, est)
-    _rank(est, cc, rt, b1, b2, i1)
+    scale = yy + zlim
+    return b2 - b1 > tolf * scale + _TINY and scale < _BIG
 
 
 @njit(cache=True, forceinline=True)
-def _recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1):  # pragma: no cover - compiled
-    """Exact labels (``i1``) for the tile's rows that float32 could not certify; how many there were.
+def gap_bound(b1, b2, yy, zlim, tolf):  # pragma: no cover - compiled
+    """A lower bound on ``|x - c_j|^2 - |x - c_best|^2`` over every other centre ``j`` of a certified row.
 
-    A row is certified when its float32 gap exceeds the bound (and nothing
-    overflowed: NaN and huge values fail the test); the others get every
-    distance again in float64.
+    Each estimate's error is within ``tolf (|y|^2 + zlim) / 2`` of its exact
+    value (the certificate's bound covers two estimates and the gap), so the
+    estimated gap less ``tolf (|y|^2 + zlim)`` bounds the true one; twice that
+    is taken (float64 rounding of this arithmetic, and margin).  Negative
+    values bound nothing useful; the caller clips them.
     """
+    return (np.float64(b2) - np.float64(b1)) - 2.0 * np.float64(tolf) * (np.float64(yy) + np.float64(zlim))
+
+
+@njit(cache=True, forceinline=True)
+def screen_search(x, t0, rows, f, cen, shift, zt, cc, zlim, tolf, ys, est_flat, yy, b1, b2, i1):  # pragma: no cover
+    """Nearest centres of rows ``t0 + rows[q]``, ``q < f``: float32 estimates, certified, else exact.
+
+    The rows' float32 ``y = x - s`` go into ``ys[:f]``; their estimates
+    ``zt @ ys[:f].T`` (k x f) are one ``sgemm`` into the front of ``est_flat``
+    and are ranked (``b1``, ``b2``, ``i1``); a row whose ranking the bound
+    cannot certify gets every distance again in float64 (:func:`_exact_nearest`).
+    On return ``i1[q]`` is row ``q``'s exact label.  Returns how many rows took
+    the exact path.
+    """
+    k = zt.shape[0]
+    for q in range(f):
+        yy[q] = _shifted_row(x[t0 + rows[q]], shift, ys[q])
+    est = est_flat[:k * f].reshape((k, f))
+    np.dot(zt, ys[:f].T, est)
+    _rank(est, cc, f, b1, b2, i1)
     exact = 0
-    for r in range(rt):
-        scale = yy[r] + zlim
-        if not (b2[r] - b1[r] > tolf * scale + _TINY and scale < _BIG):
-            i1[r] = _exact_nearest(x, t0 + r, cen)[0]
+    for q in range(f):
+        if not is_certified(b1[q], b2[q], yy[q], zlim, tolf):
+            i1[q] = _exact_nearest(x, t0 + rows[q], cen)[0]
             exact += 1
     return exact
-
-
-@njit(cache=True, forceinline=True)
-def _dist4(x, cen, i1, t0, rt, q):  # pragma: no cover - compiled
-    """Exact squared distances of rows ``t0+q .. t0+q+3`` to their centres ``i1[q..q+3]``.
-
-    Each in attribute order with one rounding per operation, as the exact
-    kernels and :func:`_exact_nearest` sum it (the same bits); four rows side by
-    side: four independent chains of additions instead of one.  Past the
-    tile's end the last row is repeated (its value is not used).
-    """
-    qb = min(q + 1, rt - 1)
-    qc = min(q + 2, rt - 1)
-    qd = min(q + 3, rt - 1)
-    return _four_chains(x[t0 + q], x[t0 + qb], x[t0 + qc], x[t0 + qd], cen[i1[q]], cen[i1[qb]], cen[i1[qc]],
-                        cen[i1[qd]])
-
-
-@njit(cache=True, forceinline=True)
-def _four_chains(xa, xb, xc, xd, ca, cb, cc, cd):  # pragma: no cover - compiled
-    """``|xa - ca|², |xb - cb|², |xc - cc|², |xd - cd|²`` (rows of m values), each in attribute
-    order with one rounding per operation, side by side: four independent chains of additions."""
-    da = 0.0
-    db = 0.0
-    dc = 0.0
-    de = 0.0
-    for j in range(xa.shape[0]):
-        ta = xa[j] - ca[j]
-        tb = xb[j] - cb[j]
-        tc = xc[j] - cc[j]
-        td = xd[j] - cd[j]
-        da += ta * ta
-        db += tb * tb
-        dc += tc * tc
-        de += td * td
-    return da, db, dc, de
-
-
-@njit(cache=True, forceinline=True)
-def _nth(d4, g):  # pragma: no cover - compiled
-    """Element ``g`` of :func:`_dist4`'s four distances (a tuple takes only constant indices)."""
-    return d4[0] if g == 0 else (d4[1] if g == 1 else (d4[2] if g == 2 else d4[3]))
-
-
-@njit(cache=True, forceinline=True)
-def _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, sse, ahead):  # pragma: no cover
-    """Add the tile's rows, in increasing index (the exact kernels' order), to their clusters' sums
-    and counts, and their weighted squared distances to ``sse``; store the labels.  Returns the
-    new ``sse`` (one running sum over the block's rows, as the exact kernels add it) and how many
-    labels changed.  Asks for the rows ``ahead`` rows on meanwhile (the next tile's)."""
-    m = x.shape[1]
-    changed = 0
-    for q in range(0, rt, 4):
-        d4 = _dist4(x, cen, i1, t0, rt, q)
-        for g in range(min(4, rt - q)):
-            r = q + g
-            i = t0 + r
-            _prefetch_row(x, i + ahead)
-            bi = i1[r]
-            if labels[i] != bi:
-                changed += 1
-                labels[i] = bi
-            d = _nth(d4, g)
-            row = x[i]
-            acc = sums[bi]
-            if use_weights:
-                w = weights[i]
-                counts[bi] += w
-                for j in range(m):
-                    acc[j] += w * row[j]
-                sse += w * d
-            else:
-                # w = 1: w * v is v, the same sums as the weighted form without its multiplies
-                counts[bi] += 1.0
-                for j in range(m):
-                    acc[j] += row[j]
-                sse += d
-    return sse, changed
-
-
-@njit(cache=True, forceinline=True)
-def _tile_buffers(tile, k, m):  # pragma: no cover - compiled
-    """One thread's scratch for a tile: float32 rows, estimates (k x tile), |y|^2, best, second, label."""
-    return (np.zeros((tile, m), dtype=np.float32), np.zeros((k, tile), dtype=np.float32),
-            np.empty(tile, dtype=np.float32), np.empty(tile, dtype=np.float32), np.empty(tile, dtype=np.float32),
-            np.empty(tile, dtype=np.int32))
-
-
-@njit(parallel=True, cache=True)
-def certified_pass(x, cen, shift, zt, cc, zlim, tolf, tile, labels, weights, use_weights, part_sums, part_counts,
-                   part_sse, part_changed, part_exact):  # pragma: no cover - compiled
-    """A Lloyd step: labels (certified float32, else exact), then sums, counts, SSE in the exact kernels' order.
-
-    Row block ``b`` of ``part_sums.shape[0]`` (``n b / nb`` to ``n (b + 1) / nb``) is
-    summed into ``part_sums[b]``, ``part_counts[b]``, ``part_sse[b]`` in row order,
-    as :func:`mpikmeans.backends.cpu.tiles._lloyd_pass` sums it; ``part_changed[b]``
-    counts the labels that changed, ``part_exact[b]`` the rows rechecked in float64.
-    """
-    n = x.shape[0]
-    nb = part_sums.shape[0]
-    for b in prange(nb):
-        ys, est, yy, b1, b2, i1 = _tile_buffers(tile, zt.shape[0], zt.shape[1])
-        lo = n * b // nb
-        hi = n * (b + 1) // nb
-        sums = part_sums[b]
-        counts = part_counts[b]
-        sums[:, :] = 0.0
-        counts[:] = 0.0
-        sse = 0.0
-        changed = 0
-        exact = 0
-        for t0 in range(lo, hi, tile):
-            rt = min(tile, hi - t0)
-            _screen_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1)
-            exact += _recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1)
-            sse, moved = _sum_tile(x, t0, rt, cen, i1, labels, weights, use_weights, sums, counts, sse, tile)
-            changed += moved
-        part_sse[b] = sse
-        part_changed[b] = changed
-        part_exact[b] = exact
-
-
-@njit(parallel=True, cache=True)
-def certified_assign(x, cen, shift, zt, cc, zlim, tolf, tile, labels, dist2):  # pragma: no cover - compiled
-    """Nearest centre (certified, else exact) and exact squared distance of every row."""
-    n, m = x.shape
-    nb = min(n, 256)
-    for b in prange(nb):
-        ys, est, yy, b1, b2, i1 = _tile_buffers(tile, zt.shape[0], zt.shape[1])
-        hi = n * (b + 1) // nb
-        for t0 in range(n * b // nb, hi, tile):
-            rt = min(tile, hi - t0)
-            _screen_tile(x, t0, rt, shift, zt, cc, ys, est, yy, b1, b2, i1)
-            _recheck_tile(x, t0, rt, cen, zlim, tolf, yy, b1, b2, i1)
-            for q in range(0, rt, 4):
-                d4 = _dist4(x, cen, i1, t0, rt, q)
-                for g in range(min(4, rt - q)):
-                    _prefetch_row(x, t0 + q + g + tile)
-                    labels[t0 + q + g] = i1[q + g]
-                    dist2[t0 + q + g] = _nth(d4, g)

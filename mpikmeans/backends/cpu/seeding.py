@@ -40,8 +40,8 @@ import numpy as np
 
 from ...exact import fixed_limbs
 from ...jit import njit, prange
-from .certified import _BIG, _TINY, _U32, _four_chains, _shifted_rows
-from .tiles import _GROUP, _PAD, _add_potentials, _cand_dists
+from .certified import _BIG, _TINY, _U32, _shifted_rows
+from .tiles import _GROUP, _PAD, _add_potentials, _cand_dists, _four_chains
 
 
 def candidate_data(cands: np.ndarray, shift: np.ndarray) -> tuple:

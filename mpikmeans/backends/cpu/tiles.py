@@ -44,29 +44,43 @@ _PAD = 8
 
 
 @njit(cache=True, fastmath=False, forceinline=True)
-def _load_tile(x, t0, rt, xt):  # pragma: no cover - compiled
-    """Rows ``t0 .. t0+rt-1`` of ``x`` into the transposed scratch ``xt`` (m, >= T).
+def _put4(xt, r, a, b, c, d):  # pragma: no cover - compiled
+    """Rows ``a, b, c, d`` (m values each) into columns ``r .. r+3`` of the transposed scratch ``xt``.
 
     Four rows at a time: each column of ``xt`` then takes four neighbouring
     values per visit (2-core Xeon, 16 attributes: 5.1 against 7.7 ns a row,
     ``bench/experiments/cpu_small_k_parts.py``).
     """
+    for j in range(a.shape[0]):
+        col = xt[j]
+        col[r] = a[j]
+        col[r + 1] = b[j]
+        col[r + 2] = c[j]
+        col[r + 3] = d[j]
+
+
+@njit(cache=True, fastmath=False, forceinline=True)
+def _load_tile(x, t0, rt, xt):  # pragma: no cover - compiled
+    """Rows ``t0 .. t0+rt-1`` of ``x`` into the transposed scratch ``xt`` (m, >= T)."""
     m = x.shape[1]
     r4 = rt - rt % 4
     for r in range(0, r4, 4):
-        a = x[t0 + r]
-        b = x[t0 + r + 1]
-        c = x[t0 + r + 2]
-        d = x[t0 + r + 3]
-        for j in range(m):
-            col = xt[j]
-            col[r] = a[j]
-            col[r + 1] = b[j]
-            col[r + 2] = c[j]
-            col[r + 3] = d[j]
+        _put4(xt, r, x[t0 + r], x[t0 + r + 1], x[t0 + r + 2], x[t0 + r + 3])
     for r in range(r4, rt):
         for j in range(m):
             xt[j, r] = x[t0 + r, j]
+
+
+@njit(cache=True, fastmath=False, forceinline=True)
+def _load_rows(x, t0, rows, f, xt):  # pragma: no cover - compiled
+    """Rows ``t0 + rows[q]`` of ``x``, ``q < f``, into columns ``q`` of the transposed scratch ``xt``."""
+    m = x.shape[1]
+    f4 = f - f % 4
+    for q in range(0, f4, 4):
+        _put4(xt, q, x[t0 + rows[q]], x[t0 + rows[q + 1]], x[t0 + rows[q + 2]], x[t0 + rows[q + 3]])
+    for q in range(f4, f):
+        for j in range(m):
+            xt[j, q] = x[t0 + rows[q], j]
 
 
 @njit(cache=True, fastmath=False, forceinline=True)
@@ -212,11 +226,19 @@ def _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best):  # pragma: no cover - 
     -----
     The distances are :func:`_four_dists`' (exact float64, attribute order).
     """
-    k = cen.shape[0]
-    # whole 8-wide vectors: the extra columns of xt hold zeros or rows of an
-    # earlier tile, finite numbers whose distances are never read
-    rv = min(best_d.shape[0], (rt + 7) // 8 * 8)
     _load_tile(x, t0, rt, xt)
+    _nearest_loaded(xt, min(best_d.shape[0], (rt + 7) // 8 * 8), cen, acc, best_d, best, best_d, False)
+
+
+@njit(cache=True, fastmath=False, forceinline=True)
+def _nearest_loaded(xt, rv, cen, acc, best_d, best, second_d, want_second):  # pragma: no cover - compiled
+    """Nearest centre (``best``, ``best_d``) of the ``rv`` rows loaded in ``xt``; with ``want_second``
+    also the second-smallest squared distance (``second_d``, ``inf`` when K = 1).
+
+    ``rv`` is whole 8-wide vectors: the extra columns of ``xt`` hold zeros or rows
+    of an earlier tile, finite numbers whose distances are never read.
+    """
+    k = cen.shape[0]
     for c0 in range(0, k, _GROUP):
         # a short last group repeats the last centre; the copies are not compared
         _four_dists(xt, rv, cen, c0, min(c0 + 1, k - 1), min(c0 + 2, k - 1), min(c0 + 3, k - 1), acc)
@@ -226,10 +248,19 @@ def _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best):  # pragma: no cover - 
             for r in range(rv):
                 best_d[r] = a0[r]
                 best[r] = 0
+            if want_second:
+                for r in range(rv):
+                    second_d[r] = np.inf
             first = 1
         for g in range(first, min(_GROUP, k - c0)):
             a = acc[g]
             c = c0 + g
+            if want_second:
+                for r in range(rv):
+                    v = a[r]
+                    bd = best_d[r]
+                    # v < bd: the old best becomes the second; else v may be
+                    second_d[r] = min(second_d[r], max(bd, v))
             for r in range(rv):
                 # strict '<' in increasing centre order, starting from centre 0:
                 # ties go to the lowest centre index (the backends' contract)
@@ -239,6 +270,64 @@ def _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best):  # pragma: no cover - 
                 lt = v < bd
                 best_d[r] = v if lt else bd
                 best[r] = c if lt else best[r]
+
+
+@njit(cache=True, forceinline=True)
+def exact_search(x, t0, rows, f, cen, xt, acc, best_d, best, second_d):  # pragma: no cover - compiled
+    """Nearest centres of rows ``t0 + rows[q]``, ``q < f`` (``f <= T``), every distance exact.
+
+    On return ``best[q]``, ``best_d[q]`` and ``second_d[q]`` are row ``q``'s
+    nearest centre, its squared distance and the second-smallest squared
+    distance (:func:`_nearest_loaded`; the same labels and distances as
+    :func:`_nearest_tile`).
+    """
+    _load_rows(x, t0, rows, f, xt)
+    _nearest_loaded(xt, min(best_d.shape[0], (f + 7) // 8 * 8), cen, acc, best_d, best, second_d, True)
+
+
+@njit(cache=True, forceinline=True)
+def _four_chains(xa, xb, xc, xd, ca, cb, cc, cd):  # pragma: no cover - compiled
+    """``|xa - ca|², |xb - cb|², |xc - cc|², |xd - cd|²`` (rows of m values), each in attribute
+    order with one rounding per operation (the bits of :func:`_four_dists`), side by side: four
+    independent chains of additions."""
+    da = 0.0
+    db = 0.0
+    dc = 0.0
+    de = 0.0
+    for j in range(xa.shape[0]):
+        ta = xa[j] - ca[j]
+        tb = xb[j] - cb[j]
+        tc = xc[j] - cc[j]
+        td = xd[j] - cd[j]
+        da += ta * ta
+        db += tb * tb
+        dc += tc * tc
+        de += td * td
+    return da, db, dc, de
+
+
+@njit(cache=True, forceinline=True)
+def _nth(d4, g):  # pragma: no cover - compiled
+    """Element ``g`` of :func:`_four_chains`' four distances (a tuple takes only constant indices)."""
+    return d4[0] if g == 0 else (d4[1] if g == 1 else (d4[2] if g == 2 else d4[3]))
+
+
+@njit(cache=True, forceinline=True)
+def label_dists(x, t0, rows, f, cen, lab, dt):  # pragma: no cover - compiled
+    """``dt[r] = |x[t0 + r] - cen[lab[r]]|²`` (exact, attribute order) for ``r = rows[q]``, ``q < f``.
+
+    Four rows side by side (:func:`_four_chains`); past ``f`` the last row is
+    repeated (its value is not stored).
+    """
+    for q in range(0, f, 4):
+        ra = rows[q]
+        rb = rows[min(q + 1, f - 1)]
+        rc = rows[min(q + 2, f - 1)]
+        rd = rows[min(q + 3, f - 1)]
+        d4 = _four_chains(x[t0 + ra], x[t0 + rb], x[t0 + rc], x[t0 + rd], cen[lab[ra]], cen[lab[rb]], cen[lab[rc]],
+                          cen[lab[rd]])
+        for g in range(min(4, f - q)):
+            dt[rows[q + g]] = _nth(d4, g)
 
 
 #: Tiles ahead whose rows a pass asks for while it sums the current one (:mod:`.prefetch`).

@@ -1,0 +1,171 @@
+"""Tests for :mod:`mpikmeans.backends.cpu.bounds`: steps that skip rows by Hamerly's bounds give the exact
+kernels' bits, step after step, whatever the centres do between steps."""
+
+import numpy as np
+import pytest
+
+from mpikmeans.backends.cpu import CPUBackend
+from mpikmeans.backends.cpu import bounds as B
+from mpikmeans.backends.cpu import tiles as T
+
+
+def _exact_step(x, cen, labels, w=None):
+    """The exact kernels' step (sums, counts, SSE, changed) from ``labels`` (updated in place)."""
+    n, m = x.shape
+    k = len(cen)
+    ps, pc = np.empty((T._BLOCKS, k, m)), np.empty((T._BLOCKS, k))
+    pse, pch = np.empty(T._BLOCKS), np.empty(T._BLOCKS, np.int64)
+    ww = np.ones(0) if w is None else w
+    T._lloyd_pass(x, cen, T._tile_rows(m), labels, ww, w is not None, ps, pc, pse, pch)
+    return T._reduce_blocks(ps, pc, pse, pch)
+
+
+def _blobs(n, m, k, seed, spread=1.0, offset=0.0):
+    rng = np.random.default_rng(seed)
+    true = rng.uniform(-10, 10, (k, m)) + offset
+    x = true[rng.integers(0, k, n)] + rng.normal(size=(n, m)) * spread
+    return x, x[rng.choice(n, k, replace=False)].copy()
+
+
+def _lloyd_against_exact(x, cen, steps, w=None, threads=2, move=None):
+    """Run ``steps`` backend steps (each centre update by ``move`` or the means) and check each against
+    the exact kernels; returns the rows searched per step."""
+    be = CPUBackend(threads=threads)
+    be.load(x, w)
+    lab = np.full(len(x), -1, np.int32)
+    searched = []
+    for it in range(steps):
+        r = be.step(cen)
+        sums, counts, sse, changed = _exact_step(x, cen, lab, w)
+        assert np.array_equal(r.sums, sums) and np.array_equal(r.counts, counts), f"step {it}: sums differ"
+        assert r.sse == sse and r.changed == changed, f"step {it}: SSE or changed differ"
+        assert np.array_equal(be._labels, lab), f"step {it}: labels differ"
+        searched.append(be.rows_searched)
+        labels, d2 = be.assign(cen)
+        la, da = np.empty(len(x), np.int32), np.empty(len(x))
+        T._assign_pass(x, cen, T._tile_rows(x.shape[1]), la, da)
+        assert np.array_equal(labels, la) and np.array_equal(d2, da), f"step {it}: assign differs"
+        if move is not None:
+            cen = move(it, cen)
+        else:
+            good = counts > 0
+            cen = cen.copy()
+            cen[good] = sums[good] / counts[good, None]
+    return searched
+
+
+@pytest.mark.parametrize("n,m,k", [(4000, 7, 3), (5000, 16, 8), (3000, 33, 13), (2500, 100, 50), (2000, 3, 1),
+                                   (1500, 257, 9), (3001, 2, 40)])
+def test_bounded_steps_are_the_exact_kernels_step_after_step(n, m, k):
+    x, cen = _blobs(n, m, k, n + m + k)
+    searched = _lloyd_against_exact(x, cen, 10)
+    assert searched[0] == n  # no bounds before the first step
+    if k > 1:
+        assert searched[-1] < n // 2, "the bounds kept fewer than half the rows after ten steps"
+
+
+def test_bounds_hold_with_weights_and_an_offset():
+    x, cen = _blobs(3000, 12, 6, 1, offset=1e5)
+    w = np.random.default_rng(1).random(len(x)) * 3
+    _lloyd_against_exact(x, cen, 8, w=w)
+
+
+@pytest.mark.parametrize("scale", [1e-150, 1e-30, 1e18, 1e140])
+def test_bounds_at_extreme_magnitudes(scale):
+    x, cen = _blobs(2000, 5, 7, 2)
+    _lloyd_against_exact(x * scale, cen * scale, 6)
+
+
+def test_ties_never_pass_the_bounds():
+    # integer rows and two identical centres that do not move: every row nearest to them is a tie,
+    # which only the search decides (the lower index)
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 3, size=(3000, 4)).astype(float)
+    cen = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 2, 1], [2, 2, 0, 0.0]])
+    _lloyd_against_exact(x, cen, 4, move=lambda it, c: c)
+    be = CPUBackend(threads=1)
+    be.load(x)
+    for _ in range(3):
+        be.step(cen)
+        assert not (be._labels == 1).any(), "a tie went to the higher of two equal centres"
+
+
+def test_centres_that_jump_between_steps():
+    # centres replaced by unrelated ones, swapped, one moved far away, then back: the bounds must
+    # notice every move (a relocated empty cluster, another run of the same backend)
+    x, cen = _blobs(4000, 10, 12, 4)
+    rng = np.random.default_rng(4)
+    plans = [lambda c: c[::-1].copy(), lambda c: x[rng.choice(len(x), len(c), replace=False)].copy(),
+             lambda c: np.vstack([c[:1] + 1e3, c[1:]]), lambda c: c + 1e-12, lambda c: c]
+    _lloyd_against_exact(x, cen, 10, move=lambda it, c: plans[it % len(plans)](c))
+
+
+def test_centre_count_changes_and_forgotten_labels():
+    x, cen = _blobs(3000, 6, 10, 5)
+    be = CPUBackend(threads=2)
+    be.load(x)
+    lab = np.full(len(x), -1, np.int32)
+    for c in (cen, cen, cen[:7], cen[:7]):
+        r = be.step(c)
+        sums, counts, sse, changed = _exact_step(x, c, lab)
+        assert np.array_equal(r.sums, sums) and r.changed == changed
+    assert be.rows_searched == 0  # the same centres twice: nothing searched
+    be.forget_labels()
+    lab[:] = -1
+    r = be.step(cen[:7])
+    assert be.rows_searched == len(x) and r.changed == len(x)
+
+
+def test_assign_leaves_the_steps_labels_and_bounds_alone():
+    x, cen = _blobs(3000, 8, 6, 6)
+    be = CPUBackend(threads=2)
+    be.load(x)
+    be.step(cen)
+    before = be._labels.copy(), be._lower.copy()
+    other = cen + np.random.default_rng(6).normal(size=cen.shape)
+    labels, d2 = be.assign(other)
+    la, da = np.empty(len(x), np.int32), np.empty(len(x))
+    T._assign_pass(x, other, T._tile_rows(8), la, da)
+    assert np.array_equal(labels, la) and np.array_equal(d2, da)
+    assert np.array_equal(be._labels, before[0]) and np.array_equal(be._lower, before[1])
+    r = be.step(cen)
+    assert r.changed == 0 and be.rows_searched == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_without_bounds_every_row_is_searched_and_the_bits_are_the_same(threads):
+    x, cen = _blobs(5000, 20, 10, 7)
+    out = []
+    for bounds in (True, False):
+        be = CPUBackend(threads=threads, bounds=bounds)
+        be.load(x)
+        c = cen
+        steps = []
+        for _ in range(6):
+            r = be.step(c)
+            steps.append((r.sums.tobytes(), r.counts.tobytes(), r.sse, r.changed, be.rows_searched))
+            c = r.sums / np.maximum(r.counts, 1)[:, None]
+        out.append(steps)
+    assert [s[:4] for s in out[0]] == [s[:4] for s in out[1]]
+    assert all(s[4] == len(x) for s in out[1])
+    assert sum(s[4] for s in out[0]) < sum(s[4] for s in out[1])
+
+
+def test_centre_moves():
+    old = np.zeros((3, 2))
+    new = np.array([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]])
+    first, which, second = B.centre_moves(old, new)
+    assert which == 0 and 5.0 <= first <= 5.0 * (1 + 1e-12) and 1.0 <= second <= 1.0 * (1 + 1e-12)
+    assert B.centre_moves(old[:1], new[:1])[2] == 0.0  # K = 1: no other centre
+    first, which, second = B.centre_moves(old, np.array([[np.inf, 0.0], [0.0, 1.0], [0.0, 0.0]]))
+    assert np.isinf(first) and which == 0
+    first, _, second = B.centre_moves(old, old)
+    assert 0.0 < first < 1e-140 and 0.0 < second < 1e-140  # below float64's normal range: never exactly 0
+    tiny = np.full((1, 4), 1e-200)
+    assert B.centre_moves(np.zeros((1, 4)), tiny)[0] >= 2e-200  # squares underflow; the move is still bounded
+
+
+def test_bound_eps_covers_the_rounding_of_long_rows():
+    # the computed distance of m equal terms against the exact one, for the largest error it can have
+    for m in (1, 16, 257, 4096):
+        assert B.bound_eps(m) >= (m + 3) * 2.0 ** -53
