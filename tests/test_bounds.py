@@ -1,5 +1,7 @@
-"""Tests for :mod:`mpikmeans.backends.cpu.bounds`: steps that skip rows by Hamerly's bounds give the exact
+"""Tests for :mod:`mpikmeans.backends.cpu.bounds`: steps that skip rows by their bounds give the exact
 kernels' bits, step after step, whatever the centres do between steps."""
+
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -151,16 +153,19 @@ def test_without_bounds_every_row_is_searched_and_the_bits_are_the_same(threads)
     assert sum(s[4] for s in out[0]) < sum(s[4] for s in out[1])
 
 
-def test_centre_moves():
+def test_centre_moves_and_bound_drops():
     old = np.zeros((3, 2))
     new = np.array([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]])
-    first, which, second = B.centre_moves(old, new)
-    assert which == 0 and 5.0 <= first <= 5.0 * (1 + 1e-12) and 1.0 <= second <= 1.0 * (1 + 1e-12)
-    assert B.centre_moves(old[:1], new[:1])[2] == 0.0  # K = 1: no other centre
-    first, which, second = B.centre_moves(old, np.array([[np.inf, 0.0], [0.0, 1.0], [0.0, 0.0]]))
-    assert np.isinf(first) and which == 0
-    first, _, second = B.centre_moves(old, old)
-    assert 0.0 < first < 1e-140 and 0.0 < second < 1e-140  # below float64's normal range: never exactly 0
+    moves = B.centre_moves(old, new)
+    assert 5.0 <= moves[0] <= 5.0 * (1 + 1e-12) and 1.0 <= moves[1] <= 1.0 * (1 + 1e-12) and moves[2] > 0
+    drops = B.bound_drops(moves)
+    # a row of centre 0 loses the largest move of the others (centre 1's); the others lose centre 0's
+    assert drops[0] == moves[1] + B._LOWER_MIN and drops[1] == drops[2] == moves[0] + B._LOWER_MIN
+    assert B.bound_drops(moves[:1])[0] == B._LOWER_MIN  # K = 1: no other centre
+    moves = B.centre_moves(old, np.array([[np.inf, 0.0], [0.0, 1.0], [0.0, 0.0]]))
+    assert np.isinf(moves[0]) and np.isinf(B.bound_drops(moves)[1])
+    still = B.centre_moves(old, old)
+    assert (0.0 < still).all() and (still < 1e-140).all()  # below float64's normal range: never exactly 0
     tiny = np.full((1, 4), 1e-200)
     assert B.centre_moves(np.zeros((1, 4)), tiny)[0] >= 2e-200  # squares underflow; the move is still bounded
 
@@ -169,3 +174,44 @@ def test_bound_eps_covers_the_rounding_of_long_rows():
     # the computed distance of m equal terms against the exact one, for the largest error it can have
     for m in (1, 16, 257, 4096):
         assert B.bound_eps(m) >= (m + 3) * 2.0 ** -53
+
+
+@pytest.mark.parametrize("offset,spread", [(0.0, 1.0), (1e6, 1.0), (1e3, 1e-7), (0.0, 1e-160)])
+def test_half_gaps_never_exceed_half_the_true_gap(offset, spread):
+    rng = np.random.default_rng(11)
+    cen = offset + rng.normal(size=(40, 9)) * spread
+    cen[7] = cen[3]  # two equal centres: no gap at all
+    half = B.half_gaps(cen)
+    exact = np.array([[sum((Fraction(float(p)) - Fraction(float(q))) ** 2 for p, q in zip(a, b)) for b in cen]
+                      for a in cen])
+    for a in range(len(cen)):
+        nearest = min(exact[a, b] for b in range(len(cen)) if b != a)
+        assert Fraction(float(half[a])) ** 2 * 4 <= nearest
+    assert half[3] == half[7] == 0.0
+    if spread == 1.0 and offset == 0.0:
+        assert (np.delete(half, [3, 7]) > 0).all()  # well apart: every other centre has a useful gap
+    assert B.half_gaps(cen[:1])[0] == B._LOWER_MAX  # K = 1
+
+
+def test_half_gaps_keep_rows_that_the_moves_left_no_bound():
+    # every row's own bound gone (as after far moves of the other centres): rows nearer their centre than
+    # half its gap to the next one are still kept, and nothing changes
+    x, cen = _blobs(6000, 8, 6, 12, spread=0.5)
+    be = CPUBackend(threads=2)
+    be.load(x)
+    r = be.step(cen)
+    centres = r.sums / np.maximum(r.counts, 1)[:, None]
+    be.step(centres)
+    labels = be._labels.copy()
+    be._lower[:] = 0.0
+    r = be.step(centres)
+    assert r.changed == 0 and np.array_equal(be._labels, labels)
+    assert be.rows_searched < len(x) // 2
+    # and the bounds they leave are lower bounds: the next steps are still the exact ones
+    lab = labels.copy()
+    for shift in (0.3, -0.2):
+        moved = centres + shift
+        r = be.step(moved)
+        sums, counts, sse, changed = _exact_step(x, moved, lab)
+        assert np.array_equal(r.sums, sums) and r.sse == sse and r.changed == changed
+        assert np.array_equal(be._labels, lab)

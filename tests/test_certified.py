@@ -8,8 +8,6 @@ from mpikmeans.backends.cpu import certified as C
 from mpikmeans.backends.cpu import tiles as T
 from mpikmeans.backends.cpu.bounds import assign_pass, step_pass
 
-#: no bounds: every row is searched (by the screen, here)
-_NO_MOVES = (0.0, -1, 0.0)
 
 
 def _both_steps(x, cen, w=None, tile=None):
@@ -27,7 +25,7 @@ def _both_steps(x, cen, w=None, tile=None):
             T._lloyd_pass(x, cen, tile, lab, ww, w is not None, ps, pc, pse, pch)
         else:
             searched = np.zeros(T._BLOCKS, np.int64)
-            step_pass(x, cen, (True, *C.centre_data(cen)), tile, lab, np.zeros(n), False, _NO_MOVES, ww,
+            step_pass(x, cen, (True, *C.centre_data(cen)), tile, lab, np.zeros(n), False, np.zeros(k), np.zeros(k), ww,
                       w is not None, ps, pc, pse, pch, searched, pex)
             assert searched.sum() == n
         outs.append((lab, ps, pc, pse, pch))
@@ -45,7 +43,7 @@ def _both_assigns(x, cen):
     none = np.full(n, -1, np.int32)
     for fn in (lambda lab, d: T._assign_pass(x, cen, T._tile_rows(m), lab, d),
                lambda lab, d: assign_pass(x, cen, (True, *C.centre_data(cen)), T._tile_rows(m), none, np.zeros(n),
-                                          False, _NO_MOVES, lab, d)):
+                                          False, np.zeros(len(cen)), np.zeros(len(cen)), lab, d)):
         lab, d = np.empty(n, np.int32), np.empty(n)
         fn(lab, d)
         out.append((lab, d))

@@ -221,7 +221,7 @@ searched = np.empty(nb, dtype=np.int64)
 def f_sgemm():
     s, ex = P["sgemm"][:4], P["sgemm"][4]
     with one_thread():
-        B.step_pass(x, cen, (True, *prep), C.screen_rows(k, m), L["sgemm"], np.zeros(n), False, (0.0, -1, 0.0),
+        B.step_pass(x, cen, (True, *prep), C.screen_rows(k, m), L["sgemm"], np.zeros(n), False, np.zeros(k), np.zeros(k),
                     np.ones(0), False, *s, searched, ex)
 def f_reg():
     screened_pass(screen_f32, x, cen, *prep, rtile, L["reg"], *P["reg"])

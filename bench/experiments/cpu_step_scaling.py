@@ -123,7 +123,7 @@ def tiled_step(be, cen, tile):
     k, m = cen.shape
     parts = be._partials(k, m)
     with one_thread():
-        B.step_pass(be._x, cen, (True, *C.centre_data(cen)), tile, be._labels, be._lower, False, (0.0, -1, 0.0),
+        B.step_pass(be._x, cen, (True, *C.centre_data(cen)), tile, be._labels, be._lower, False, np.zeros(k), np.zeros(k),
                     be._weights, False, *parts)
     return T._reduce_blocks(*parts[:4])[:3]
 

@@ -10,7 +10,7 @@ from ...exact import BlockFixed, limbs_to_int, scale_factors
 from ...memory import available_memory
 from .. import Backend, BackendInfo, StepResult
 from .blas import one_thread
-from .bounds import assign_pass, centre_moves, step_pass
+from .bounds import assign_pass, bound_drops, centre_moves, half_gaps, step_pass
 from .certified import centre_data, screen_rows
 from .seeding import SeedingRows, candidate_data, fixed_blocks, potentials_pass
 from .tiles import _BLOCKS, _reduce_blocks, _tile_dist2, _tile_rows
@@ -125,9 +125,9 @@ class CPUBackend(Backend):
         k, m = centres.shape
         part_sums, part_counts, part_sse, part_changed, part_searched, part_exact = self._partials(k, m)
         plan, tile = search_plan(centres)
-        use_bounds, moves = self._moves(centres)
+        use_bounds, drops, halves = self._drops(centres)
         with one_thread():
-            step_pass(self._x, centres, plan, tile, self._labels, self._lower, use_bounds, moves, self._weights,
+            step_pass(self._x, centres, plan, tile, self._labels, self._lower, use_bounds, drops, halves, self._weights,
                       self._weights.size > 0, part_sums, part_counts, part_sse, part_changed, part_searched,
                       part_exact)
         self._bounds_for = centres.copy() if self.bounds else None
@@ -136,13 +136,14 @@ class CPUBackend(Backend):
         sums, counts, sse, changed = _reduce_blocks(part_sums, part_counts, part_sse, part_changed)
         return StepResult(sums=sums, counts=counts, sse=float(sse), changed=int(changed))
 
-    def _moves(self, centres: np.ndarray) -> tuple:
-        """Whether the labels and bounds of the last step can serve for ``centres``, and how far the
-        centres moved since (:func:`.bounds.centre_moves`)."""
+    def _drops(self, centres: np.ndarray) -> tuple:
+        """Whether the labels and bounds of the last step can serve for ``centres``, how much each
+        label's bounds drop since (:func:`.bounds.bound_drops`), and the centres' half gaps
+        (:func:`.bounds.half_gaps`)."""
         old = self._bounds_for
         if old is None or old.shape != centres.shape:
-            return False, (0.0, -1, 0.0)
-        return True, centre_moves(old, centres)
+            return False, np.zeros(len(centres)), np.zeros(len(centres))
+        return True, bound_drops(centre_moves(old, centres)), half_gaps(centres)
 
     def _partials(self, k: int, m: int) -> tuple:
         """The blocks' partial results, kept from step to step while K x M stays the same.
@@ -168,10 +169,10 @@ class CPUBackend(Backend):
         dist2 = np.empty(n, dtype=np.float64)
         if n:
             plan, tile = search_plan(centres)
-            use_bounds, moves = self._moves(centres)
+            use_bounds, drops, halves = self._drops(centres)
             with one_thread():
                 self.rows_searched = int(assign_pass(self._x, centres, plan, tile, self._labels, self._lower,
-                                                     use_bounds, moves, labels, dist2))
+                                                     use_bounds, drops, halves, labels, dist2))
         return labels, dist2
 
     def dist2_to(self, centre: np.ndarray) -> np.ndarray:
@@ -266,11 +267,11 @@ class CPUBackend(Backend):
         parts = (np.empty((1, k, m)), np.empty((1, k)), np.empty(1), np.empty(1, dtype=np.int64),
                  np.empty(1, dtype=np.int64), np.empty(1, dtype=np.int64))
         plan, tile = search_plan(cen)
-        no_moves = (0.0, -1, 0.0)
+        drops = np.zeros(k)
         with one_thread():
-            step_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, no_moves, np.ones(0),
-                      False, *parts)
-            assign_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, no_moves,
+            step_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, drops, drops,
+                      np.ones(0), False, *parts)
+            assign_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, drops, drops,
                         np.empty(1, dtype=np.int32), np.empty(1))
 
     def info(self) -> BackendInfo:

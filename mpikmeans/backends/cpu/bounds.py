@@ -1,37 +1,44 @@
-"""The CPU step and assignment passes: Hamerly's bounds first, the nearest-centre search only where they fail.
+"""The CPU step and assignment passes: bounds first, the nearest-centre search only where they fail.
 
 Once the centres settle, most rows keep their centre from one iteration to
 the next, and a search over all K centres finds what was known.  Each row
 keeps a lower bound ``l`` on its distance to every centre other than its own
 (Hamerly, "Making k-means even faster", SDM 2010).  When the centres move by
 ``delta_j``, the triangle inequality gives ``l - max_{j != a} delta_j`` as the
-new bound; a row whose exact distance ``d`` to its own centre ``a`` is still
-below it keeps ``a`` without any other distance computed.  The others are
-searched by the step's plan (the certified float32 screen of :mod:`.certified`,
-or the exact kernels of :mod:`.tiles`), which also gives them a new bound.
+new bound; and a row nearer its centre ``a`` than half the distance from ``a``
+to the nearest other centre is nearer ``a`` than any other (Elkan, ICML 2003).
+A row whose exact distance ``d`` to its own centre is below the larger of the
+two keeps ``a`` without any other distance computed.  The others are searched
+by the step's plan (the certified float32 screen of :mod:`.certified`, or the
+exact kernels of :mod:`.tiles`), which also gives them a new bound.
 
 Nothing here changes a bit of the result.  Every quantity is a rigorous bound
 on the real (exact) distances, with the float64 rounding of each computed
-distance, move and bound folded into a relative margin ``eps`` (a few hundred
-units in the last place at the most), and a row passes only when its computed
-distance is strictly below every other centre's computed distance:
+distance, move, gap and bound folded into a relative margin ``eps`` (a few
+hundred units in the last place at the most), and a row passes only when its
+computed distance is strictly below every other centre's computed distance:
 
 * a computed squared distance is within ``(m + 3) u`` of the exact one
   (``u = 2^-53``; m non-negative terms, one rounding per operation), so with
   ``eps = 4 (m + 4) u`` the test ``d (1 + eps)^2 < (l (1 - eps))^2`` implies
   ``fl(d_a) < fl(d_j)`` for every other centre ``j``: the exact kernels' label,
   ties included (a tie never passes);
-* bounds are kept in ``[_LOWER_MIN, _LOWER_MAX]`` (below: no test; above:
-  lowered), so squares stay normal numbers and finite;
+* a bound is tested only above ``_LOWER_MIN`` (squares stay normal numbers)
+  and kept below ``_LOWER_MAX`` (squares stay finite);
 * a move is ``sqrt(sum of squared differences) (1 + eps)`` plus the most that
   attributes below float64's normal range can add; a move that is not finite
-  makes every bound fail.
+  makes every bound of the other labels fail.  The gaps between centres come
+  from a matrix product less a bound on its rounding (:func:`half_gaps`).
 
 The distance to the row's centre is the one the sums need anyway (the SSE is
 the sum of exact distances), so a kept row costs ``m`` operations instead of
-the search's ``k m``.  The labels, distances, sums, counts and SSE are those of
-the exact kernels (:func:`mpikmeans.backends.cpu.tiles._lloyd_pass`), for any
-thread count, with or without bounds.
+the search's ``k m``.  Rows go a chunk at a time (about 256 KB, in L2): the
+chunk's rows are tested, the ones not kept are searched a full tile at a time,
+then the chunk is summed in row order.  Short rows kept from the start of a
+chunk are tested and summed in one pass (:func:`_keep_sum`).  The labels,
+distances, sums, counts and SSE are those of the exact kernels
+(:func:`mpikmeans.backends.cpu.tiles._lloyd_pass`), for any thread count, with
+or without bounds.
 """
 
 from __future__ import annotations
@@ -63,8 +70,8 @@ def bound_eps(m: int) -> float:
     return float(bound_eps_c(int(m)))
 
 
-def centre_moves(old: np.ndarray, new: np.ndarray) -> tuple:
-    """Upper bounds on how far each centre moved: the largest, its centre, and the second largest.
+def centre_moves(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Upper bounds on how far each centre moved.
 
     Parameters
     ----------
@@ -72,12 +79,10 @@ def centre_moves(old: np.ndarray, new: np.ndarray) -> tuple:
 
     Returns
     -------
-    first : float
-        The largest move (``inf`` when any move is not finite).
-    which : int
-        Its centre.
-    second : float
-        The largest move of the other centres (0 when K = 1).
+    ndarray, shape (k,), float64
+        ``sqrt(sum of squared differences) (1 + eps)`` plus the most that
+        attributes below float64's normal range can add; ``inf`` where that is
+        not finite.
     """
     k, m = new.shape
     eps = bound_eps(m)
@@ -85,53 +90,108 @@ def centre_moves(old: np.ndarray, new: np.ndarray) -> tuple:
         diff = new - old
         moves = np.sqrt(np.einsum("ij,ij->i", diff, diff)) * (1.0 + eps) + np.sqrt(m) * _SUBNORMAL_MOVE
     moves[~np.isfinite(moves)] = np.inf
+    return moves
+
+
+def half_gaps(centres: np.ndarray) -> np.ndarray:
+    """Lower bounds on half the distance from each centre to its nearest other centre, less ``_LOWER_MIN``.
+
+    A row nearer its own centre ``a`` than ``half_gaps[a]`` is nearer it than
+    any other (Elkan, "Using the triangle inequality to accelerate k-means",
+    ICML 2003, lemma 1): ``|x - c_j| >= |c_a - c_j| - |x - c_a| > |x - c_a|``.
+    The distances between centres come from one matrix product, ``|z_a|^2 +
+    |z_b|^2 - 2 z_a.z_b`` on centres shifted by their mean, less a rigorous
+    bound on its rounding in any order of the additions, ``4 (m + 10) u
+    (|z_a|^2 + |z_b|^2)`` (the product's ``(m + 1) u`` per norm, the norms', the
+    shift's, and margin); where that leaves nothing, the bound is 0.
+
+    Parameters
+    ----------
+    centres : ndarray, shape (k, m), float64
+
+    Returns
+    -------
+    ndarray, shape (k,), float64
+        ``_LOWER_MAX`` for K = 1 (no other centre).
+    """
+    k, m = centres.shape
+    if k == 1:
+        return np.full(1, _LOWER_MAX)
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = centres - centres.mean(axis=0)
+        norms = np.einsum("ij,ij->i", z, z)
+        pair = norms[:, None] + norms[None, :]
+        d2 = pair - 2.0 * (z @ z.T) - 4.0 * (m + 10) * _U64 * pair
+        np.fill_diagonal(d2, np.inf)
+        nearest = d2.min(axis=1)
+        half = 0.5 * np.sqrt(np.where(nearest > 0.0, nearest, 0.0)) * (1.0 - bound_eps(m)) - _LOWER_MIN
+    half[~np.isfinite(half) | (half < 0.0)] = 0.0
+    return np.minimum(half, _LOWER_MAX)
+
+
+def bound_drops(moves: np.ndarray) -> np.ndarray:
+    """How much the bound of a row of each label drops: the largest move of the other centres, plus
+    ``_LOWER_MIN`` (a bound must stay above it to be tested: squares of normal numbers).
+
+    Parameters
+    ----------
+    moves : ndarray, shape (k,), float64
+        :func:`centre_moves`.
+
+    Returns
+    -------
+    ndarray, shape (k,), float64
+    """
+    k = len(moves)
+    if k == 1:
+        return np.full(1, _LOWER_MIN)
     which = int(np.argmax(moves))
-    first = float(moves[which])
-    second = float(np.delete(moves, which).max()) if k > 1 else 0.0
-    return first, which, second
+    second = float(np.delete(moves, which).max())
+    drops = np.full(k, float(moves[which]) + _LOWER_MIN)
+    drops[which] = second + _LOWER_MIN
+    return drops
+
+
+#: rows of more attributes than this are tested four quarter-tiles apart, shorter ones four neighbours at a time
+_SPREAD_M = 32
 
 
 @njit(cache=True, forceinline=True)
-def _keep(x, t0, rt, cen, labels, lower, first, which, second, eps, lab, dt, low, rows):  # pragma: no cover
+def _keep(x, t0, rt, cen, labels, lower, update, drops, halves, eps, lab, dt, rows):  # pragma: no cover - compiled
     """The rows of the tile ``t0 .. t0+rt-1`` that keep their centre; the others listed in ``rows``.
 
-    A kept row ``r`` gets its label ``lab[r]``, its exact squared distance
-    ``dt[r]`` and its new bound ``low[r]``; the others are ``rows[:f]``
-    (tile-relative).  Returns ``f``.
+    A kept row ``r`` gets its label ``lab[r]`` and its exact squared distance
+    ``dt[r]`` (and, with ``update``, its new bound in ``lower``); the others are
+    ``rows[:f]`` (tile-relative).  Returns ``f``.
 
-    The four distances computed side by side are those of rows a quarter of
-    the tile apart: each of the four walks through memory in order, which the
-    hardware prefetchers follow (four neighbouring rows side by side cost 2.8
-    times as much from memory: 2 10^5 x 100 on one Zen 4 core, 27.6 against
-    9.8 ms).
+    Four distances are computed side by side.  Rows of more than ``_SPREAD_M``
+    attributes are taken a quarter of the tile apart, so that each of the four
+    walks through memory in order, which the hardware prefetchers follow
+    (2 10^5 x 100 on one Zen 4 core: 9.8 ms a pass, against 27.6 for four
+    neighbouring rows); shorter rows four neighbours at a time (10^6 x 16:
+    4.3 against 7.5 ms).
     """
-    k = cen.shape[0]
     up = (1.0 + eps) * (1.0 + eps)
+    down = 1.0 - eps
     h = (rt + 3) // 4
+    spread = x.shape[1] > _SPREAD_M
+    gs = h if spread else 1
     f = 0
     for q in range(h):
-        ra = q
-        rb = min(q + h, rt - 1)
-        rc = min(q + 2 * h, rt - 1)
-        rd = min(q + 3 * h, rt - 1)
-        # a label out of range (none yet, or a centre dropped) computes with centre 0 and fails below
-        ca = labels[t0 + ra] if 0 <= labels[t0 + ra] < k else 0
-        cb = labels[t0 + rb] if 0 <= labels[t0 + rb] < k else 0
-        cc = labels[t0 + rc] if 0 <= labels[t0 + rc] < k else 0
-        cd = labels[t0 + rd] if 0 <= labels[t0 + rd] < k else 0
-        d4 = _four_chains(x[t0 + ra], x[t0 + rb], x[t0 + rc], x[t0 + rd], cen[ca], cen[cb], cen[cc], cen[cd])
+        ra = q if spread else 4 * q
+        m4, d4 = _group(x, cen, labels, lower, t0 + ra, t0 + min(ra + gs, rt - 1), t0 + min(ra + 2 * gs, rt - 1),
+                        t0 + min(ra + 3 * gs, rt - 1), drops, halves, down)
         for g in range(4):
-            r = q + g * h
+            r = ra + g * gs
             if r >= rt:
                 break
-            a = labels[t0 + r]
+            mg = _nth(m4, g)
             d = _nth(d4, g)
-            bound = lower[t0 + r] - (second if a == which else first)
-            margin = bound * (1.0 - eps)
-            if 0 <= a < k and bound > _LOWER_MIN and d * up < margin * margin:
-                lab[r] = a
+            if d * up < mg * mg:
+                lab[r] = labels[t0 + r]
                 dt[r] = d
-                low[r] = margin
+                if update:
+                    lower[t0 + r] = mg
             else:
                 rows[f] = r
                 f += 1
@@ -139,42 +199,126 @@ def _keep(x, t0, rt, cen, labels, lower, first, which, second, eps, lab, dt, low
 
 
 @njit(cache=True, forceinline=True)
-def _lower_from(d, gap, eps):  # pragma: no cover - compiled
-    """``sqrt(d (1 - eps) + gap) (1 - eps)`` clipped to the bounds' range (0 where nothing is bounded)."""
-    v = d * (1.0 - eps) + gap
-    if not v > 0.0:  # NaN too
-        return 0.0
+def _margin(a, low, drops, halves, down):  # pragma: no cover - compiled
+    """A row's new bound, less its margin: the larger of its last bound ``low`` lowered by ``drops[a]``
+    (the largest move of the centres other than its own ``a``, and ``_LOWER_MIN``) and ``halves[a]``
+    (:func:`half_gaps`), or 0 when both are.  No branch.
+
+    A row kept by it (distance below it) is nearer ``a`` than every other centre
+    by more than it: the first bounds the others' distances; by the second, they
+    exceed ``2 halves[a] - d > halves[a]``.  So it is also the row's next bound.
+    """
+    v = low - drops[a]
+    v = v if v > halves[a] else halves[a]
+    return (v if v > 0.0 else 0.0) * down
+
+
+@njit(cache=True, forceinline=True)
+def _group(x, cen, labels, lower, ia, ib, ic, id_, drops, halves, down):  # pragma: no cover - compiled
+    """Rows ``ia, ib, ic, id_``: their margins (:func:`_margin`) and exact squared distances to their
+    centres, side by side (``inf`` for all four when no margin is positive: hopeless rows cost no
+    distance).  A row keeps its centre when its distance ``d`` has ``d (1 + eps)^2 < margin^2``.
+
+    The labels are the last step's, each a centre of this one (the backend uses
+    bounds only then), so they index ``cen`` and ``drops`` unchecked.
+    """
+    ma = _margin(labels[ia], lower[ia], drops, halves, down)
+    mb = _margin(labels[ib], lower[ib], drops, halves, down)
+    mc = _margin(labels[ic], lower[ic], drops, halves, down)
+    md = _margin(labels[id_], lower[id_], drops, halves, down)
+    if ma > 0.0 or mb > 0.0 or mc > 0.0 or md > 0.0:
+        d4 = _four_chains(x[ia], x[ib], x[ic], x[id_], cen[labels[ia]], cen[labels[ib]], cen[labels[ic]],
+                          cen[labels[id_]])
+    else:
+        d4 = (np.inf, np.inf, np.inf, np.inf)
+    return (ma, mb, mc, md), d4
+
+
+@njit(cache=True, forceinline=True)
+def _keep_sum(x, c0, rc, cen, labels, lower, drops, halves, eps, weights, use_weights, sums, counts, sse,
+              ahead):  # pragma: no cover - compiled
+    """Rows ``c0, c0+1, ...`` kept by their bounds, four neighbours at a time, summed at once (in row
+    order, as :func:`_sum_rows` sums them) while every row before them was kept; their bounds updated.
+
+    One pass instead of the test, then the sums (10^6 x 16, K = 8, every row kept, one Zen 4 core:
+    about 14 against 20 ms).  Returns the first row of the first group with a row not kept (``rc``
+    when all were), from which the chunk goes the other way, and the new ``sse``.
+    """
+    m = x.shape[1]
+    up = (1.0 + eps) * (1.0 + eps)
+    down = 1.0 - eps
+    for q in range(0, rc - rc % 4, 4):
+        i = c0 + q
+        m4, d4 = _group(x, cen, labels, lower, i, i + 1, i + 2, i + 3, drops, halves, down)
+        if not (d4[0] * up < m4[0] * m4[0] and d4[1] * up < m4[1] * m4[1] and d4[2] * up < m4[2] * m4[2]
+                and d4[3] * up < m4[3] * m4[3]):
+            return q, sse
+        for g in range(4):
+            _prefetch_row(x, i + g + ahead)
+            lower[i + g] = _nth(m4, g)
+            a = labels[i + g]
+            row = x[i + g]
+            acc = sums[a]
+            if use_weights:
+                w = weights[i + g]
+                counts[a] += w
+                for j in range(m):
+                    acc[j] += w * row[j]
+                sse += w * _nth(d4, g)
+            else:
+                counts[a] += 1.0
+                for j in range(m):
+                    acc[j] += row[j]
+                sse += _nth(d4, g)
+    return rc - rc % 4, sse
+
+
+@njit(cache=True, forceinline=True)
+def _lower_from(v, eps):  # pragma: no cover - compiled
+    """``sqrt(v) (1 - eps)`` for a lower bound ``v`` on a squared distance, clipped to the bounds' range
+    (0 where ``v`` bounds nothing, NaN included).  No branch: a loop of these runs in vectors."""
+    v = v if v > 0.0 else 0.0
     return min(np.sqrt(v) * (1.0 - eps), _LOWER_MAX)
 
 
 @njit(cache=True, forceinline=True)
-def _search(x, t0, rows, f, cen, screen, shift, zt, cc, zlim, tolf, eps, sbuf, ebuf, lab, dt, low):  # pragma: no cover
-    """Labels, exact squared distances and new bounds of rows ``t0 + rows[q]``, ``q < f``, by the plan.
+def _search(x, t0, rows, f, cen, plan, eps, sbuf, ebuf, lab, dt, lower, update):  # pragma: no cover - compiled
+    """Labels and exact squared distances of rows ``t0 + rows[q]``, ``q < f``, by the plan (and, with
+    ``update``, their new bounds in ``lower``).
 
-    ``screen``: the certified float32 screen (a certified row's bound from its
-    float32 gap; a row computed exactly gets no bound); else the exact kernels
-    (the bound from the exact second-nearest distance).  Returns how many rows
-    took the screen's exact path.
+    ``plan[0]``: the certified float32 screen (a certified row's bound from its
+    float32 gap; a row computed exactly, a near tie, gets none and is searched
+    again next step); else the exact kernels (the bound from the exact
+    second-nearest distance).  Returns how many rows took the screen's exact path.
     """
+    screen, shift, zt, cc, zlim, tolf = plan
     exact = 0
     if screen:
-        ys, est_flat, yy, b1, b2, i1 = sbuf
+        ys, est_flat, yy, b1, b2, i1, v = sbuf
         exact = screen_search(x, t0, rows, f, cen, shift, zt, cc, zlim, tolf, ys, est_flat, yy, b1, b2, i1)
         for q in range(f):
             lab[rows[q]] = i1[q]
         label_dists(x, t0, rows, f, cen, lab, dt)
-        for q in range(f):
-            # a row computed exactly was a near tie: no bound (it is searched again next step)
-            certain = is_certified(b1[q], b2[q], yy[q], zlim, tolf)
-            low[rows[q]] = _lower_from(dt[rows[q]], gap_bound(b1[q], b2[q], yy[q], zlim, tolf), eps) if certain else 0.0
+        if update:
+            for q in range(f):
+                certain = is_certified(b1[q], b2[q], yy[q], zlim, tolf)
+                gap = gap_bound(b1[q], b2[q], yy[q], zlim, tolf)
+                v[q] = dt[rows[q]] * (1.0 - eps) + gap if certain else 0.0
+            for q in range(f):
+                v[q] = _lower_from(v[q], eps)
+            for q in range(f):
+                lower[t0 + rows[q]] = v[q]
     else:
         xt, acc, best_d, best, second_d = ebuf
         exact_search(x, t0, rows, f, cen, xt, acc, best_d, best, second_d)
         for q in range(f):
-            r = rows[q]
-            lab[r] = best[q]
-            dt[r] = best_d[q]
-            low[r] = _lower_from(second_d[q], 0.0, eps)
+            lab[rows[q]] = best[q]
+            dt[rows[q]] = best_d[q]
+        if update:
+            for q in range(f):
+                second_d[q] = _lower_from(second_d[q] * (1.0 - eps), eps)
+            for q in range(f):
+                lower[t0 + rows[q]] = second_d[q]
     return exact
 
 
@@ -210,40 +354,59 @@ def _sum_rows(x, t0, rt, lab, dt, labels, weights, use_weights, sums, counts, ss
     return sse, changed
 
 
+#: rows ahead whose lines the one-pass test-and-sum asks for
+_AHEAD_ROWS = 64
+#: bytes of rows one pass of the bounds tests and the sums covers (a chunk of rows, in L2 between the two)
+_CHUNK_BYTES = 1 << 18
+
+
+@njit(cache=True)
+def chunk_rows(tile, m):  # pragma: no cover - compiled
+    """Rows per chunk: whole search tiles, about ``_CHUNK_BYTES`` of rows, at least one tile.
+
+    The bounds test a chunk, its searched rows are gathered into full tiles
+    (a search of a few rows costs nearly what a full tile does), and the chunk
+    is summed while its rows are still in the cache.
+    """
+    return max(1, _CHUNK_BYTES // (8 * m * tile)) * tile
+
+
 @njit(cache=True, forceinline=True)
-def _buffers(screen, tile, k, m):  # pragma: no cover - compiled
-    """One thread's scratch: the plan's search buffers (the other plan's left empty) and the tile's
-    labels, distances, bounds and searched rows."""
+def _buffers(screen, tile, chunk, k, m):  # pragma: no cover - compiled
+    """One thread's scratch: the plan's search buffers for a tile (the other plan's left empty) and the
+    chunk's labels, distances and searched rows."""
     ts = tile if screen else 0
     te = 0 if screen else tile
     sbuf = (np.zeros((ts, m), dtype=np.float32), np.zeros(k * ts, dtype=np.float32), np.empty(ts, dtype=np.float32),
-            np.empty(ts, dtype=np.float32), np.empty(ts, dtype=np.float32), np.empty(ts, dtype=np.int32))
+            np.empty(ts, dtype=np.float32), np.empty(ts, dtype=np.float32), np.empty(ts, dtype=np.int32),
+            np.empty(ts))
     ebuf = (np.zeros((m, te + _PAD)), np.empty((_GROUP, te)), np.empty(te), np.empty(te, dtype=np.int64), np.empty(te))
-    tbuf = (np.empty(tile, dtype=np.int32), np.empty(tile), np.empty(tile), np.empty(tile, dtype=np.int64))
+    tbuf = (np.empty(chunk, dtype=np.int32), np.empty(chunk), np.empty(chunk, dtype=np.int64))
     return sbuf, ebuf, tbuf
 
 
 @njit(cache=True, forceinline=True)
-def _tile(x, t0, rt, cen, labels, lower, use_bounds, moves, plan, eps, sbuf, ebuf, tbuf):  # pragma: no cover
-    """The tile's labels, exact distances and new bounds (in ``tbuf``): kept by the bounds, else searched.
-    Returns (rows searched, rows the screen computed exactly)."""
-    lab, dt, low, rows = tbuf
+def _chunk(x, c0, rc, cen, labels, lower, update, use_bounds, drops, halves, plan, tile, eps, sbuf, ebuf,
+           tbuf):  # pragma: no cover - compiled
+    """The labels and exact distances of rows ``c0 .. c0+rc-1`` (in ``tbuf``; with ``update``, the new
+    bounds in ``lower``): kept by the bounds, else searched, ``tile`` rows at a time.  Returns (rows
+    searched, rows the screen computed exactly)."""
+    lab, dt, rows = tbuf
     if use_bounds:
-        f = _keep(x, t0, rt, cen, labels, lower, moves[0], moves[1], moves[2], eps, lab, dt, low, rows)
+        f = _keep(x, c0, rc, cen, labels, lower, update, drops, halves, eps, lab, dt, rows)
     else:
-        f = rt
-        for r in range(rt):
+        f = rc
+        for r in range(rc):
             rows[r] = r
     exact = 0
-    if f:
-        screen, shift, zt, cc, zlim, tolf = plan
-        exact = _search(x, t0, rows, f, cen, screen, shift, zt, cc, zlim, tolf, eps, sbuf, ebuf, lab, dt, low)
+    for s0 in range(0, f, tile):
+        exact += _search(x, c0, rows[s0:], min(tile, f - s0), cen, plan, eps, sbuf, ebuf, lab, dt, lower, update)
     return f, exact
 
 
 @njit(parallel=True, cache=True)
-def step_pass(x, cen, plan, tile, labels, lower, use_bounds, moves, weights, use_weights, part_sums, part_counts,
-              part_sse, part_changed, part_searched, part_exact):  # pragma: no cover - compiled
+def step_pass(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, weights, use_weights, part_sums,
+              part_counts, part_sse, part_changed, part_searched, part_exact):  # pragma: no cover - compiled
     """A Lloyd step: labels (kept by the bounds, else searched by the plan), then sums, counts, SSE.
 
     Parameters
@@ -255,15 +418,18 @@ def step_pass(x, cen, plan, tile, labels, lower, use_bounds, moves, weights, use
         (:func:`mpikmeans.backends.cpu.certified.centre_data`'s values) or, with
         ``screen`` False, with the exact kernels.
     tile : int
-        Rows per tile (the plan's).
+        Rows per search tile (the plan's).
     labels : ndarray, shape (n,), int32
         In: the last step's labels (-1: none); out: this step's.
     lower : ndarray, shape (n,), float64
-        In: the last step's bounds; out: this step's (read only with ``use_bounds``).
+        In: the last step's bounds (read only with ``use_bounds``); out: this step's.
     use_bounds : bool
-        The last step's labels and bounds hold for centres ``moves`` away.
-    moves : tuple
-        :func:`centre_moves`' ``(first, which, second)``.
+        The last step's labels (every one a centre of ``cen``) and bounds hold
+        for centres that moved by less than ``drops`` says.
+    drops : ndarray, shape (k,), float64
+        :func:`bound_drops` of the centres' moves since the last step.
+    halves : ndarray, shape (k,), float64
+        :func:`half_gaps` of ``cen``.
     weights : ndarray, shape (n,) or (0,), float64
     use_weights : bool
     part_sums, part_counts, part_sse, part_changed, part_searched, part_exact : ndarray
@@ -281,9 +447,11 @@ def step_pass(x, cen, plan, tile, labels, lower, use_bounds, moves, weights, use
     k = cen.shape[0]
     nb = part_sums.shape[0]
     eps = bound_eps_c(m)
+    chunk = chunk_rows(tile, m) if use_bounds else tile  # without bounds every row is searched: no batches to gather
+    spread = m > _SPREAD_M
     for b in prange(nb):
-        sbuf, ebuf, tbuf = _buffers(plan[0], tile, k, m)
-        lab, dt, low, _ = tbuf
+        sbuf, ebuf, tbuf = _buffers(plan[0], tile, chunk, k, m)
+        lab, dt, _ = tbuf
         lo = n * b // nb
         hi = n * (b + 1) // nb
         sums = part_sums[b]
@@ -294,14 +462,21 @@ def step_pass(x, cen, plan, tile, labels, lower, use_bounds, moves, weights, use
         changed = 0
         searched = 0
         exact = 0
-        for t0 in range(lo, hi, tile):
-            rt = min(tile, hi - t0)
-            f, e = _tile(x, t0, rt, cen, labels, lower, use_bounds, moves, plan, eps, sbuf, ebuf, tbuf)
+        for c0 in range(lo, hi, chunk):
+            rc = min(chunk, hi - c0)
+            if use_bounds and not spread:
+                # the rows kept before the first one that is not: tested and summed in one pass
+                done, sse = _keep_sum(x, c0, rc, cen, labels, lower, drops, halves, eps, weights, use_weights, sums,
+                                      counts, sse, _AHEAD_ROWS)
+                c0 += done
+                rc -= done
+                if rc == 0:
+                    continue
+            f, e = _chunk(x, c0, rc, cen, labels, lower, True, use_bounds, drops, halves, plan, tile, eps, sbuf,
+                          ebuf, tbuf)
             searched += f
             exact += e
-            for r in range(rt):
-                lower[t0 + r] = low[r]
-            sse, moved = _sum_rows(x, t0, rt, lab, dt, labels, weights, use_weights, sums, counts, sse, tile)
+            sse, moved = _sum_rows(x, c0, rc, lab, dt, labels, weights, use_weights, sums, counts, sse, chunk)
             changed += moved
         part_sse[b] = sse
         part_changed[b] = changed
@@ -310,24 +485,27 @@ def step_pass(x, cen, plan, tile, labels, lower, use_bounds, moves, weights, use
 
 
 @njit(parallel=True, cache=True)
-def assign_pass(x, cen, plan, tile, labels, lower, use_bounds, moves, out_labels, out_dist2):  # pragma: no cover
+def assign_pass(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, out_labels,
+                out_dist2):  # pragma: no cover - compiled
     """Nearest centre and exact squared distance of every row (:func:`step_pass`'s labels and distances),
     without changing ``labels`` or ``lower``; returns how many rows were searched."""
     n, m = x.shape
     k = cen.shape[0]
     nb = min(n, 256)
     eps = bound_eps_c(m)
+    chunk = chunk_rows(tile, m) if use_bounds else tile  # without bounds every row is searched: no batches to gather
     searched = np.zeros(nb, dtype=np.int64)
     for b in prange(nb):
-        sbuf, ebuf, tbuf = _buffers(plan[0], tile, k, m)
-        lab, dt, _, _ = tbuf
+        sbuf, ebuf, tbuf = _buffers(plan[0], tile, chunk, k, m)
+        lab, dt, _ = tbuf
         hi = n * (b + 1) // nb
-        for t0 in range(n * b // nb, hi, tile):
-            rt = min(tile, hi - t0)
-            f, _ = _tile(x, t0, rt, cen, labels, lower, use_bounds, moves, plan, eps, sbuf, ebuf, tbuf)
+        for c0 in range(n * b // nb, hi, chunk):
+            rc = min(chunk, hi - c0)
+            f, _ = _chunk(x, c0, rc, cen, labels, lower, False, use_bounds, drops, halves, plan, tile, eps, sbuf,
+                          ebuf, tbuf)
             searched[b] += f
-            for r in range(rt):
-                _prefetch_row(x, t0 + r + tile)
-                out_labels[t0 + r] = lab[r]
-                out_dist2[t0 + r] = dt[r]
+            for r in range(rc):
+                _prefetch_row(x, c0 + r + chunk)
+                out_labels[c0 + r] = lab[r]
+                out_dist2[c0 + r] = dt[r]
     return searched.sum()
