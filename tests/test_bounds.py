@@ -215,3 +215,14 @@ def test_half_gaps_keep_rows_that_the_moves_left_no_bound():
         sums, counts, sse, changed = _exact_step(x, moved, lab)
         assert np.array_equal(r.sums, sums) and r.sse == sse and r.changed == changed
         assert np.array_equal(be._labels, lab)
+
+
+def test_half_gaps_in_blocks(monkeypatch):
+    # the products' rounding may differ by block (the bounds only decide which rows are searched)
+    cen = np.random.default_rng(13).normal(size=(50, 6))
+    whole = B.half_gaps(cen)
+    monkeypatch.setattr(B, "_GAP_BLOCK", 7 * 50)  # blocks of 7 centres, the last one short
+    blocks = B.half_gaps(cen)
+    assert np.allclose(blocks, whole, rtol=1e-12, atol=0)
+    true = np.sqrt(((cen[:, None] - cen[None]) ** 2).sum(axis=2) + np.diag(np.full(50, np.inf))).min(axis=1) / 2
+    assert (blocks <= true).all()

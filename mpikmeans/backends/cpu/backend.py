@@ -141,9 +141,12 @@ class CPUBackend(Backend):
         label's bounds drop since (:func:`.bounds.bound_drops`), and the centres' half gaps
         (:func:`.bounds.half_gaps`)."""
         old = self._bounds_for
+        k = len(centres)
         if old is None or old.shape != centres.shape:
-            return False, np.zeros(len(centres)), np.zeros(len(centres))
-        return True, bound_drops(centre_moves(old, centres)), half_gaps(centres)
+            return False, np.zeros(k), np.zeros(k)
+        # the gaps cost K^2 M, worth it while that is well below the step's own n K M
+        halves = half_gaps(centres) if 4 * k <= len(self._x) else np.zeros(k)
+        return True, bound_drops(centre_moves(old, centres)), halves
 
     def _partials(self, k: int, m: int) -> tuple:
         """The blocks' partial results, kept from step to step while K x M stays the same.

@@ -55,6 +55,8 @@ _U64 = 2.0 ** -53
 _LOWER_MIN = 1.0e-140
 #: bounds are lowered to this (their squares stay finite); any lower bound may be lowered
 _LOWER_MAX = 1.0e150
+#: entries of one block of :func:`half_gaps`' centre-to-centre products
+_GAP_BLOCK = 1 << 21
 #: the most that one attribute whose difference is below 2^-500 adds to a move (its square underflows)
 _SUBNORMAL_MOVE = 2.0 ** -500
 
@@ -117,13 +119,17 @@ def half_gaps(centres: np.ndarray) -> np.ndarray:
     k, m = centres.shape
     if k == 1:
         return np.full(1, _LOWER_MAX)
+    nearest = np.empty(k)
+    step = max(1, _GAP_BLOCK // k)  # centres per block of the K x K products: memory stays small at any K
     with np.errstate(over="ignore", invalid="ignore"):
         z = centres - centres.mean(axis=0)
         norms = np.einsum("ij,ij->i", z, z)
-        pair = norms[:, None] + norms[None, :]
-        d2 = pair - 2.0 * (z @ z.T) - 4.0 * (m + 10) * _U64 * pair
-        np.fill_diagonal(d2, np.inf)
-        nearest = d2.min(axis=1)
+        for a in range(0, k, step):
+            b = min(k, a + step)
+            pair = norms[a:b, None] + norms[None, :]
+            d2 = pair - 2.0 * (z[a:b] @ z.T) - 4.0 * (m + 10) * _U64 * pair
+            d2[np.arange(b - a), np.arange(a, b)] = np.inf
+            nearest[a:b] = d2.min(axis=1)
         half = 0.5 * np.sqrt(np.where(nearest > 0.0, nearest, 0.0)) * (1.0 - bound_eps(m)) - _LOWER_MIN
     half[~np.isfinite(half) | (half < 0.0)] = 0.0
     return np.minimum(half, _LOWER_MAX)
