@@ -74,7 +74,9 @@ class KMeansResult:
     stop_reason : str
     history : list of dict
         Per iteration: ``iteration``, ``sse`` (before the update), ``shift``
-        (largest centre move), ``changed`` (labels changed), ``seconds``.
+        (largest centre move), ``changed`` (labels changed), ``seconds``, and
+        ``searched`` (rows whose nearest centre was searched, the others kept
+        theirs by a bound) where the backend counts them.
     relocated : int
         Empty clusters moved to a far point (policy ``farthest``).
     dropped : int
@@ -111,9 +113,9 @@ class _Scratch:
         self.diff = np.empty((0, 0))
 
     def merge_buffer(self, k: int, m: int) -> np.ndarray:
-        """The flat buffer of :func:`_merge`: K x M sums, K counts, SSE, changes, stop."""
-        if self.packed.size != k * m + k + 3:
-            self.packed = np.empty(k * m + k + 3, dtype=np.float64)
+        """The flat buffer of :func:`_merge`: K x M sums, K counts, rows searched, SSE, changes, stop."""
+        if self.packed.size != k * m + k + 4:
+            self.packed = np.empty(k * m + k + 4, dtype=np.float64)
         return self.packed
 
     def diff_buffer(self, shape: tuple) -> np.ndarray:
@@ -124,22 +126,26 @@ class _Scratch:
 
 
 def _merge(comm, part, stop: bool, scratch: _Scratch) -> tuple:
-    """One Allreduce for sums, counts, SSE, the change count and stop requests.
+    """One Allreduce for sums, counts, rows searched, SSE, the change count and stop requests.
 
     A signal reaches the ranks at slightly different times; adding the ranks'
     stop flags into the same Allreduce makes every rank see the request at the
     same iteration.  The sums and counts returned are views of ``scratch``'s
-    buffer: valid until the next merge.
+    buffer: valid until the next merge.  Rows searched is None where a backend
+    does not count them.
     """
     k, m = part.sums.shape
     buf = scratch.merge_buffer(k, m)
     np.copyto(buf[: k * m].reshape(k, m), part.sums)
     buf[k * m : k * m + k] = part.counts
+    buf[-4] = part.searched if part.searched >= 0 else np.nan  # a rank that does not count makes the sum NaN
     buf[-3] = part.sse
     buf[-2] = part.changed  # exact in float64 below 2**53 rows
     buf[-1] = 1.0 if stop else 0.0
     comm.allreduce_in_place(buf, "sum")
-    return buf[: k * m].reshape(k, m), buf[k * m : k * m + k], float(buf[-3]), int(buf[-2]), buf[-1] > 0
+    searched = None if np.isnan(buf[-4]) else int(buf[-4])
+    return (buf[: k * m].reshape(k, m), buf[k * m : k * m + k], float(buf[-3]), int(buf[-2]), buf[-1] > 0,
+            searched)
 
 
 def _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights=None) -> int:
@@ -295,7 +301,8 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
         t0 = time.perf_counter()
         centres = state.centres
         part = backend.step(centres)
-        sums, counts, sse, changed, stop = _merge(comm, part, bool(stop_requested and stop_requested()), scratch)
+        sums, counts, sse, changed, stop, searched = _merge(comm, part, bool(stop_requested and stop_requested()),
+                                                            scratch)
         relocated, dropped = state.relocated, state.dropped
         if empty_cluster == "farthest" and (counts == 0).any():
             relocated += _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights)
@@ -309,10 +316,13 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
             backend.forget_labels()
             log.info("iteration %d: %d empty cluster(s) dropped, %d left", it, int((~filled).sum()), len(new))
         seconds = time.perf_counter() - t0
-        history = state.history + [{"iteration": it, "sse": sse, "shift": shift, "changed": changed,
-                                    "seconds": seconds}]
+        entry = {"iteration": it, "sse": sse, "shift": shift, "changed": changed, "seconds": seconds}
+        if searched is not None:
+            entry["searched"] = searched
+        history = state.history + [entry]
         state = LoopState(it, new, centres, history, relocated, dropped)
-        log.info("iter %4d  sse %.10g  max shift %.4g  changed %d  %.4fs", it, sse, shift, changed, seconds)
+        log.info("iter %4d  sse %.10g  max shift %.4g  changed %d%s  %.4fs", it, sse, shift, changed,
+                 "" if searched is None else f"  searched {searched}", seconds)
         if changed == 0:
             reason, converged = STOP_UNCHANGED, True
             break

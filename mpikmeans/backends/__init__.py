@@ -36,12 +36,16 @@ class StepResult:
     changed : int
         Local rows whose label differs from the previous step (all rows on
         the first step).
+    searched : int
+        Local rows whose nearest centre was searched among all K (the others
+        kept theirs by a bound); -1 where the backend does not say.
     """
 
     sums: np.ndarray
     counts: np.ndarray
     sse: float
     changed: int
+    searched: int = -1
 
 
 @dataclass

@@ -134,7 +134,7 @@ class CPUBackend(Backend):
         self.rows_rechecked = int(part_exact.sum())
         self.rows_searched = int(part_searched.sum())
         sums, counts, sse, changed = _reduce_blocks(part_sums, part_counts, part_sse, part_changed)
-        return StepResult(sums=sums, counts=counts, sse=float(sse), changed=int(changed))
+        return StepResult(sums=sums, counts=counts, sse=float(sse), changed=int(changed), searched=self.rows_searched)
 
     def _drops(self, centres: np.ndarray) -> tuple:
         """Whether the labels and bounds of the last step can serve for ``centres``, how much each
