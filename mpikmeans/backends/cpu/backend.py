@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numba
 import numpy as np
 
@@ -14,6 +16,20 @@ from .bounds import assign_pass, bound_drops, centre_moves, half_gaps, step_pass
 from .certified import centre_data, screen_rows
 from .seeding import SeedingRows, candidate_data, fixed_blocks, potentials_pass
 from .tiles import _BLOCKS, _reduce_blocks, _tile_dist2, _tile_rows
+
+
+@contextlib.contextmanager
+def _parallel_pass():
+    """The context of the backend's parallel passes over the rows.
+
+    BLAS runs on the calling thread (:mod:`.blas`), and the row blocks go to the
+    threads one at a time as each comes free, not in fixed shares: on a host
+    whose cores other processes share, a slowed thread then takes fewer blocks.
+    The blocks, not the threads, fix the order of the sums, so the bits stay
+    the same.
+    """
+    with one_thread(), numba.parallel_chunksize(1):
+        yield
 
 
 def screened(k: int, m: int) -> bool:
@@ -126,7 +142,7 @@ class CPUBackend(Backend):
         part_sums, part_counts, part_sse, part_changed, part_searched, part_exact = self._partials(k, m)
         plan, tile = search_plan(centres)
         use_bounds, drops, halves = self._drops(centres)
-        with one_thread():
+        with _parallel_pass():
             step_pass(self._x, centres, plan, tile, self._labels, self._lower, use_bounds, drops, halves, self._weights,
                       self._weights.size > 0, part_sums, part_counts, part_sse, part_changed, part_searched,
                       part_exact)
@@ -173,7 +189,7 @@ class CPUBackend(Backend):
         if n:
             plan, tile = search_plan(centres)
             use_bounds, drops, halves = self._drops(centres)
-            with one_thread():
+            with _parallel_pass():
                 self.rows_searched = int(assign_pass(self._x, centres, plan, tile, self._labels, self._lower,
                                                      use_bounds, drops, halves, labels, dist2))
         return labels, dist2
@@ -251,7 +267,7 @@ class CPUBackend(Backend):
         else:
             shift, ys, yy, resident = cands[0], np.zeros((1, m), np.float32), np.zeros(1, np.float32), False
             zm, cc, zlim, tolf = np.zeros((m, t), np.float32), np.zeros(t, np.float32), np.float32(0), np.float32(0)
-        with one_thread():
+        with _parallel_pass():
             potentials_pass(self._x, screen, ys, yy, resident, shift, cands, zm, cc, zlim, tolf, d2, w,
                             weights is not None, f1, f2, screen_rows(t, m), _tile_rows(m), dists, hi, lo, vmax, near)
         seeding.record(int(near.sum()), t * n)
@@ -271,7 +287,7 @@ class CPUBackend(Backend):
                  np.empty(1, dtype=np.int64), np.empty(1, dtype=np.int64))
         plan, tile = search_plan(cen)
         drops = np.zeros(k)
-        with one_thread():
+        with _parallel_pass():
             step_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, drops, drops,
                       np.ones(0), False, *parts)
             assign_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, drops, drops,
