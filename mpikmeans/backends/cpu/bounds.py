@@ -47,7 +47,7 @@ import numpy as np
 
 from ...jit import njit, prange
 from .certified import gap_bound, is_certified, screen_search
-from .tiles import _GROUP, _PAD, _four_chains, _nth, _prefetch_row, exact_search, label_dists
+from .tiles import _GROUP, _PAD, _four_chains, _nth, _prefetch_row, exact_search, label_dists, nearest_two
 
 #: float64 unit roundoff
 _U64 = 2.0 ** -53
@@ -235,43 +235,60 @@ def _keep(x, t0, rt, cen, labels, lower, update, mg, eps, lab, dt, rows):  # pra
 
 
 @njit(cache=True, forceinline=True)
-def _keep_sum(x, c0, rc, cen, labels, lower, mg, eps, weights, use_weights, sums, counts, sse,
-              ahead):  # pragma: no cover - compiled
-    """Rows ``c0, c0+1, ...`` kept by their margins ``mg`` (:func:`_margins`), four neighbours at a time,
-    summed at once (in row order, as :func:`_sum_rows` sums them) while every row before them was kept;
-    their bounds updated.
+def _keep_sum(x, c0, rc, cen, labels, lower, mg, eps, weights, use_weights, sums, counts, sse, ahead,
+              inline):  # pragma: no cover - compiled
+    """Rows ``c0, c0+1, ...`` tested against their margins ``mg`` (:func:`_margins`) four neighbours at a
+    time and summed at once, in row order (as :func:`_sum_rows` sums them); a row not kept is searched
+    on the spot, alone and exactly (:func:`.tiles.nearest_two`), while at most ``inline`` were.
 
-    One pass instead of the test, then the sums (10^6 x 16, K = 8, every row kept, one Zen 4 core:
-    about 14 against 20 ms).  Returns the first row of the first group with a row not kept (``rc``
-    when all were), from which the chunk goes the other way, and the new ``sse``.
+    One pass instead of the test, a batched search and then the sums: 10^6 x 16, K = 8, one Zen 4
+    core, about 14 against 20 ms a step once under 1 % of rows are searched.  Returns the first row of
+    the first group that would search more than ``inline`` rows (``rc`` when none did), from which
+    the chunk goes the other way, the new ``sse``, the labels changed and the rows searched.
     """
     m = x.shape[1]
     up = (1.0 + eps) * (1.0 + eps)
+    changed = 0
+    searched = 0
     for q in range(0, rc - rc % 4, 4):
         i = c0 + q
         d4 = _four_chains(x[i], x[i + 1], x[i + 2], x[i + 3], cen[labels[i]], cen[labels[i + 1]],
                           cen[labels[i + 2]], cen[labels[i + 3]])
-        if not (d4[0] * up < mg[q] * mg[q] and d4[1] * up < mg[q + 1] * mg[q + 1]
-                and d4[2] * up < mg[q + 2] * mg[q + 2] and d4[3] * up < mg[q + 3] * mg[q + 3]):
-            return q, sse
+        ka = d4[0] * up < mg[q] * mg[q]
+        kb = d4[1] * up < mg[q + 1] * mg[q + 1]
+        kc = d4[2] * up < mg[q + 2] * mg[q + 2]
+        kd = d4[3] * up < mg[q + 3] * mg[q + 3]
+        if not (ka and kb and kc and kd) and searched + 4 - ka - kb - kc - kd > inline:
+            return q, sse, changed, searched
         for g in range(4):
-            _prefetch_row(x, i + g + ahead)
-            lower[i + g] = mg[q + g]
-            a = labels[i + g]
-            row = x[i + g]
+            r = i + g
+            _prefetch_row(x, r + ahead)
+            a = labels[r]
+            d = _nth(d4, g)
+            if ka if g == 0 else (kb if g == 1 else (kc if g == 2 else kd)):
+                lower[r] = mg[q + g]
+            else:
+                b, d, second = nearest_two(x[r], cen)
+                lower[r] = _lower_from(second * (1.0 - eps), eps)
+                searched += 1
+                if b != a:
+                    changed += 1
+                    labels[r] = b
+                    a = b
+            row = x[r]
             acc = sums[a]
             if use_weights:
-                w = weights[i + g]
+                w = weights[r]
                 counts[a] += w
                 for j in range(m):
                     acc[j] += w * row[j]
-                sse += w * _nth(d4, g)
+                sse += w * d
             else:
                 counts[a] += 1.0
                 for j in range(m):
                     acc[j] += row[j]
-                sse += _nth(d4, g)
-    return rc - rc % 4, sse
+                sse += d
+    return rc - rc % 4, sse, changed, searched
 
 
 @njit(cache=True, forceinline=True)
@@ -483,9 +500,12 @@ def _step_block(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, we
         if use_bounds:
             _margins(labels, lower, drops, halves, eps, c0, rc, mg)
             if not spread:
-                # the rows kept before the first one that is not: tested and summed in one pass
-                done, sse = _keep_sum(x, c0, rc, cen, labels, lower, mg, eps, weights, use_weights, sums, counts, sse,
-                                      _AHEAD_ROWS)
+                # tested, the few rows not kept searched on the spot, and summed in one pass, while the
+                # searches stay few (a row's search alone costs about K of its tests)
+                done, sse, moved, found = _keep_sum(x, c0, rc, cen, labels, lower, mg, eps, weights, use_weights,
+                                                    sums, counts, sse, _AHEAD_ROWS, rc // (2 * k))
+                changed += moved
+                searched += found
                 if done == rc:
                     continue
         f, e = _chunk(x, c0 + done, rc - done, cen, labels, lower, True, use_bounds, mg[done:], plan, tile, eps, sbuf,

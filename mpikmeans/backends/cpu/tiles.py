@@ -313,6 +313,33 @@ def _nth(d4, g):  # pragma: no cover - compiled
 
 
 @njit(cache=True, forceinline=True)
+def nearest_two(xr, cen):  # pragma: no cover - compiled
+    """The nearest centre of one row ``xr`` (m,), its squared distance, and the second-smallest one.
+
+    Four centres side by side (:func:`_four_chains`: the exact kernels' bits),
+    strict '<' in increasing centre order (ties to the lowest index), as
+    :func:`_nearest_tile`; ``inf`` for the second when K = 1.
+    """
+    k = cen.shape[0]
+    best = 0
+    best_d = np.inf
+    second = np.inf
+    for c0 in range(0, k, 4):
+        d4 = _four_chains(xr, xr, xr, xr, cen[c0], cen[min(c0 + 1, k - 1)], cen[min(c0 + 2, k - 1)],
+                          cen[min(c0 + 3, k - 1)])
+        for g in range(min(4, k - c0)):
+            v = _nth(d4, g)
+            if c0 + g == 0:
+                best_d = v
+            else:
+                second = min(second, max(best_d, v))
+                if v < best_d:
+                    best_d = v
+                    best = c0 + g
+    return best, best_d, second
+
+
+@njit(cache=True, forceinline=True)
 def label_dists(x, t0, rows, f, cen, lab, dt):  # pragma: no cover - compiled
     """``dt[r] = |x[t0 + r] - cen[lab[r]]|²`` (exact, attribute order) for ``r = rows[q]``, ``q < f``.
 
