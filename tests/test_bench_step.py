@@ -78,3 +78,31 @@ def test_bad_options_exit_2(args, needle, tmp_path):
     assert r.code == 2, (r.out, r.err)
     assert needle in r.err and "Traceback" not in r.err
     assert not (tmp_path / "s.json").exists()
+
+
+def test_rounds_take_turns_and_keep_the_median(tmp_path):
+    out = tmp_path / "step.json"
+    r = run_cli(["bench", "step", "--shapes", "2000x4x3", "--threads", "1", "--iterations", 3, "--repeats", 1,
+                 "--rounds", 3, "--tools", "mpikmeans,mpikmeans-full,sklearn", "--json", out], timeout=600)
+    assert r.code == 0, r.err + r.out
+    doc = json.loads(out.read_text())
+    assert doc["rounds"] == 3
+    points = {p["tool"]: p for p in doc["points"]}
+    for p in points.values():
+        assert len(p["rounds_ms"]) == 3
+        assert p["ms_per_iteration"] == sorted(p["rounds_ms"])[1]  # the median round
+    # with or without bounds: the same iterations, SSE and labels
+    me, full = points["mpikmeans"], points["mpikmeans-full"]
+    assert (me["iterations"], me["sse"], me["labels_sha1"]) == (full["iterations"], full["sse"], full["labels_sha1"])
+    assert "the median of 3 rounds" in r.out
+
+
+def test_median_round():
+    from mpikmeans.bench.step import _median_round
+
+    rounds = [{"ms_per_iteration": 3.0, "n": 1}, {"error": "x"}, {"ms_per_iteration": 1.0, "n": 2},
+              {"ms_per_iteration": 2.0, "n": 3}]
+    out = _median_round(rounds)
+    assert out["n"] == 3 and out["rounds_ms"] == [3.0, None, 1.0, 2.0]
+    assert _median_round([{"error": "not installed"}]) == {"error": "not installed"}
+    assert "rounds_ms" not in _median_round([{"ms_per_iteration": 1.0}])

@@ -21,7 +21,10 @@ process of its own (its thread pools size themselves at start-up, from
 Every tool is timed the same way: fits from the same centres with ``tol=0``
 and ``max_iter`` 1 and ``iterations``, alternately, ``repeats`` times; the ms
 per iteration is the difference of the median fit times over the difference of
-their iteration counts.  What a fit does once (input checks, copies, the final
+their iteration counts.  With ``rounds`` above 1 the tools take turns that many
+times, a process each, and each tool's figure is the median of its rounds
+(every round's is kept): a virtual machine's speed drifts by a third between
+minutes, and turns spread the drift over all tools alike.  What a fit does once (input checks, copies, the final
 assignment) cancels, and only whole Lloyd iterations (assignment, sums, centre
 update, empty clusters) remain.  The SSE and a digest of the labels of the long
 fit are recorded, so the table also shows whether the tools agree.
@@ -64,6 +67,7 @@ class StepSettings:
     tools: tuple = TOOLS
     seed: int = 0
     timeout_s: float = 1800.0
+    rounds: int = 1
 
 
 def _estimator(tool: str, k: int, init, max_iter: int, threads: int):
@@ -169,7 +173,7 @@ def run_step(settings: StepSettings, progress=None) -> dict:
     """
     from ..io.gen import GenSpec
     from .data import initial_centres, write_blobs_npy
-    from .harness import quiet, run_command, tool_command
+    from .harness import quiet
 
     progress = progress or quiet
     s = settings
@@ -183,19 +187,16 @@ def run_step(settings: StepSettings, progress=None) -> dict:
             write_blobs_npy(GenSpec(n=n, m=m, k=k, seed=s.seed), data)
             _, init = initial_centres(data, k, s.seed + 1, os.path.join(tmp, f"c{n}_{m}_{k}"))
             for threads in counts:
+                runs = {tool: [] for tool in s.tools}
+                for _ in range(s.rounds):
+                    for tool in s.tools:
+                        runs[tool].append(_time_in_process(tool, data, init, threads, s))
+                        progress(_line(dict(runs[tool][-1], tool=tool, threads=threads, rows=n, attrs=m, k=k)))
                 row = {}
-                for tool in s.tools:
-                    cmd = tool_command("bench", "step-worker", tool, "--data", data, "--init", init,
-                                       "--iterations", s.iterations, "--repeats", s.repeats, "--threads", threads)
-                    try:
-                        ran = run_command(cmd, s.timeout_s, env=thread_env(threads))
-                        lines = [ln for ln in ran.stdout.splitlines() if ln.startswith("{")]
-                        out = json.loads(lines[-1]) if lines else {"error": "no result line"}
-                    except RunError as exc:
-                        out = {"error": exc.message}
+                for tool, outs in runs.items():
+                    out = _median_round(outs)
                     out.update(tool=tool, threads=threads, rows=n, attrs=m, k=k)
                     row[tool] = out
-                    progress(_line(out))
                 for me in ("mpikmeans", "mpikmeans-full"):
                     mine = row.get(me, {})
                     for ref in REFERENCES:
@@ -206,9 +207,36 @@ def run_step(settings: StepSettings, progress=None) -> dict:
                 points += row.values()
             os.remove(data)
         return {"cpus": every, "python": sys.version.split()[0], "iterations": s.iterations, "repeats": s.repeats,
-                "points": points, "notes": NOTES}
+                "rounds": s.rounds, "points": points, "notes": NOTES}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _time_in_process(tool: str, data: str, init: str, threads: int, s: StepSettings) -> dict:
+    """One round of one tool: :func:`time_tool` in a process of its own, its threads set by the environment."""
+    from .harness import run_command, tool_command
+
+    cmd = tool_command("bench", "step-worker", tool, "--data", data, "--init", init, "--iterations", s.iterations,
+                       "--repeats", s.repeats, "--threads", threads)
+    try:
+        ran = run_command(cmd, s.timeout_s, env=thread_env(threads))
+        lines = [ln for ln in ran.stdout.splitlines() if ln.startswith("{")]
+        return json.loads(lines[-1]) if lines else {"error": "no result line"}
+    except RunError as exc:
+        return {"error": exc.message}
+
+
+def _median_round(outs: list) -> dict:
+    """A tool's result over its rounds: the round of the median ms per iteration (the lower middle
+    one of an even count), with every round's figure in ``rounds_ms``; the first error where none ran."""
+    done = [o for o in outs if "ms_per_iteration" in o]
+    if not done:
+        return dict(outs[0])
+    ranked = sorted(done, key=lambda o: o["ms_per_iteration"])
+    out = dict(ranked[(len(ranked) - 1) // 2])
+    if len(outs) > 1:
+        out["rounds_ms"] = [o.get("ms_per_iteration") for o in outs]
+    return out
 
 
 def _line(p: dict) -> str:
@@ -227,8 +255,10 @@ def step_table(doc: dict) -> list:
     Lloyd and over oneDAL's; ``labels``: whether mpikmeans' labels are
     scikit-learn's.
     """
+    rounds = doc.get("rounds", 1)
     lines = [f"ms per Lloyd iteration, {doc.get('cpus')} CPUs ({doc['machine'].get('host')}), "
-             f"{doc['iterations']} iterations, medians of {doc['repeats']}",
+             f"{doc['iterations']} iterations, medians of {doc['repeats']}"
+             + (f", the median of {rounds} rounds" if rounds > 1 else ""),
              f"{'shape':<22} {'threads':>7} {'mpikmeans':>10} {'full':>8} {'sklearn':>9} {'elkan':>8} "
              f"{'sklearnex':>10} {'/sklearn':>9} {'/oneDAL':>8} {'labels':>7}"]
     rows = {}

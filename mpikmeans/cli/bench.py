@@ -231,11 +231,14 @@ def _thread_counts(ctx, param, value):
               help="Thread counts, comma-separated; 'all': every CPU this process may use.")
 @click.option("--iterations", type=click.IntRange(min=2), default=20, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="The tools take turns this many times (a process each time); each tool's figure is the "
+                   "median of its rounds, so that a machine whose speed drifts slows all alike.")
 @click.option("--tools", default=",".join(STEP_TOOLS), show_default=True,
-              type=click.STRING, help="Which of mpikmeans, sklearn, sklearnex to time.")
+              type=click.STRING, help="Which of " + ", ".join(STEP_TOOLS) + " to time.")
 @click.option("--json", "--out", "out", help="Result file  [default: bench/results/step_<host>_<date>.json]")
 @_timeout_option()
-def bench_step(shapes, threads, iterations, repeats, tools, out, timeout_s):
+def bench_step(shapes, threads, iterations, repeats, rounds, tools, out, timeout_s):
     """ms per Lloyd iteration on the CPU: mpikmeans against scikit-learn and scikit-learn-intelex (oneDAL)."""
     import platform
     from datetime import date
@@ -247,7 +250,7 @@ def bench_step(shapes, threads, iterations, repeats, tools, out, timeout_s):
     if bad or not names:
         raise click.BadParameter(f"{tools!r}: choose among {', '.join(STEP_TOOLS)}", param_hint="--tools")
     settings = StepSettings(shapes=shapes, threads=threads, iterations=iterations, repeats=repeats, tools=names,
-                            timeout_s=timeout_s)
+                            timeout_s=timeout_s, rounds=rounds)
     out = out or f"bench/results/step_{platform.node()}_{date.today()}.json"
     try:
         doc = _save(out, "step", settings, run_step(settings, click.echo))
