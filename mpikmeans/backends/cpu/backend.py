@@ -69,7 +69,7 @@ class CPUBackend(Backend):
     kernels (:mod:`.tiles`) for any thread count: float32 only ranks the
     centres, and a row whose ranking it cannot certify is computed again in
     float64 (:mod:`.certified`).  From the second step on, a row whose centre
-    cannot have changed (Hamerly's bounds, :mod:`.bounds`) is not searched.
+    cannot have changed (its bounds, :mod:`.bounds`) is not searched.
 
     Parameters
     ----------
@@ -85,8 +85,9 @@ class CPUBackend(Backend):
         keeps a float32 copy of the rows while it seeds where half of this rank's
         share of the available memory holds it.
     bounds : bool, optional
-        Keep Hamerly's bounds from step to step (default).  False searches every
-        row every step: the same results, slower; for measuring the full step.
+        Keep each row's bound from step to step (default, :mod:`.bounds`).  False
+        searches every row every step: the same results, slower; for measuring
+        the full step.
     """
 
     name = "cpu"
