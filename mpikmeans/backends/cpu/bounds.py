@@ -275,6 +275,8 @@ def _keep_sum(x, c0, rc, cen, labels, lower, mg, eps, weights, use_weights, sums
                     changed += 1
                     labels[r] = b
                     a = b
+            # the sums of _sum_rows, written out here: the same lines as a shared inlined helper made
+            # both passes slower (10^6 x 16 K8, one Zen 4 core, mean step 26 -> 36 ms, interleaved runs)
             row = x[r]
             acc = sums[a]
             if use_weights:
