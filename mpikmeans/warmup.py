@@ -229,10 +229,11 @@ def rest_warm() -> bool:
 
 
 def _cpu_step_kernels() -> list:
-    """The CPU backend's step and assignment kernels (both plans run them: :func:`.backends.cpu.backend.search_plan`)."""
+    """The CPU backend's step and assignment kernels, each parallel pass with the block function it calls
+    (Numba caches each apart; both search plans run them: :func:`.backends.cpu.backend.search_plan`)."""
     from .backends.cpu import bounds
 
-    return [bounds.step_pass, bounds.assign_pass]
+    return [bounds.step_pass, bounds._step_block, bounds.assign_pass, bounds._assign_block]
 
 
 def cpu_backend_cold() -> list:
