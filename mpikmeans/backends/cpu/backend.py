@@ -15,7 +15,7 @@ from .blas import one_thread
 from .bounds import assign_pass, bound_drops, centre_moves, half_gaps, step_pass
 from .certified import centre_data, screen_rows
 from .seeding import SeedingRows, candidate_data, fixed_blocks, potentials_pass
-from .tiles import _BLOCKS, _reduce_blocks, _tile_dist2, _tile_rows
+from .tiles import _BLOCKS, _reduce_blocks, _reduce_parallel, _reduce_serial, _tile_dist2, _tile_rows
 
 
 @contextlib.contextmanager
@@ -293,6 +293,10 @@ class CPUBackend(Backend):
                       np.ones(0), False, *parts)
             assign_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, drops, drops,
                         np.empty(1, dtype=np.int32), np.empty(1))
+            parts[0][:] = 0.0
+            parts[1][:] = 0.0
+            for reduce in (_reduce_serial, _reduce_parallel):  # which one a step takes depends on K x M
+                reduce(*parts[:4])
 
     def info(self) -> BackendInfo:
         return BackendInfo(name="cpu", devices=[], threads=self.threads, dtype="float64")

@@ -488,10 +488,11 @@ def _step_block(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, we
     lab, dt, _, mg = tbuf
     lo = n * b // nb
     hi = n * (b + 1) // nb
-    sums = part_sums[b]
-    counts = part_counts[b]
-    sums[:, :] = 0.0
-    counts[:] = 0.0
+    # the block's own sums, copied out at its end: the blocks' rows of part_sums and part_counts share
+    # cache lines (numpy aligns to 16 bytes; K = 8 counts are 64), and a store per row into a line
+    # that a neighbouring block's thread also writes bounces it between cores
+    sums = np.zeros((k, m))
+    counts = np.zeros(k)
     sse = 0.0
     changed = 0
     searched = 0
@@ -517,6 +518,8 @@ def _step_block(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, we
         sse, moved = _sum_rows(x, c0 + done, rc - done, lab, dt, labels, weights, use_weights, sums, counts, sse,
                                chunk)
         changed += moved
+    part_sums[b] = sums
+    part_counts[b] = counts
     part_sse[b] = sse
     part_changed[b] = changed
     part_searched[b] = searched
