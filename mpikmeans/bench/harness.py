@@ -318,6 +318,19 @@ def count_gpus() -> int:
     return found
 
 
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``), or "" where it cannot be read: the lent GPU
+    machines are all "vm" with 16 cores, and only the model tells their hosts' CPUs apart."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def machine_description(gpus: int | None = None) -> dict:
     """Host, cores, GPUs and library versions, for result files and the plots' captions.
 
@@ -338,7 +351,7 @@ def machine_description(gpus: int | None = None) -> dict:
     import numba
 
     return {"host": platform.node(), "cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
-            "gpus": gpu_names, "python": platform.python_version(), "numpy": np.__version__,
+            "cpu_model": cpu_model(), "gpus": gpu_names, "python": platform.python_version(), "numpy": np.__version__,
             "numba": numba.__version__, "mpikmeans": __version__}
 
 
