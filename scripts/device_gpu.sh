@@ -11,6 +11,7 @@
 #   STAGES=step STEP_ARGS="--iterations 10" bash scripts/device_gpu.sh # CPU step against scikit-learn (and oneDAL)
 #   STAGES=compile COMPILE_ARGS="--gpu 50,100" bash scripts/device_gpu.sh  # every kernel's first compile
 #   STAGES=fullstep FULLSTEP_ARGS="--cases A,D" bash scripts/device_gpu.sh  # full steps against floor, PyTorch
+#   STAGES=tests,ncu GPU_TESTS_K=split NCU_KERNEL=km_sums bash scripts/device_gpu.sh  # some tests; another kernel
 #
 # On the project's lent GPU machines (numpy 2.5 there breaks numba-cuda) carry a numpy
 # 2.4 wheel in .whl/ (see bench/GPU_NOTES.md); it is installed into /tmp/site first.
@@ -66,6 +67,8 @@ STEP_ARGS=${STEP_ARGS:-}                  # mpikmeans bench step options
 COMPILE_ARGS=${COMPILE_ARGS:---gpu 50,100} # mpikmeans bench compile options
 FULLSTEP_ARGS=${FULLSTEP_ARGS:---stream 50000000x32x16 --chunk-rows 5000000}  # mpikmeans bench fullstep options
 GPU_TESTS=${GPU_TESTS:-tests/test_backend_gpu.py tests/test_cache.py}  # the files whose gpu tests run
+GPU_TESTS_K=${GPU_TESTS_K:-}              # a pytest -k expression selecting among them
+NCU_KERNEL=${NCU_KERNEL:-km_fused}        # the kernel ncu profiles (a regex: km_fused, km_sums, ...)
 rc=0
 
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -80,7 +83,8 @@ fi
 
 if has tests; then
     echo "== GPU tests"
-    python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS -rs --durations 5 2>&1 | tee "$OUT/tests.log"
+    python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} -rs --durations 5 2>&1 \
+        | tee "$OUT/tests.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 fi
 
@@ -100,7 +104,7 @@ if has ncu && command -v ncu >/dev/null; then
             extra=(--section SourceCounters --import-source no -f -o /tmp/ncu_${c}_${d})
             variants=$(python3 -c 'import json,sys; print(json.dumps([dict(v, lineinfo=True) for v in json.loads(sys.argv[1])]))' "$variants")
         fi
-        ncu --clock-control none --kernel-name regex:km_fused --launch-skip 3 --launch-count 1 \
+        ncu --clock-control none --kernel-name regex:$NCU_KERNEL --launch-skip 3 --launch-count 1 \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
             --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats \
             "${extra[@]}" \
