@@ -666,19 +666,13 @@ def _gpu_vs_cpu(n, m, k, dtype="float64", chunk=None, weights=False, tune=None, 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_gpu_split_step_matches_cpu(dtype):
     """The split full step (pass 1, then sums.py) where the rule takes it (2**24 values and more)
-    and forced on smaller shapes: many copies of the sums (m=3, m=8), weights; half the block staging
-    while the other half sums (m=64: two groups; m=100: one, with and without weights) and, forced
-    off, every thread staging then summing."""
+    and forced on smaller shapes: many copies of the sums (m=3, m=8), weights."""
     gpu = _gpu_vs_cpu(300_000, 64, 40, dtype=dtype, iters=2, start_rows=True)
     assert gpu._plan(40, False).mode == 4  # the full steps' plan (the last one was the assignment's)
-    assert gpu._plan(40, False).sums.stagers > 0
     sp = {"split": True, "delta": "never"}
-    for n, m, k, weights, more in ((200_000, 3, 7, False, {}), (150_000, 8, 16, True, {}),
-                                   (40_000, 100, 50, False, {}), (40_000, 100, 50, True, {}),
-                                   (40_000, 100, 50, False, {"sums_spec": False})):
-        gpu = _gpu_vs_cpu(n, m, k, dtype=dtype, tune=dict(sp, **more), weights=weights, iters=2)
-        plan = gpu._plan(k, False)
-        assert plan.mode == 4 and (plan.sums.stagers > 0) == (m == 100 and not more)
+    for n, m, k in ((200_000, 3, 7), (150_000, 8, 16), (40_000, 100, 50)):
+        gpu = _gpu_vs_cpu(n, m, k, dtype=dtype, tune=sp, weights=(m == 8), iters=2)
+        assert gpu._plan(k, False).mode == 4
 
 
 @pytest.mark.gpu
