@@ -64,10 +64,8 @@ _SIM_PROGRAM = textwrap.dedent(
         for _ in range(iters):
             a = cpu.step(cent)
             b = gpu.step(cent)
-            sums_lay = gpu.last_plan.sums
             out["plans"].append([gpu.last_plan.mode, gpu.last_plan.R, gpu.last_plan.TC,
-                                 gpu.last_plan.nct, gpu.last_plan.centres_shared,
-                                 sums_lay.stagers if sums_lay is not None else -1])
+                                 gpu.last_plan.nct, gpu.last_plan.centres_shared])
             flagged = gpu.last_flagged
             la, da = cpu.assign(cent)
             lb, db = gpu.assign(cent)
@@ -114,14 +112,6 @@ _SIM_PROGRAM = textwrap.dedent(
     ww_ = np.random.default_rng(12).uniform(0.5, 2.0, xw_.shape[0])
     compare("split_wide_weighted_f32", xw_, cw_, dtype="float32", weights=ww_, tune=sp, iters=1)
     compare("split_f64", x, c, tune=sp, iters=2)
-    # half the block only stages, two tiles apart, while the other half sums (plan.sums_layout's
-    # stagers): one group (ten tiles of 32 rows over two blocks), four groups, weighted float32
-    compare("split_staged_f64", x, c, tune={"split": True, "sums_groups": 1}, iters=2)
-    compare("split_staged_groups", x, c, tune={"split": True, "sums_groups": 4}, iters=1)
-    xg_, cg_ = blobs(170, 20, 5, 13)
-    wg_ = np.random.default_rng(13).uniform(0.5, 2.0, xg_.shape[0])
-    compare("split_staged_weighted_f32", xg_, cg_, dtype="float32", weights=wg_,
-            tune={"split": True, "sums_groups": 1}, iters=2)
     # several centre tiles with padding (k=10, tiles of 4)
     x2, c2 = blobs(250, 5, 10, 2)
     compare("centre_tiles", x2, c2, tune={"TC": 4, "centres_shared": False}, iters=1)
@@ -330,25 +320,11 @@ def test_sim_split_step_matches_the_fused_one_and_cpu(sim):
         else:
             _assert_parity(rec)
         assert {p[0] for p in rec["plans"]} == {4}, rec["plans"]
-        assert {p[5] for p in rec["plans"]} == {0}, rec["plans"]  # every thread stages, then the groups sum
         if "ties" in name or "duplicate" in name:  # flagged rows: the exact kernel adds them
             assert rec["steps"][0]["flagged"] > 0, rec
     rec = sim["fused_walk"]
     _assert_parity(rec)
     assert rec["plans"][0][0] == 0
-
-
-def test_sim_split_step_with_staging_threads_matches_cpu(sim):
-    """The split step's sums kernel with half its threads staging the next tile while the other half
-    sums this one (two buffers, one barrier a tile): one group, four groups, weighted float32."""
-    for name in ("split_staged_f64", "split_staged_groups", "split_staged_weighted_f32"):
-        rec = sim[name]
-        if name.endswith("f32"):
-            _assert_parity(rec, sums_tol=1e-6, exact_counts=False)
-        else:
-            _assert_parity(rec)
-        assert {p[0] for p in rec["plans"]} == {4}, rec["plans"]
-        assert {p[5] for p in rec["plans"]} == {32}, rec["plans"]  # SUMS_NT = 64 under the simulator
 
 
 def test_sim_float32(sim):

@@ -18,12 +18,11 @@ LIMIT = 200 * 1024  # what the backend gives a block on an H100 (smem_optin 227 
 
 def _regions(lay: P.SumsLayout, k: int, m: int, dsize: int, weighted: bool) -> list:
     """(start, end) byte ranges of the layout's regions."""
-    tiles = lay.bufs * lay.rows  # the staged tiles' rows (two buffers where half the block stages)
     out = [(lay.sums * 8, (lay.sums + lay.groups * k * m) * 8), (lay.cnt * 8, (lay.cnt + lay.groups * k) * 8),
-           (lay.red * 8, lay.red * 8 + 8), (lay.xs * dsize, (lay.xs + tiles * lay.pitch) * dsize),
-           (lay.lab * 4, (lay.lab + tiles) * 4), (lay.tmp * 4, lay.tmp * 4 + 4)]
+           (lay.red * 8, lay.red * 8 + 8), (lay.xs * dsize, (lay.xs + lay.rows * lay.pitch) * dsize),
+           (lay.lab * 4, (lay.lab + lay.rows) * 4), (lay.tmp * 4, lay.tmp * 4 + 4)]
     if weighted:
-        out.append((lay.w * 8, (lay.w + tiles) * 8))
+        out.append((lay.w * 8, (lay.w + lay.rows) * 8))
     return out
 
 
@@ -49,12 +48,6 @@ def test_sums_layout_invariants(k, m, storage, weighted):
     for (a0, a1), (b0, _b1) in zip(regions, regions[1:]):
         assert a1 <= b0, regions  # no overlap
     assert regions[-1][1] <= lay.smem <= LIMIT and lay.smem % 16 == 0
-    # staging threads: none, or the second half of the block, past every group's threads, with two buffers;
-    # their tiles divide them or are whole multiples of them (each stages fixed rows)
-    assert (lay.stagers, lay.bufs) == (0, 1) or (lay.stagers == lay.nt // 2 and lay.bufs == 2)
-    if lay.stagers:
-        ns = lay.nt - lay.stagers
-        assert lay.groups * lay.cols <= lay.stagers and (ns % lay.rows == 0 or lay.rows % ns == 0)
 
 
 def test_sums_layout_spreads_small_shapes_over_groups():
@@ -62,21 +55,6 @@ def test_sums_layout_spreads_small_shapes_over_groups():
     assert lay.groups == P.SUMS_NT // 8
     one = P.sums_layout(50, 100, "float32", False, LIMIT)  # 5e6 x 100, K = 50: 40 KB a copy
     assert one.groups == 1 and one.rows == 32
-
-
-def test_sums_layout_stages_with_half_the_block_where_the_groups_leave_it_free():
-    one = P.sums_layout(50, 100, "float32", False, LIMIT)  # 100 summing threads of 256
-    assert (one.stagers, one.bufs) == (P.SUMS_NT // 2, 2)
-    plain = P.sums_layout(50, 100, "float32", False, LIMIT, specialise=False)
-    assert (plain.stagers, plain.bufs) == (0, 1) and plain.smem < one.smem
-    # every thread sums at 1e8 x 8, K = 16 (32 groups of 8): all stage, then all sum
-    assert P.sums_layout(16, 8, "float32", False, LIMIT).stagers == 0
-    # two buffers that do not fit the budget: one buffer, every thread staging
-    assert P.sums_layout(50, 100, "float32", False, plain.smem).stagers == 0
-    # fewer groups on request (tests): at most the rule's, a power of two
-    assert P.sums_layout(16, 8, "float32", False, LIMIT, groups=4).groups == 4
-    assert P.sums_layout(16, 8, "float32", False, LIMIT, groups=3).groups == 2
-    assert P.sums_layout(16, 8, "float32", False, LIMIT, groups=4).stagers == P.SUMS_NT // 2
 
 
 def test_sums_layout_refuses_what_does_not_fit():

@@ -75,10 +75,7 @@ class GPUBackend(Backend):
         dispatcher instead of the prepared launches; ``profile`` sets :attr:`profile`;
         ``delta`` ("auto", "always", "never"), see below; ``split`` (bool) and
         ``sums_maxreg``: the split full step of :mod:`.sums` (taken with resident rows
-        from :data:`.plan.SPLIT_MIN_VALUES` values on) and its sums kernel's register cap;
-        ``sums_spec`` (bool, default True: half the block stages while the other half sums,
-        where the groups leave half free) and ``sums_groups`` (fewer copies of the sums) shape
-        that kernel (:func:`.plan.sums_layout`).
+        from :data:`.plan.SPLIT_MIN_VALUES` values on) and its sums kernel's register cap.
 
     Attributes
     ----------

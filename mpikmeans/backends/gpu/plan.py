@@ -158,12 +158,6 @@ class SumsLayout(NamedTuple):
     ``groups`` is a power of two).  Offsets in units of each
     view's dtype: ``sums``, ``cnt``, ``w``, ``red`` (float64), ``xs`` (storage dtype),
     ``lab``, ``tmp`` (int32); ``smem`` bytes in all.
-
-    ``stagers`` 0: every thread stages a tile, then the groups sum it (two barriers a
-    tile).  Otherwise threads from ``stagers`` on (half the block) only stage and the
-    threads before them only sum, ``bufs`` = 2 tiles apart: the next tile is staged while
-    this one is summed, one barrier a tile (the ``w``, ``xs`` and ``lab`` regions hold
-    ``bufs`` tiles, each ``rows`` (``xs``: ``rows * pitch``) after the last).
     """
 
     groups: int
@@ -179,12 +173,9 @@ class SumsLayout(NamedTuple):
     lab: int
     tmp: int
     smem: int
-    stagers: int = 0
-    bufs: int = 1
 
 
-def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int, specialise: bool = True,
-                groups: int | None = None) -> SumsLayout | None:
+def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int) -> SumsLayout | None:
     """The split sums kernel's layout for K x M, or None where it does not fit.
 
     As many copies as fill :data:`SUMS_COPIES_BYTES` (small K x M: every thread of a
@@ -192,12 +183,6 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int, speci
     None where one copy takes more than :data:`SUMS_COPY_MAX`, M is more than a block's
     threads, the staged tile more than :data:`SUMS_STAGE_MAX` or the block more than
     ``budget`` bytes.
-
-    With ``specialise`` (the default), where the groups' threads fit in half the block
-    (one copy of many attributes, as 5e6 x 100, K = 50), the other half only stages, two
-    tiles apart (``stagers``, ``bufs``): the summing threads no longer wait while a tile is
-    staged, nor the staging ones while it is summed.  ``groups`` (a power of two, at most
-    the rule's): fewer copies, for tests.
     """
     dsize = 8 if storage == "float64" else 4
     nt = SUMS_NT
@@ -206,11 +191,7 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int, speci
     if copy > SUMS_COPY_MAX or m > nt:
         return None
     # a power of two (it divides the block's threads), each group's rows a multiple of 4 (the walk's batches)
-    most = 1 << (max(1, min(nt // m, SUMS_COPIES_BYTES // copy)).bit_length() - 1)
-    groups = most if groups is None else max(1, min(most, 1 << (max(1, int(groups)).bit_length() - 1)))
-    # half the block stages: whole warps, a power of two of them (tiles divide them or are multiples)
-    stagers = nt // 2 if specialise and groups * m <= nt // 2 else 0
-    bufs = 2 if stagers else 1
+    groups = 1 << (max(1, min(nt // m, SUMS_COPIES_BYTES // copy)).bit_length() - 1)
     want = groups * max(4, min(32, SUMS_STAGE_BYTES // (groups * pitch * dsize)) // 4 * 4)
     # 32 d rows for d a divisor of nt / 32, or multiples of nt: the fewest at least ``want``
     shapes = [32 * d for d in range(1, nt // 32 + 1) if (nt // 32) % d == 0] + [nt * x for x in range(2, 9)]
@@ -220,19 +201,16 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int, speci
     a = _Arena()
     sums = a.take(groups * k * m * 8)
     cnt = a.take(groups * k * 8)
-    w = a.take(bufs * rows * 8 if weighted else 0)
+    w = a.take(rows * 8 if weighted else 0)
     red = a.take(8)
-    xs = a.take(bufs * rows * pitch * dsize)
-    lab = a.take(bufs * rows * 4)
+    xs = a.take(rows * pitch * dsize)
+    lab = a.take(rows * 4)
     tmp = a.take(4)
     smem = a.total()
     if smem > budget:
-        if stagers:  # one buffer may still fit
-            return sums_layout(k, m, storage, weighted, budget, False, groups)
         return None
     return SumsLayout(groups=groups, cols=m, nt=nt, rows=rows, pitch=pitch, sums=sums // 8, cnt=cnt // 8,
-                      w=w // 8, red=red // 8, xs=xs // dsize, lab=lab // 4, tmp=tmp // 4, smem=smem,
-                      stagers=stagers, bufs=bufs)
+                      w=w // 8, red=red // 8, xs=xs // dsize, lab=lab // 4, tmp=tmp // 4, smem=smem)
 
 
 def shared_layout(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: int,
@@ -355,8 +333,7 @@ def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
         modes = [MODE_STEP_DELTA]
     else:
         modes = [MODE_STEP_SHARED, MODE_STEP_GLOBAL]
-        sums = (sums_layout(k, m, storage, weighted, budget, bool(tune.get("sums_spec", True)),
-                            tune.get("sums_groups")) if tune.get("split", split) else None)
+        sums = sums_layout(k, m, storage, weighted, budget) if tune.get("split", split) else None
         if sums is not None:
             modes.insert(0, MODE_STEP_SPLIT)
     blocks = int(tune.get("blocks", 2))

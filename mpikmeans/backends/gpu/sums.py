@@ -18,11 +18,7 @@ then this kernel, small enough for many resident warps:
   owner per sum, so plain loads and stores, no atomics (threads past ``groups x M``
   only stage);
 * at the end the copies are added up and into the global sums, one atomic per
-  (cluster, attribute) and block;
-* where the groups' threads fit in half the block (one copy of many attributes: 5e6 x 100,
-  K = 50 has 100 summing threads of 256), the other half only stages, into two buffers
-  used in turn: tile ``t + 1`` is staged while tile ``t`` is summed, one barrier a tile
-  (:attr:`.plan.SumsLayout.stagers`).  Otherwise every thread stages, then the groups sum.
+  (cluster, attribute) and block.
 
 It also counts the changed labels and writes the new ones (pass 1 leaves ``labels``
 alone, so the exact kernel still sees a flagged row's old label) and sums
@@ -69,24 +65,17 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
     O_S, O_CNT, O_W, O_RED, O_XS, O_LAB, O_TMP = (int(v) for v in (S.sums, S.cnt, S.w, S.red, S.xs, S.lab,
                                                                     S.tmp))
     KM = K * M
-    # S0: the first thread that stages (0: all of them, then all wait while the groups sum);
-    # otherwise the threads before it only sum and the tiles pass through LAG + 1 = 2 buffers
-    S0 = int(S.stagers)
-    SPEC = S0 > 0
-    LAG = 1 if SPEC else 0
-    NS = NT - S0  # staging threads
-    XSB = TR * PITCH  # a buffer's staged values, and (TR) labels and weights
-    # staging: staging thread t loads rows t % RT (+ RT, ... when the tile has more rows than
-    # the staging threads) of attributes t // RT, + JS, ...: fixed rows, so the index arithmetic
+    # staging: thread t loads rows t % RT (+ RT, ... when the tile has more rows than the
+    # block threads) of attributes t // RT, + JS, ...: fixed rows, so the index arithmetic
     # is a base and constant steps, and a warp reads 32 consecutive rows of one attribute
-    RT = min(TR, NS)
-    JS = NS // RT
+    RT = min(TR, NT)
+    JS = NT // RT
     UJ = -(-M // JS)  # attributes per thread and pass over the rows
     PASSES = TR // RT  # passes over the rows
     FULLJ = M % JS == 0
     SB = 8  # values per batch of loads (in flight together, then stored)
     WB = 4  # rows per batch of the summing walk
-    LA = -(-TR // NS)  # the tile's labels: rows per staging thread
+    LA = -(-TR // NT)  # the tile's labels: rows per thread
     NR = TR // G  # rows per group and tile, a multiple of WB (plan.sums_layout)
 
     def km_sums(x, n, ld, p64, ctr, labels, newlab, w):
@@ -96,9 +85,8 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         tid = cuda.threadIdx.x
         g = tid // COLS
         c = tid - g * COLS
-        st = tid - S0  # this thread's place among the staging threads (< 0: it only sums)
-        r0 = st % RT
-        j0 = st // RT
+        r0 = tid % RT
+        j0 = tid // RT
         jsld = JS * ld
         for q in range(tid, G * KM, NT):
             stx(smd, O_S + q, 0.0)
@@ -116,87 +104,75 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         labl = cuda.local.array(LA, dtype=int32)
         oldl = cuda.local.array(LA, dtype=int32)
         # this thread's rows in its group (a runtime count: the walk stays a loop, not unrolled)
-        nr = NR if g < G and (tid < S0 or not SPEC) else 0
-        stages = st >= 0
+        nr = NR if g < G else 0
         so = O_S + g * KM + c  # its sums, counts and centre values
         co = O_CNT + g * K
         cb = P_C64 + c
         ntiles = (n + TR - 1) // TR
-        mine = (ntiles - cuda.blockIdx.x + cuda.gridDim.x - 1) // cuda.gridDim.x
-        for it in range(mine + LAG):
-            if not SPEC:
-                cuda.syncthreads()  # the last tile is summed (and, the first time, the copies are zero)
-            if stages and it < mine:
-                row0 = (cuda.blockIdx.x + it * cuda.gridDim.x) * TR
-                bx = O_XS + (it % 2) * XSB if SPEC else O_XS
-                bl = O_LAB + (it % 2) * TR if SPEC else O_LAB
-                bw = O_W + (it % 2) * TR if SPEC else O_W
-                # the tile's labels, pass 1's and the last step's, loaded side by side before the rows
-                for a in range(LA):
-                    r = st + a * NS
+        for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
+            row0 = tile * TR
+            cuda.syncthreads()  # the last tile is summed (and, the first time, the copies are zero)
+            # the tile's labels, pass 1's and the last step's, loaded side by side before the rows
+            for a in range(LA):
+                r = tid + a * NT
+                i = row0 + r
+                labl[a] = ldx(newlab, i) if r < TR and i < n else -1
+                oldl[a] = ldx(labels, i) if r < TR and i < n else -1
+            for a in range(PASSES):
+                i = row0 + r0 + a * RT
+                inside = i < n
+                gb = j0 * ld + i  # attribute j0 of this row, then + jsld per step
+                sb = O_XS + (r0 + a * RT) * PITCH + j0
+                for uj0 in range(0, UJ, SB):
+                    for u in range(SB):
+                        uj = uj0 + u
+                        if uj < UJ:
+                            v[u] = ldx(x, gb + uj * jsld) if inside and (FULLJ or j0 + uj * JS < M) else DT(0.0)
+                    for u in range(SB):
+                        uj = uj0 + u
+                        if uj < UJ and (FULLJ or j0 + uj * JS < M):
+                            stx(smx, sb + uj * JS, v[u])
+            for a in range(LA):
+                r = tid + a * NT
+                if r < TR:
                     i = row0 + r
-                    labl[a] = ldx(newlab, i) if r < TR and i < n else -1
-                    oldl[a] = ldx(labels, i) if r < TR and i < n else -1
-                for a in range(PASSES):
-                    i = row0 + r0 + a * RT
-                    inside = i < n
-                    gb = j0 * ld + i  # attribute j0 of this row, then + jsld per step
-                    sb = bx + (r0 + a * RT) * PITCH + j0
-                    for uj0 in range(0, UJ, SB):
-                        for u in range(SB):
-                            uj = uj0 + u
-                            if uj < UJ:
-                                v[u] = ldx(x, gb + uj * jsld) if inside and (FULLJ or j0 + uj * JS < M) else DT(0.0)
-                        for u in range(SB):
-                            uj = uj0 + u
-                            if uj < UJ and (FULLJ or j0 + uj * JS < M):
-                                stx(smx, sb + uj * JS, v[u])
-                for a in range(LA):
-                    r = st + a * NS
-                    if r < TR:
-                        i = row0 + r
-                        lab = labl[a]
-                        if lab >= 0:
-                            if oldl[a] != lab:
-                                chg_t += 1
-                                stx(labels, i, lab)
-                            if WEIGHTED:
-                                stx(smd, bw + r, ldx(w, i))
-                        stx(smi, bl + r, lab)
-            if not SPEC:
-                cuda.syncthreads()
-            if it >= LAG:
-                # WB rows per batch: their labels, weights and values are loaded together; the
-                # read-modify-writes of the sums then follow one another (rows may share a cluster).
-                # Offsets advance by constants: the row r = g + s G is at xo + s G PITCH
-                b = (it - LAG) % 2 if SPEC else 0
-                lo = O_LAB + b * TR + g
-                xo = O_XS + b * XSB + g * PITCH + c
-                wo = O_W + b * TR + g
-                for s0 in range(0, nr, WB):
-                    for u in range(WB):
-                        lab = ldx(smi, lo + u * G)
-                        labv[u] = lab
-                        if lab >= 0:
-                            tv[u] = float64(ldx(smx, xo + u * G * PITCH)) - ldx(p64, cb + lab * M)
-                            if WEIGHTED:
-                                wv[u] = ldx(smd, wo + u * G)
-                    for u in range(WB):
-                        lab = labv[u]
-                        if lab >= 0:
-                            wi = wv[u] if WEIGHTED else 1.0
-                            t = tv[u]
-                            o = so + lab * M
-                            stx(smd, o, ldx(smd, o) + wi * t)
-                            sse_t += wi * (t * t)
-                            if c == 0:
-                                o = co + lab
-                                stx(smd, o, ldx(smd, o) + wi)
-                    lo += WB * G
-                    xo += WB * G * PITCH
-                    wo += WB * G
-            if SPEC:
-                cuda.syncthreads()  # this tile is summed and the next one staged
+                    lab = labl[a]
+                    if lab >= 0:
+                        if oldl[a] != lab:
+                            chg_t += 1
+                            stx(labels, i, lab)
+                        if WEIGHTED:
+                            stx(smd, O_W + r, ldx(w, i))
+                    stx(smi, O_LAB + r, lab)
+            cuda.syncthreads()
+            # WB rows per batch: their labels, weights and values are loaded together; the
+            # read-modify-writes of the sums then follow one another (rows may share a cluster).
+            # Offsets advance by constants: the row r = g + s G is at xo + s G PITCH
+            lo = O_LAB + g
+            xo = O_XS + g * PITCH + c
+            wo = O_W + g
+            for s0 in range(0, nr, WB):
+                for u in range(WB):
+                    lab = ldx(smi, lo + u * G)
+                    labv[u] = lab
+                    if lab >= 0:
+                        tv[u] = float64(ldx(smx, xo + u * G * PITCH)) - ldx(p64, cb + lab * M)
+                        if WEIGHTED:
+                            wv[u] = ldx(smd, wo + u * G)
+                for u in range(WB):
+                    lab = labv[u]
+                    if lab >= 0:
+                        wi = wv[u] if WEIGHTED else 1.0
+                        t = tv[u]
+                        o = so + lab * M
+                        stx(smd, o, ldx(smd, o) + wi * t)
+                        sse_t += wi * (t * t)
+                        if c == 0:
+                            o = co + lab
+                            stx(smd, o, ldx(smd, o) + wi)
+                lo += WB * G
+                xo += WB * G * PITCH
+                wo += WB * G
         cuda.syncthreads()
         # the copies added up, into the global sums (q < KM) and counts (the K after them)
         for q in range(tid, KM + K, NT):
