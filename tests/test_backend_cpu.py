@@ -378,3 +378,30 @@ def test_seeding_distances_are_released_by_the_first_step_and_lower_d2_stays_exa
     b.step(x[:4])
     assert b._cand_dists is None  # t x n float64 not held through the iterations
     assert b.lower_d2(d2, cands[1]).tobytes() == expected.tobytes()  # computed again, same bits
+
+
+@pytest.mark.parametrize("k,m", [(8, 16), (70, 64)])  # one thread's reduction, and chunks on the threads
+def test_block_reduction_adds_the_blocks_in_order_on_one_thread_or_many(k, m):
+    """The step's partials reduced in block order, ``((p0 + p1) + p2) + ...``, whichever form runs:
+    the serial one up to ``_REDUCE_CHUNK`` elements, the parallel one past it, the same bits."""
+    from mpikmeans.backends.cpu import tiles as T
+
+    rng = np.random.default_rng(17)
+    nb = 13
+    # magnitudes far apart, so that any other order of the additions shows in the bits
+    ps = rng.normal(size=(nb, k, m)) * 10.0 ** rng.integers(-8, 9, size=(nb, 1, 1))
+    pc = rng.integers(0, 50, size=(nb, k)).astype(np.float64)
+    pse = rng.uniform(0, 1e6, nb)
+    pch = rng.integers(0, 100, nb)
+    want = ps[0].copy()
+    for b in range(1, nb):
+        want = want + ps[b]
+    assert (k * m > T._REDUCE_CHUNK) == (m == 64)
+    for reduce in (T._reduce_blocks, T._reduce_serial, T._reduce_parallel):
+        sums, counts, sse, changed = reduce(ps, pc, pse, pch)
+        assert sums.tobytes() == want.tobytes()
+        assert counts.tobytes() == pc.sum(axis=0).tobytes() and changed == pch.sum()
+        total = pse[0]
+        for v in pse[1:]:
+            total += v
+        assert sse == total
