@@ -31,7 +31,7 @@ import functools
 
 from .compiled import compiled
 from .device import SIM, cuda
-from .intrinsics import ldx, stx
+from .intrinsics import ldc32, ldc64, ldx, stx
 from .launch import Launch, prepare
 from .plan import PackLayout, SumsLayout
 
@@ -46,16 +46,19 @@ SUMS_MAXREG = 64
 
 
 @functools.lru_cache(maxsize=None)
-def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple, lay_c: tuple, maxreg: int = 0):
+def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple, lay_c: tuple, maxreg: int = 0,
+                idx32: bool = False):
     """Build the summing kernel for K x M, the step buffer's layout ``pack_c`` and ``lay_c``
     (a :class:`.plan.SumsLayout`).
 
     Kernel arguments: x, n, ld, p64, ctr, labels, newlab, w (as the fused kernel's; ``newlab``
     int32 (n,), pass 1's certified labels, -1 for a flagged row).  ``maxreg``: a register cap
-    (0: the compiler's choice).
+    (0: the compiler's choice).  ``idx32``: the rows array has fewer than ``2**31`` elements,
+    so its indices are computed on 32 bits (:func:`.intrinsics.ldc32`).
     """
     DT = float64 if storage == "float64" else float32
     WEIGHTED = weighted
+    LDC = ldc32 if idx32 else ldc64
     K, M = int(k_c), int(m_c)
     L = PackLayout(*pack_c)
     P_C64, P_SUMS, P_CNT, P_SSE = int(L.p64_c64), int(L.p64_sums), int(L.p64_cnt), int(L.p64_sse)
@@ -87,7 +90,6 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         c = tid - g * COLS
         r0 = tid % RT
         j0 = tid // RT
-        jsld = JS * ld
         for q in range(tid, G * KM, NT):
             stx(smd, O_S + q, 0.0)
         for q in range(tid, G * K, NT):
@@ -105,8 +107,7 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         oldl = cuda.local.array(LA, dtype=int32)
         # this thread's rows in its group (a runtime count: the walk stays a loop, not unrolled)
         nr = NR if g < G else 0
-        so = O_S + g * KM + c  # its sums, counts and centre values
-        co = O_CNT + g * K
+        so = O_S + g * KM + c  # its sums and centre values
         cb = P_C64 + c
         ntiles = (n + TR - 1) // TR
         for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
@@ -121,13 +122,13 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
             for a in range(PASSES):
                 i = row0 + r0 + a * RT
                 inside = i < n
-                gb = j0 * ld + i  # attribute j0 of this row, then + jsld per step
                 sb = O_XS + (r0 + a * RT) * PITCH + j0
                 for uj0 in range(0, UJ, SB):
                     for u in range(SB):
                         uj = uj0 + u
                         if uj < UJ:
-                            v[u] = ldx(x, gb + uj * jsld) if inside and (FULLJ or j0 + uj * JS < M) else DT(0.0)
+                            # attribute j0 + uj JS of row i, the index in 32 bits where the rows allow
+                            v[u] = LDC(x, j0 + uj * JS, ld, i) if inside and (FULLJ or j0 + uj * JS < M) else DT(0.0)
                     for u in range(SB):
                         uj = uj0 + u
                         if uj < UJ and (FULLJ or j0 + uj * JS < M):
@@ -141,35 +142,48 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
                         if oldl[a] != lab:
                             chg_t += 1
                             stx(labels, i, lab)
+                        # the row's count, into the copy of the group that sums it (row r: group r % G):
+                        # one atomic per row here instead of a read-modify-write per row in the walk
                         if WEIGHTED:
-                            stx(smd, O_W + r, ldx(w, i))
+                            wr = ldx(w, i)
+                            stx(smd, O_W + r, wr)
+                            cuda.atomic.add(smd, O_CNT + (r % G) * K + lab, wr)
+                        else:
+                            cuda.atomic.add(smd, O_CNT + (r % G) * K + lab, 1.0)
                     stx(smi, O_LAB + r, lab)
             cuda.syncthreads()
             # WB rows per batch: their labels, weights and values are loaded together; the
             # read-modify-writes of the sums then follow one another (rows may share a cluster).
-            # Offsets advance by constants: the row r = g + s G is at xo + s G PITCH
+            # Offsets advance by constants: the row r = g + s G is at xo + s G PITCH.  No branch:
+            # a flagged row (label -1) adds 0 to cluster 0, so the walk is straight-line code
+            # (branches per row cost more instructions than the additions, ncu: issue-bound)
             lo = O_LAB + g
             xo = O_XS + g * PITCH + c
             wo = O_W + g
             for s0 in range(0, nr, WB):
                 for u in range(WB):
                     lab = ldx(smi, lo + u * G)
-                    labv[u] = lab
-                    if lab >= 0:
-                        tv[u] = float64(ldx(smx, xo + u * G * PITCH)) - ldx(p64, cb + lab * M)
-                        if WEIGHTED:
-                            wv[u] = ldx(smd, wo + u * G)
+                    ok = lab >= 0
+                    la = lab if ok else 0
+                    labv[u] = la
+                    t = float64(ldx(smx, xo + u * G * PITCH)) - ldc32(p64, la, M, cb)
+                    if WEIGHTED:
+                        # a flagged row's weight slot was not staged: the select drops whatever it holds
+                        wi = ldx(smd, wo + u * G)
+                        wv[u] = wi if ok else 0.0
+                        tv[u] = t
+                    else:
+                        tv[u] = t if ok else 0.0
                 for u in range(WB):
-                    lab = labv[u]
-                    if lab >= 0:
-                        wi = wv[u] if WEIGHTED else 1.0
-                        t = tv[u]
-                        o = so + lab * M
+                    o = so + labv[u] * M
+                    t = tv[u]
+                    if WEIGHTED:
+                        wi = wv[u]
                         stx(smd, o, ldx(smd, o) + wi * t)
                         sse_t += wi * (t * t)
-                        if c == 0:
-                            o = co + lab
-                            stx(smd, o, ldx(smd, o) + wi)
+                    else:
+                        stx(smd, o, ldx(smd, o) + t)
+                        sse_t += t * t
                 lo += WB * G
                 xo += WB * G * PITCH
                 wo += WB * G
@@ -197,10 +211,11 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
 def sums_launch(limits, storage: str, weighted: bool, k: int, m: int, lay: SumsLayout, pack, x, rows: int, ld: int,
                 labels, newlab, w, stream, fast: bool, tune: dict) -> Launch:
     """The prepared launch of :func:`sums_kernel` for ``rows`` resident rows (``lay``: the plan's
-    :func:`.plan.sums_layout`; ``tune["sums_maxreg"]`` overrides :data:`SUMS_MAXREG`): a persistent
-    grid of as many blocks as the multiprocessors hold."""
+    :func:`.plan.sums_layout`; ``tune["sums_maxreg"]`` overrides :data:`SUMS_MAXREG`, ``tune["idx64"]``
+    forces 64-bit row indices): a persistent grid of as many blocks as the multiprocessors hold."""
     maxreg = int(tune.get("sums_maxreg", SUMS_MAXREG))
-    spec = (storage, weighted, int(k), int(m), tuple(pack.layout), tuple(lay), int(maxreg))
+    idx32 = int(m) * int(ld) < 2**31 and not tune.get("idx64")
+    spec = (storage, weighted, int(k), int(m), tuple(pack.layout), tuple(lay), int(maxreg), bool(idx32))
     kern = sums_kernel(*spec)
     args = (x, int(rows), int(ld), pack.dev, pack.ctr, labels, newlab, w)
     kobj = compiled("sums", spec, kern, args)
