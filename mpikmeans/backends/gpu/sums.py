@@ -90,6 +90,9 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         c = tid - g * COLS
         r0 = tid % RT
         j0 = tid // RT
+        # how many of this thread's attributes j0, j0 + JS, ... exist, on 32 bits: each staged value then
+        # tests one 32-bit compare, not a 64-bit sum and compare per value and tile
+        nj = int32((M - j0 + JS - 1) // JS)
         for q in range(tid, G * KM, NT):
             stx(smd, O_S + q, 0.0)
         for q in range(tid, G * K, NT):
@@ -128,10 +131,10 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
                         uj = uj0 + u
                         if uj < UJ:
                             # attribute j0 + uj JS of row i, the index in 32 bits where the rows allow
-                            v[u] = LDC(x, j0 + uj * JS, ld, i) if inside and (FULLJ or j0 + uj * JS < M) else DT(0.0)
+                            v[u] = LDC(x, j0 + uj * JS, ld, i) if inside and (FULLJ or int32(uj) < nj) else DT(0.0)
                     for u in range(SB):
                         uj = uj0 + u
-                        if uj < UJ and (FULLJ or j0 + uj * JS < M):
+                        if uj < UJ and (FULLJ or int32(uj) < nj):
                             stx(smx, sb + uj * JS, v[u])
             for a in range(LA):
                 r = tid + a * NT
