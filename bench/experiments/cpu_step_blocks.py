@@ -19,7 +19,6 @@ import time
 
 import numba
 import numpy as np
-from numba import njit, prange
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
@@ -28,18 +27,8 @@ from mpikmeans.backends.cpu.backend import search_plan  # noqa: E402
 from mpikmeans.bench.data import initial_centres, write_blobs_npy  # noqa: E402
 from mpikmeans.io.gen import GenSpec  # noqa: E402
 
-
-@njit(parallel=True, fastmath=True, cache=False)
-def stream_pass(x, nb):
-    n, m = x.shape
-    acc = np.zeros(nb)
-    for b in prange(nb):
-        s = 0.0
-        for i in range(n * b // nb, n * (b + 1) // nb):
-            for j in range(m):
-                s += x[i, j]
-        acc[b] = s
-    return acc.sum()
+sys.path.insert(0, os.path.dirname(__file__))
+from cpu_step_scaling import stream_pass  # noqa: E402 - the memory's pace: a plain parallel pass over the rows
 
 
 def centre_path(x, centres, iterations):
