@@ -5,8 +5,9 @@ Builds :func:`mpikmeans.backends.gpu.sums.sums_kernel` for K x M as the backend 
 indices, the register cap), compiles it to PTX for sm_90, runs ``ptxas -v`` and
 ``nvdisasm``, and prints the register line and the instruction count of each loop body
 (the walk's batch of rows, and a tile's whole loop).  Run it on an older commit for the
-kernel before a change (the 32-bit index flag is passed only where the kernel takes it).  Needs libnvvm, NVRTC, ptxas and nvdisasm
-(pip: nvidia-cuda-nvcc, nvidia-cuda-nvrtc 13.0 and nvidia-cuda-nvdisasm), e.g.
+kernel before a change (the 32-bit index flag is passed only where the kernel takes it).
+Needs libnvvm, NVRTC, ptxas and nvdisasm (pip: nvidia-cuda-nvcc, nvidia-cuda-nvrtc 13.0 and
+nvidia-cuda-nvdisasm), e.g.
 
     pip install --target /tmp/nvcc "nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-nvrtc==13.0.*"
     pip install --target /tmp/nvcc2 "nvidia-cuda-nvdisasm==13.2.*"
