@@ -37,6 +37,8 @@ SUMS_COPIES_BYTES = 48 * 1024
 SUMS_STAGE_BYTES = 16 * 1024
 SUMS_STAGE_MAX = 48 * 1024
 SUMS_COPY_MAX = 96 * 1024
+#: ... and at most this many rows per group in a tile (``tune={"sums_group_rows": R}`` overrides it)
+SUMS_GROUP_ROWS = 32
 #: a full step takes the split path from this many values of rows on (N x M): below it the second
 #: launch and its barriers cost more than they save (H100, 2e6 x 3, K = 7: 0.12 -> 0.19 ms)
 SPLIT_MIN_VALUES = 1 << 24
@@ -175,14 +177,17 @@ class SumsLayout(NamedTuple):
     smem: int
 
 
-def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int) -> SumsLayout | None:
+def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
+                group_rows: int = SUMS_GROUP_ROWS, stage_bytes: int = SUMS_STAGE_BYTES) -> SumsLayout | None:
     """The split sums kernel's layout for K x M, or None where it does not fit.
 
     As many copies as fill :data:`SUMS_COPIES_BYTES` (small K x M: every thread of a
     block busy on few attributes), rows per tile to stage about :data:`SUMS_STAGE_BYTES`.
     None where one copy takes more than :data:`SUMS_COPY_MAX`, M is more than a block's
     threads, the staged tile more than :data:`SUMS_STAGE_MAX` or the block more than
-    ``budget`` bytes.
+    ``budget`` bytes.  ``group_rows`` and ``stage_bytes`` (:data:`SUMS_GROUP_ROWS`,
+    :data:`SUMS_STAGE_BYTES`; ``tune`` keys ``sums_group_rows``, ``sums_stage_bytes``): at most
+    this many rows per group in a tile, and about this many bytes staged.
     """
     dsize = 8 if storage == "float64" else 4
     nt = SUMS_NT
@@ -192,7 +197,7 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int) -> Su
         return None
     # a power of two (it divides the block's threads), each group's rows a multiple of 4 (the walk's batches)
     groups = 1 << (max(1, min(nt // m, SUMS_COPIES_BYTES // copy)).bit_length() - 1)
-    want = groups * max(4, min(32, SUMS_STAGE_BYTES // (groups * pitch * dsize)) // 4 * 4)
+    want = groups * max(4, min(int(group_rows), int(stage_bytes) // (groups * pitch * dsize)) // 4 * 4)
     # 32 d rows for d a divisor of nt / 32, or multiples of nt: the fewest at least ``want``
     shapes = [32 * d for d in range(1, nt // 32 + 1) if (nt // 32) % d == 0] + [nt * x for x in range(2, 9)]
     rows = min((r for r in shapes if r >= want and r % (4 * groups) == 0), default=nt * 8)
@@ -333,7 +338,8 @@ def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
         modes = [MODE_STEP_DELTA]
     else:
         modes = [MODE_STEP_SHARED, MODE_STEP_GLOBAL]
-        sums = sums_layout(k, m, storage, weighted, budget) if tune.get("split", split) else None
+        sums = (sums_layout(k, m, storage, weighted, budget, int(tune.get("sums_group_rows", SUMS_GROUP_ROWS)),
+                            int(tune.get("sums_stage_bytes", SUMS_STAGE_BYTES))) if tune.get("split", split) else None)
         if sums is not None:
             modes.insert(0, MODE_STEP_SPLIT)
     blocks = int(tune.get("blocks", 2))
