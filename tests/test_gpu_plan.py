@@ -86,3 +86,21 @@ def test_choose_plan_takes_the_split_step_for_resident_full_steps():
     assert plan.offs.sums == 0 and plan.offs.xs == 0  # pass 1 alone: no summing regions
     assert plan.sums == P.sums_layout(50, 100, "float32", False, LIMIT)  # the sums kernel's, carried by the plan
     assert P.choose_plan(50, 100, "float32", False, False, LIMIT, {}, split=False).sums is None
+
+
+def test_sums_register_cap_keeps_what_shared_memory_allows_resident():
+    """The sums kernel's register cap: 64 where four blocks fit in shared memory, else what the blocks
+    shared memory holds leave (the H100: 228 KB and 64 K registers a multiprocessor)."""
+    from types import SimpleNamespace
+
+    from mpikmeans.backends.gpu import sums as S
+
+    h100 = SimpleNamespace(smem_sm=228 * 1024, regs_sm=65536)
+    a32 = P.sums_layout(50, 100, "float32", False, LIMIT)  # 53 KB: four blocks
+    a64 = P.sums_layout(50, 100, "float64", False, LIMIT)  # 66 KB: three
+    assert S.register_cap(h100, a32) == S.SUMS_MAXREG == 64
+    assert S.register_cap(h100, a64) == 80  # 65536 / (3 x 256) = 85, in steps of 8
+    # small blocks, many resident: never under the cap that keeps four
+    assert S.register_cap(h100, P.sums_layout(7, 3, "float32", False, LIMIT)) == S.SUMS_MAXREG
+    # one block a multiprocessor: at most 255
+    assert S.register_cap(SimpleNamespace(smem_sm=60 * 1024, regs_sm=65536), a32) == 255

@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from types import SimpleNamespace as types_ns
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from numba import cuda, types  # noqa: E402
@@ -38,7 +39,10 @@ def main():
     layout = P.pack_layout(k, m, plan.TC, plan.nct, dtype, 1)[0]
     # 32-bit row indices where the kernel has the choice (commits before it did not)
     idx32 = {"idx32": True} if "idx32" in inspect.signature(S.sums_kernel.__wrapped__).parameters else {}
-    kern = S.sums_kernel(dtype, weighted, k, m, tuple(layout), tuple(lay), S.SUMS_MAXREG, **idx32)
+    # the register cap the backend would give it on an H100 (228 KB of shared memory, 64 K registers)
+    cap = (S.register_cap(types_ns(smem_sm=228 * 1024, regs_sm=65536), lay) if hasattr(S, "register_cap")
+           else S.SUMS_MAXREG)
+    kern = S.sums_kernel(dtype, weighted, k, m, tuple(layout), tuple(lay), cap, **idx32)
     arr = lambda t: types.Array(t, 1, "C")  # noqa: E731
     store = types.float64 if dtype == "float64" else types.float32
     sig = (arr(store), types.int64, types.int64, arr(types.float64), arr(types.int64), arr(types.int32),
@@ -48,7 +52,7 @@ def main():
         with open(f"{tmp}/k.ptx", "w") as f:
             f.write(re.sub(r"^\.version 9\.\d+", ".version 9.0", ptx, flags=re.M))
         r = subprocess.run([os.environ.get("PTXAS", "ptxas"), "-arch=sm_90", "-v", "-O3",
-                            f"-maxrregcount={S.SUMS_MAXREG}", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
+                            f"-maxrregcount={cap}", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
                            capture_output=True, text=True, check=True)
         sass = subprocess.run([os.environ.get("NVDISASM", "nvdisasm"), "-c", f"{tmp}/k.cubin"],
                               capture_output=True, text=True, check=True).stdout

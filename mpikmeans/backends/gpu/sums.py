@@ -39,10 +39,24 @@ if cuda is not None:
     from numba import float32, float64, int32, int64
 
 
-#: the kernel's register cap: 64 keeps four blocks of 256 threads on a multiprocessor (72 without a
-#: cap: three); a few spilled bytes cost less than the warps gained (H100: 5e6 x 100, K = 50 full step
-#: 4.76 -> 4.13 ms f32, 6.11 -> 5.02 ms f64; 1e8 x 8, K = 16: 4.38 -> 4.13, 6.40 -> 6.18)
+#: the kernel's register cap where four blocks fit in shared memory: 64 keeps four blocks of 256
+#: threads on a multiprocessor (72 without a cap: three); a few spilled bytes cost less than the warps
+#: gained (H100: 5e6 x 100, K = 50 full step 4.76 -> 4.13 ms f32, 6.11 -> 5.02 ms f64; 1e8 x 8,
+#: K = 16: 4.38 -> 4.13, 6.40 -> 6.18).  Where shared memory holds fewer blocks, the cap is what
+#: those blocks leave (:func:`register_cap`)
 SUMS_MAXREG = 64
+
+
+def register_cap(limits, lay: SumsLayout) -> int:
+    """The sums kernel's register cap: the most registers a thread may have while as many blocks as
+    shared memory holds stay resident, and at least :data:`SUMS_MAXREG`.
+
+    A cap under what the resident blocks leave only spills (5e6 x 100, K = 50 float64: 66 KB a
+    block, three resident; cap 80 against 64: 3.97 against 4.24 ms a full step on the H100,
+    ``bench/results/fullstep_H100_2026-11-26_tiles_a.log``).
+    """
+    blocks = max(1, min(limits.smem_sm // (lay.smem + 1024), 2048 // lay.nt))
+    return max(SUMS_MAXREG, min(255, limits.regs_sm // (blocks * lay.nt) // 8 * 8))
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,9 +228,9 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
 def sums_launch(limits, storage: str, weighted: bool, k: int, m: int, lay: SumsLayout, pack, x, rows: int, ld: int,
                 labels, newlab, w, stream, fast: bool, tune: dict) -> Launch:
     """The prepared launch of :func:`sums_kernel` for ``rows`` resident rows (``lay``: the plan's
-    :func:`.plan.sums_layout`; ``tune["sums_maxreg"]`` overrides :data:`SUMS_MAXREG`, ``tune["idx64"]``
+    :func:`.plan.sums_layout`; ``tune["sums_maxreg"]`` overrides :func:`register_cap`, ``tune["idx64"]``
     forces 64-bit row indices): a persistent grid of as many blocks as the multiprocessors hold."""
-    maxreg = int(tune.get("sums_maxreg", SUMS_MAXREG))
+    maxreg = int(tune.get("sums_maxreg", register_cap(limits, lay)))
     idx32 = int(m) * int(ld) < 2**31 and not tune.get("idx64")
     spec = (storage, weighted, int(k), int(m), tuple(pack.layout), tuple(lay), int(maxreg), bool(idx32))
     kern = sums_kernel(*spec)
