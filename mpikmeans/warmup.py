@@ -232,10 +232,10 @@ def _cpu_step_kernels() -> list:
     """The CPU backend's step and assignment kernels, each parallel pass with the block function it calls
     (Numba caches each apart; both search plans run them: :func:`.backends.cpu.backend.search_plan`), and
     both forms of the step's reduction."""
-    from .backends.cpu import bounds, tiles
+    from .backends.cpu import bounds, partials
 
-    return [bounds.step_pass, bounds._step_block, bounds.assign_pass, bounds._assign_block, tiles._reduce_serial,
-            tiles._reduce_parallel]
+    return [bounds.step_pass, bounds._step_block, bounds.assign_pass, bounds._assign_block, partials.reduce_serial,
+            partials.reduce_parallel]
 
 
 def cpu_backend_cold() -> list:

@@ -383,8 +383,8 @@ def test_seeding_distances_are_released_by_the_first_step_and_lower_d2_stays_exa
 @pytest.mark.parametrize("k,m", [(8, 16), (70, 64)])  # one thread's reduction, and chunks on the threads
 def test_block_reduction_adds_the_blocks_in_order_on_one_thread_or_many(k, m):
     """The step's partials reduced in block order, ``((p0 + p1) + p2) + ...``, whichever form runs:
-    the serial one up to ``_REDUCE_CHUNK`` elements, the parallel one past it, the same bits."""
-    from mpikmeans.backends.cpu import tiles as T
+    the serial one up to ``REDUCE_CHUNK`` elements, the parallel one past it, the same bits."""
+    from mpikmeans.backends.cpu import partials as T
 
     rng = np.random.default_rng(17)
     nb = 13
@@ -396,8 +396,8 @@ def test_block_reduction_adds_the_blocks_in_order_on_one_thread_or_many(k, m):
     want = ps[0].copy()
     for b in range(1, nb):
         want = want + ps[b]
-    assert (k * m > T._REDUCE_CHUNK) == (m == 64)
-    for reduce in (T._reduce_blocks, T._reduce_serial, T._reduce_parallel):
+    assert (k * m > T.REDUCE_CHUNK) == (m == 64)
+    for reduce in (T.reduce_blocks, T.reduce_serial, T.reduce_parallel):
         sums, counts, sse, changed = reduce(ps, pc, pse, pch)
         assert sums.tobytes() == want.tobytes()
         assert counts.tobytes() == pc.sum(axis=0).tobytes() and changed == pch.sum()

@@ -350,4 +350,5 @@ def test_scripts_keep_only_device_orchestration():
     assert sorted(p.name for p in (REPO / "scripts").iterdir()) == ["device_gpu.sh", "start_local_slurm.sh"]
     text = (REPO / "scripts" / "device_gpu.sh").read_text()
     assert "python3 -m mpikmeans bench gpu" in text and "python3 -m mpikmeans bench cpu" in text
-    assert "regex:km_fused" in text and "scripts/bench_" not in text
+    assert "NCU_KERNEL=${NCU_KERNEL:-km_fused}" in text and "regex:$NCU_KERNEL" in text  # the fused kernel by default
+    assert "scripts/bench_" not in text

@@ -9,6 +9,7 @@ import pytest
 from mpikmeans.backends.cpu import CPUBackend
 from mpikmeans.backends.cpu import bounds as B
 from mpikmeans.backends.cpu import tiles as T
+from mpikmeans.backends.cpu.partials import reduce_blocks
 
 
 def _exact_step(x, cen, labels, w=None):
@@ -19,7 +20,7 @@ def _exact_step(x, cen, labels, w=None):
     pse, pch = np.empty(T._BLOCKS), np.empty(T._BLOCKS, np.int64)
     ww = np.ones(0) if w is None else w
     T._lloyd_pass(x, cen, T._tile_rows(m), labels, ww, w is not None, ps, pc, pse, pch)
-    return T._reduce_blocks(ps, pc, pse, pch)
+    return reduce_blocks(ps, pc, pse, pch)
 
 
 def _blobs(n, m, k, seed, spread=1.0, offset=0.0):

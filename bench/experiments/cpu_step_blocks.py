@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
-from mpikmeans.backends.cpu import tiles as T  # noqa: E402
+from mpikmeans.backends.cpu.partials import reduce_blocks  # noqa: E402
 from mpikmeans.backends.cpu.backend import search_plan  # noqa: E402
 from mpikmeans.bench.data import initial_centres, write_blobs_npy  # noqa: E402
 from mpikmeans.io.gen import GenSpec  # noqa: E402
@@ -75,7 +75,7 @@ def host_work(x, path, threads):
         t0 = time.perf_counter()
         search_plan(c)
         be._drops(c)
-        T._reduce_blocks(*parts[:4])
+        reduce_blocks(*parts[:4])
         out.append(time.perf_counter() - t0)
     return float(np.median(out))
 

@@ -40,6 +40,7 @@ from mpikmeans.backends.cpu import certified as C  # noqa: E402
 from mpikmeans.backends.cpu import tiles as T  # noqa: E402
 from mpikmeans.backends.cpu.backend import CPUBackend  # noqa: E402
 from mpikmeans.backends.cpu.blas import one_thread  # noqa: E402
+from mpikmeans.backends.cpu.partials import reduce_blocks  # noqa: E402
 
 
 @njit
@@ -125,7 +126,7 @@ def tiled_step(be, cen, tile):
     with one_thread():
         B.step_pass(be._x, cen, (True, *C.centre_data(cen)), tile, be._labels, be._lower, False, np.zeros(k), np.zeros(k),
                     be._weights, False, *parts)
-    return T._reduce_blocks(*parts[:4])[:3]
+    return reduce_blocks(*parts[:4])[:3]
 
 
 def topology() -> str:

@@ -15,7 +15,8 @@ from .blas import one_thread
 from .bounds import assign_pass, bound_drops, centre_moves, half_gaps, step_pass
 from .certified import centre_data, screen_rows
 from .seeding import SeedingRows, candidate_data, fixed_blocks, potentials_pass
-from .tiles import _BLOCKS, _reduce_blocks, _reduce_parallel, _reduce_serial, _tile_dist2, _tile_rows
+from .partials import reduce_blocks, reduce_parallel, reduce_serial
+from .tiles import _BLOCKS, _tile_dist2, _tile_rows
 
 
 @contextlib.contextmanager
@@ -150,7 +151,7 @@ class CPUBackend(Backend):
         self._bounds_for = centres.copy() if self.bounds else None
         self.rows_rechecked = int(part_exact.sum())
         self.rows_searched = int(part_searched.sum())
-        sums, counts, sse, changed = _reduce_blocks(part_sums, part_counts, part_sse, part_changed)
+        sums, counts, sse, changed = reduce_blocks(part_sums, part_counts, part_sse, part_changed)
         return StepResult(sums=sums, counts=counts, sse=float(sse), changed=int(changed), searched=self.rows_searched)
 
     def _drops(self, centres: np.ndarray) -> tuple:
@@ -295,7 +296,7 @@ class CPUBackend(Backend):
                         np.empty(1, dtype=np.int32), np.empty(1))
             parts[0][:] = 0.0
             parts[1][:] = 0.0
-            for reduce in (_reduce_serial, _reduce_parallel):  # which one a step takes depends on K x M
+            for reduce in (reduce_serial, reduce_parallel):  # which one a step takes depends on K x M
                 reduce(*parts[:4])
 
     def info(self) -> BackendInfo:

@@ -20,6 +20,7 @@ import numpy as np
 
 from ...exact import fixed_potential
 from ...jit import njit, prange
+from .partials import reduce_blocks
 from .prefetch import prefetch
 
 #: Row blocks with private partial sums.  Bounds the useful thread count and the
@@ -430,82 +431,6 @@ def _assign_pass(x, cen, tile, labels, dist2):
                 dist2[t0 + r] = best_d[r]
 
 
-#: elements of the flattened K x M sums one thread of :func:`_reduce_blocks` adds over the blocks
-_REDUCE_CHUNK = 4096
-
-
-def _reduce_blocks(part_sums, part_counts, part_sse, part_changed):
-    """The blocks' partial sums added in block order: ``((p0 + p1) + p2) + ...`` for every element.
-
-    The fixed order keeps the result independent of the thread count.  Up to
-    :data:`_REDUCE_CHUNK` elements one thread adds them (:func:`_reduce_serial`):
-    waking the pool for one chunk cost more than the additions (10^6 x 16,
-    K = 8: 0.05 ms a step on one thread, more with each thread woken); past it
-    the elements are split among the threads (:func:`_reduce_parallel`; at
-    K = 1000, M = 257 the partials are 64 x 2 MB, which one thread took 15-30 ms
-    to read).
-
-    Parameters
-    ----------
-    part_sums : ndarray, shape (nb, k, m), float64
-    part_counts : ndarray, shape (nb, k), float64
-    part_sse : ndarray, shape (nb,), float64
-    part_changed : ndarray, shape (nb,), int64
-
-    Returns
-    -------
-    (sums (k, m), counts (k,), sse, changed)
-    """
-    _, k, m = part_sums.shape
-    reduce = _reduce_parallel if k * m > _REDUCE_CHUNK else _reduce_serial
-    return reduce(part_sums, part_counts, part_sse, part_changed)
-
-
-@njit(cache=True, fastmath=False, forceinline=True)
-def _reduce_chunk(flat, sums, lo, hi):  # pragma: no cover - compiled
-    """``sums[lo:hi]``: elements ``lo .. hi-1`` of the flattened partials ``flat`` (nb, k m), in block order."""
-    part = sums[lo:hi]
-    part[:] = flat[0, lo:hi]
-    for b in range(1, flat.shape[0]):
-        part += flat[b, lo:hi]
-
-
-@njit(cache=True, fastmath=False, forceinline=True)
-def _reduce_scalars(part_counts, part_sse, part_changed):  # pragma: no cover - compiled
-    """The counts, SSE and changed labels of the blocks, added in block order."""
-    counts = part_counts[0].copy()
-    sse = part_sse[0]
-    changed = part_changed[0]
-    for b in range(1, part_counts.shape[0]):
-        counts += part_counts[b]
-        sse += part_sse[b]
-        changed += part_changed[b]
-    return counts, sse, changed
-
-
-@njit(cache=True, fastmath=False)
-def _reduce_serial(part_sums, part_counts, part_sse, part_changed):  # pragma: no cover - compiled
-    """:func:`_reduce_blocks` on the calling thread."""
-    nb, k, m = part_sums.shape
-    sums = np.empty(k * m)
-    _reduce_chunk(part_sums.reshape(nb, k * m), sums, 0, k * m)
-    counts, sse, changed = _reduce_scalars(part_counts, part_sse, part_changed)
-    return sums.reshape(k, m), counts, sse, changed
-
-
-@njit(parallel=True, cache=True, fastmath=False)
-def _reduce_parallel(part_sums, part_counts, part_sse, part_changed):  # pragma: no cover - compiled
-    """:func:`_reduce_blocks` with chunks of :data:`_REDUCE_CHUNK` elements on the threads."""
-    nb, k, m = part_sums.shape
-    flat = part_sums.reshape(nb, k * m)
-    sums = np.empty(k * m)
-    for q in prange((k * m + _REDUCE_CHUNK - 1) // _REDUCE_CHUNK):
-        lo = q * _REDUCE_CHUNK
-        _reduce_chunk(flat, sums, lo, min(lo + _REDUCE_CHUNK, k * m))
-    counts, sse, changed = _reduce_scalars(part_counts, part_sse, part_changed)
-    return sums.reshape(k, m), counts, sse, changed
-
-
 @njit(parallel=True, cache=True, fastmath=False)
 def _label_sums(x, labels, weights, use_weights, part_sums, part_counts):  # pragma: no cover - compiled
     n, m = x.shape
@@ -547,7 +472,7 @@ def label_sums(x: np.ndarray, labels: np.ndarray, k: int, weights: np.ndarray | 
     use_w = weights is not None
     w = np.ascontiguousarray(weights, dtype=np.float64) if use_w else np.ones(0)
     _label_sums(x, np.ascontiguousarray(labels), w, use_w, part_sums, part_counts)
-    sums, counts, _, _ = _reduce_blocks(part_sums, part_counts, np.zeros(_BLOCKS), np.zeros(_BLOCKS, np.int64))
+    sums, counts, _, _ = reduce_blocks(part_sums, part_counts, np.zeros(_BLOCKS), np.zeros(_BLOCKS, np.int64))
     return sums, counts
 
 
