@@ -112,6 +112,10 @@ _SIM_PROGRAM = textwrap.dedent(
     ww_ = np.random.default_rng(12).uniform(0.5, 2.0, xw_.shape[0])
     compare("split_wide_weighted_f32", xw_, cw_, dtype="float32", weights=ww_, tune=sp, iters=1)
     compare("split_f64", x, c, tune=sp, iters=2)
+    # m=45 over tiles of 32 rows: two attributes a staging thread and pass, the last one short
+    # (M not a multiple of the staging stride), five tiles with a partial last one
+    xu_, cu_ = blobs(130, 45, 4, 14)
+    compare("split_uneven_f32", xu_, cu_, dtype="float32", tune=sp, iters=2)
     # several centre tiles with padding (k=10, tiles of 4)
     x2, c2 = blobs(250, 5, 10, 2)
     compare("centre_tiles", x2, c2, tune={"TC": 4, "centres_shared": False}, iters=1)
@@ -312,7 +316,7 @@ def test_sim_float64_matches_cpu(sim):
 def test_sim_split_step_matches_the_fused_one_and_cpu(sim):
     """The split full step (sums.py) against the CPU: several tiles per block, threads that only
     stage, weights; and the fused kernel's own summing pass where the split is refused."""
-    for name in ("split_tiles", "split_wide_weighted_f32", "split_f64", "split_ties",
+    for name in ("split_tiles", "split_wide_weighted_f32", "split_f64", "split_uneven_f32", "split_ties",
                  "split_duplicate_centres_chunked"):
         rec = sim[name]
         if name.endswith("f32"):
