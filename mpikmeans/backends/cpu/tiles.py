@@ -435,17 +435,20 @@ def _assign_pass(x, cen, tile, labels, dist2):
 def _label_sums(x, labels, weights, use_weights, part_sums, part_counts):  # pragma: no cover - compiled
     n, m = x.shape
     nb = part_sums.shape[0]
+    k = part_sums.shape[1]
     for b in prange(nb):
-        sums = part_sums[b]
-        counts = part_counts[b]
-        sums[:] = 0.0
-        counts[:] = 0.0
+        # the block's own sums, copied out at its end (as bounds._step_block: the blocks' rows of the
+        # partials share cache lines)
+        sums = np.zeros((k, m))
+        counts = np.zeros(k)
         for i in range(n * b // nb, n * (b + 1) // nb):
             c = labels[i]
             w = weights[i] if use_weights else 1.0
             counts[c] += w
             for j in range(m):
                 sums[c, j] += w * x[i, j]
+        part_sums[b] = sums
+        part_counts[b] = counts
 
 
 def label_sums(x: np.ndarray, labels: np.ndarray, k: int, weights: np.ndarray | None = None) -> tuple:
