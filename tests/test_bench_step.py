@@ -106,3 +106,19 @@ def test_median_round():
     assert out["n"] == 3 and out["rounds_ms"] == [3.0, None, 1.0, 2.0]
     assert _median_round([{"error": "not installed"}]) == {"error": "not installed"}
     assert "rounds_ms" not in _median_round([{"ms_per_iteration": 1.0}])
+
+
+def test_library_version_of_a_checkout_without_metadata(monkeypatch):
+    """Run from a checkout on PYTHONPATH (the lent GPU machines), mpikmeans has no package metadata: the
+    result names the package's own version, not "unknown"; a missing other library stays "unknown"."""
+    import importlib.metadata as md
+
+    from mpikmeans import __version__
+    from mpikmeans.bench import step
+
+    def missing(name):
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(md, "version", missing)
+    assert step._library_version("mpikmeans") == step._library_version("mpikmeans-full") == __version__
+    assert step._library_version("sklearnex") == "unknown"

@@ -96,6 +96,10 @@ def _library_version(tool: str) -> str:
     try:
         return md.version(name)
     except md.PackageNotFoundError:
+        if name == "mpikmeans":  # run from a checkout on PYTHONPATH (the lent GPU machines): no metadata
+            from .. import __version__
+
+            return __version__
         return "unknown"
 
 
