@@ -294,8 +294,6 @@ class CPUBackend(Backend):
                       np.ones(0), False, *parts)
             assign_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, drops, drops,
                         np.empty(1, dtype=np.int32), np.empty(1))
-            parts[0][:] = 0.0
-            parts[1][:] = 0.0
             for reduce in (reduce_serial, reduce_parallel):  # which one a step takes depends on K x M
                 reduce(*parts[:4])
 
