@@ -769,6 +769,43 @@ def test_gpu_incremental_steps(dtype, k, m, chunk):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("tune", [{"split": True, "delta": "never"}, {"delta": "always"}, {},
+                                  {"gemm": True, "delta": "never"}, {"gemm": True, "tf32": True}])
+def test_gpu_kept_bounds_match_cpu(dtype, tune):
+    """Pass 1 on the rows whose kept bounds fail (bounds.py), in split full steps, incremental ones,
+    the default policy and the GEMM path's screens: every step's sums, counts, SSE and changes as the CPU's and as the same
+    run's without bounds; the bounds did keep rows once labels settled."""
+    from mpikmeans.backends.cpu import CPUBackend
+
+    G = _real_gpu()
+    x, _c = _blobs(450_000, 40, 30, 21)  # 1.8e7 values: the split step by default
+    x = x.astype(np.float32).astype(np.float64) if dtype == "float32" else x
+    c = x[:30].copy()  # rows as centres: labels keep changing for many steps
+    cpu = CPUBackend()
+    cpu.load(x)
+    gpu = G.GPUBackend(dtype=dtype, tune=tune)
+    gpu.load(x)
+    plain = G.GPUBackend(dtype=dtype, tune=dict(tune, bounds=False))
+    plain.load(x)
+    searched = []
+    for _ in range(14):
+        a, b, p = cpu.step(c), gpu.step(c), plain.step(c)
+        searched.append(gpu.last_searched)
+        assert plain.last_searched == len(x)
+        for r in (b, p):
+            assert np.abs(a.sums - r.sums).max() <= 1e-12 * np.abs(a.sums).max()
+            assert np.array_equal(a.counts, r.counts) and a.changed == r.changed
+            assert abs(a.sse - r.sse) <= 1e-12 * a.sse
+        good = a.counts > 0
+        c = c.copy()
+        c[good] = a.sums[good] / a.counts[good, None]
+    assert np.array_equal(cpu.assign(c)[0], gpu.assign(c)[0])
+    assert searched[0] == len(x) and min(searched) < len(x) // 4, searched
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_gpu_incremental_steps_far_from_origin(dtype):
     """Data at 1e5 with unit spread: the SSE carried over to moved centres and the
     deviation sums keep every digit (within 1e-12 of the CPU's, which sees the values

@@ -17,6 +17,7 @@ import numpy as np
 from ...exact import BlockFixed, limbs_to_int, scale_factors
 from .. import Backend, BackendInfo, BackendUnavailable, StepResult
 from . import gemm, initk, tensor
+from .bounds import ROW_BYTES, TEST_NT, TEST_RPT, DeviceBounds, bounds_pay, moves_and_others, test_kernel
 from ...cache import gpu_shape_key, mark_gpu_shape_warm
 from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
@@ -24,7 +25,7 @@ from .hostk import add_step, carry_kept
 from .kept import KeptSums
 from .kernels import RC_WARPS, fused_kernel, recheck_kernel
 from .launch import Launch, Pack, cu, cucheck, fast_launch_wanted, launch_once, prepare
-from .plan import MODE_STEP_SPLIT, SPLIT_MIN_VALUES, Plan, choose_plan, round_up
+from .plan import MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_SPLIT, SPLIT_MIN_VALUES, Plan, choose_plan, round_up
 from .rows import DeviceRows
 from .sums import sums_launch
 
@@ -51,6 +52,7 @@ class _State:
     plan: Plan
     pack: Pack
     launches: list  # [(fused, recheck)] per chunk (one when resident)
+    bounds: tuple | None = None  # (bounds test, fused on the listed rows) where the plan keeps bounds
 
 
 class GPUBackend(Backend):
@@ -75,10 +77,13 @@ class GPUBackend(Backend):
         dispatcher instead of the prepared launches; ``profile`` sets :attr:`profile`;
         ``delta`` ("auto", "always", "never"), see below; ``split`` (bool) and
         ``sums_maxreg``: the split full step of :mod:`.sums` (taken with resident rows
-        from :data:`.plan.SPLIT_MIN_VALUES` values on) and its sums kernel's register cap.
+        from :data:`.plan.SPLIT_MIN_VALUES` values on) and its sums kernel's register cap;
+        ``bounds`` (bool, default true): keep each row's bounds on the device (below).
 
     Attributes
     ----------
+    last_searched : int
+        Rows the last step's pass 1 searched (``n`` unless the bounds test ran).
     profile : bool
         Record :attr:`last_kernel_ms`, the kernels' time in the last step or assignment
         (CUDA events around them; two event records per step; not when streaming).
@@ -101,6 +106,14 @@ class GPUBackend(Backend):
     to float64 rounding.  A full step runs at least every ``DELTA_REFRESH`` steps,
     after a step that changed many labels, with weights (float weights summed and
     taken away need not return to 0 for an emptied cluster) and after :meth:`load`.
+
+    Kept bounds.  Where pass 1 is the fused kernel's, on resident rows, in a split full
+    step or an incremental one, it also writes each searched row's bounds (:mod:`.bounds`).
+    The next step with the same K first tests them against the centres' moves, on the
+    device: the rows that pass keep their label, and pass 1 searches only the others.
+    A test that leaves more than :data:`.bounds.BACKOFF_SHARE` of the rows to pass 1 is
+    skipped at the next step (a full pass 1 refreshes every bound).  Labels, sums and
+    counts are those of a step without bounds.
     """
 
     name = "gpu"
@@ -133,6 +146,10 @@ class GPUBackend(Backend):
         self._desc = device_descriptions()
         self.rows = DeviceRows(dtype, self.limits)
         self._dummy = None
+        self._dummy32 = None
+        self._dummyi = None
+        self._bounds = None  # DeviceBounds, allocated with the first state that keeps bounds
+        self.last_searched = 0
         self._alabels = None
         self._adist = None
         self._states = {}
@@ -228,7 +245,29 @@ class GPUBackend(Backend):
         idx32 = self.m * self.rows.ld < 2**31 and not self.tune.get("idx64")
         return (self.dtype, plan.R, plan.TC, plan.NT, self.rows.weighted, plan.mode, plan.centres_shared,
                 plan.maxreg, k, self.m, plan.nct, tuple(plan.offs), tuple(pack.layout), idx32,
-                bool(self.tune.get("diag_skip_pass2")), bool(self.tune.get("lineinfo")))
+                bool(self.tune.get("diag_skip_pass2")), bool(self.tune.get("lineinfo")),
+                plan.mode != MODE_ASSIGN and self._keeps_bounds(plan, k))
+
+    def _keeps_bounds(self, plan: Plan, k: int) -> bool:
+        """Whether steps with ``plan`` keep bounds (:mod:`.bounds`).
+
+        Where pass 1 writes labels that a summing kernel (or, incremental, the exact kernel)
+        takes up: the split full step, an incremental step or the GEMM path, on resident rows;
+        where a row costs pass 1 more than the test (:func:`.bounds.bounds_pay`) unless ``tune``
+        says ``bounds`` (true or false); and where the device has room for them.
+        """
+        want = self.tune.get("bounds", "auto")
+        if want is False or self.rows.streaming or self.n == 0:
+            return False
+        if not (self.gemm_wanted(plan, False) or plan.mode in (MODE_STEP_SPLIT, MODE_STEP_DELTA)):
+            return False
+        if want != True and not bounds_pay(k, self.m, self.dtype):  # noqa: E712 - "auto" is truthy
+            return False
+        if self._bounds is None:
+            if self.limits.free_memory() < self.n * ROW_BYTES + (256 << 20):
+                return False
+            self._bounds = DeviceBounds(self.n)
+        return True
 
     def gemm_wanted(self, plan: Plan, assign: bool) -> bool:
         """Whether a step with ``plan`` takes the GEMM-shaped path (:func:`.gemm.wanted`)."""
@@ -238,28 +277,41 @@ class GPUBackend(Backend):
                   dist2, fslot: int, stream, delta: bool = False):
         """The prepared (fused, recheck) pair for one block of rows (``fused``: the GEMM path's launches
         where :meth:`gemm_wanted`)."""
+        keeps = not assign and self._keeps_bounds(plan, k)
         if self.gemm_wanted(plan, assign):
             fused = gemm.step_launches(self.limits, self.dtype, self.rows.weighted, self.m, int(self.rows.ld), plan,
                                        pack, x, rows, labels, flags, w, fslot, stream, delta, self._fast,
-                                       self.tf32)
+                                       self.tf32, self._bounds if keeps else None, (self._dummyi, self._dummy32))
             self.last_grid = fused.grid
+            if keeps:
+                self._bounds_launches = (self._test_launch(labels, self._bounds, k, pack, fused.newlab, stream),
+                                         fused.listed)
         else:
             spec = self.fused_spec(plan, pack, k)
             kern = fused_kernel(*spec)
             split = plan.mode == MODE_STEP_SPLIT
             newlab = cuda.device_array(max(1, rows), dtype=np.int32) if split else None  # pass 1's labels
+            bd = self._bounds if keeps else None
+            tail = ((bd.idx, bd.ub, bd.lb) if keeps else (self._dummyi, self._dummy32, self._dummy32))
             args = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, pack.ctr, labels, flags, w,
-                    newlab if split else dist2, int(fslot))
+                    newlab if split else dist2, int(fslot), *tail, 0, int(pack.gslot))
             kobj = compiled("fused", spec, kern, args)
             per_sm = self._blocks_per_sm(kobj, spec, plan)
             ntiles = -(-rows // (plan.NT * plan.R))
             grid = max(1, min(ntiles, 2 if SIM else per_sm * self.limits.sm_count))
             self.last_grid = grid
             fused = Launch(kern, kobj, args, grid, plan.NT, plan.smem, stream, self._fast)
+            # the same kernel on the rows the bounds test listed (their count is read on the device)
+            listed = Launch(kern, kobj, args[:-2] + (1, int(pack.gslot)), grid, plan.NT, plan.smem, stream,
+                            self._fast) if keeps else None
             if split:  # then the sums kernel adds the rows pass 1 certified
                 add = sums_launch(self.limits, self.dtype, self.rows.weighted, k, self.m, plan.sums, pack, x, rows,
                                   int(self.rows.ld), labels, newlab, w, stream, self._fast, self.tune)
                 fused = gemm.Steps([fused, add], grid)
+                if keeps:
+                    listed = gemm.Steps([listed, add], grid)
+            if keeps:
+                self._bounds_launches = (self._test_launch(labels, bd, k, pack, newlab, stream), listed)
         rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta)
         rk = recheck_kernel(*rspec)
         rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
@@ -269,6 +321,18 @@ class GPUBackend(Backend):
                          self._fast)
         self.last_fast_launch = fused.fast and recheck.fast
         return fused, recheck
+
+    def _test_launch(self, labels, bd: DeviceBounds, k: int, pack: Pack, newlab, stream) -> Launch:
+        """The prepared bounds test for a state with ``k`` centres (``newlab``: the split step's)."""
+        kern = test_kernel()
+        _, dmv = bd.moves_buffer(k)
+        write = newlab is not None
+        args = (labels, bd.ub, bd.lb, dmv, int(self.n), int(k), bd.idx, pack.ctr, int(pack.gslot),
+                newlab if write else self._dummyi, int(write))
+        kobj = compiled("bounds_test", (), kern, args)
+        tiles = -(-self.n // (TEST_NT * TEST_RPT))
+        grid = max(1, min(tiles, 2 if SIM else 8 * self.limits.sm_count))
+        return Launch(kern, kobj, args, grid, TEST_NT, 0, stream, self._fast)
 
     def _state(self, k: int, assign: bool, delta: bool = False) -> _State:
         """Plan, step buffer and prepared launches for k centres: built once, reused every step."""
@@ -280,6 +344,9 @@ class GPUBackend(Backend):
         rows = self.rows
         if self._dummy is None:
             self._dummy = cuda.device_array(1, dtype=np.float64)
+            self._dummy32 = cuda.device_array(1, dtype=np.float32)
+            self._dummyi = cuda.device_array(1, dtype=np.int32)
+        self._bounds_launches = None
         if not rows.streaming:
             pack = Pack(k, self.m, plan.TC, plan.nct, self.dtype, 1)
             if assign:
@@ -304,7 +371,7 @@ class GPUBackend(Backend):
                 launches.append(self._launches(plan, pack, k, assign, rows.dbuf[s], rows.chunk_rows(c),
                                                rows.dlab[s], rows.dflags[s], w, rows.ddist[s], fslot,
                                                rows.streams[s], delta))
-        st = _State(plan, pack, launches)
+        st = _State(plan, pack, launches, self._bounds_launches if not rows.streaming else None)
         if len(self._states) >= 8:
             # k-means|| assigns to a new number of candidates each round: keep the latest few
             self._states.pop(next(iter(self._states)))
@@ -312,14 +379,15 @@ class GPUBackend(Backend):
         return st
 
     # ------------------------------------------------------------------ one step on the device
-    def _run(self, centres: np.ndarray, assign: bool, delta: bool = False, while_busy=None):
+    def _run(self, centres: np.ndarray, assign: bool, delta: bool = False, while_busy=None, listed: bool = False):
         """One step (or assignment) on the device.
 
         Host work per call, once the state for this k exists: fill the pinned input
         buffer; one asynchronous copy in (centre data and zeroed outputs); the fused
         and recheck launches (per chunk when streaming); one asynchronous copy out of
         sums, counts, SSE and counters; ``while_busy()`` if given (host work that then
-        overlaps the kernels); one synchronisation.
+        overlaps the kernels); one synchronisation.  ``listed``: the bounds test first
+        (its moves already in the pinned buffer) and pass 1 on the rows it lists.
 
         Returns
         -------
@@ -348,7 +416,12 @@ class GPUBackend(Backend):
             fused, recheck = st.launches[0]
             if profile:
                 self._events[0].record()
-            fused()
+            if listed:
+                self._bounds.upload_moves(k)
+                st.bounds[0]()
+                st.bounds[1]()
+            else:
+                fused()
             recheck()
             if profile:
                 self._events[1].record()
@@ -389,6 +462,7 @@ class GPUBackend(Backend):
             st.pack.fill(zeros)  # overwritten by every step's fill
             add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros)
             carry_kept(zeros, np.zeros(k), zeros, zeros, zeros.copy(), np.zeros(k))
+            moves_and_others(zeros, zeros)  # the moves' margin is a compiled helper (cached on disk)
             if self._tf32_allowed and not self.tf32 and self.gemm_wanted(self._plan(k, False), False):
                 self._warm_tf32(k, "delta" in kinds and self._delta_allowed())
         if "assign" in kinds:
@@ -440,7 +514,22 @@ class GPUBackend(Backend):
         new = self._kept.spare(np.asarray(centres))
         last = self._kept.last
         carry = (lambda: new.carry_from(last)) if delta else None
-        res, carried = self._run(new.centres, assign=False, delta=delta, while_busy=carry)
+        st = self._state(k, False, delta)
+        bd = self._bounds if st.bounds is not None else None
+        listed = bd is not None and bd.wanted(k)
+        if listed:
+            bd.fill_moves(new.centres)
+        try:
+            res, carried = self._run(new.centres, assign=False, delta=delta, while_busy=carry, listed=listed)
+        except BaseException:
+            if self._bounds is not None:
+                self._bounds.invalidate()
+            raise
+        self.last_searched = int(st.pack.r_gat[0]) if listed else self.n
+        if bd is not None:
+            bd.kept(k, new.centres, self.last_searched, listed)
+        elif self._bounds is not None:
+            self._bounds.invalidate()  # this step's labels came from a pass that keeps no bounds
         if delta:
             # then the rows that changed label: they left one cluster and joined another
             sse = carried + res.sse
@@ -478,6 +567,8 @@ class GPUBackend(Backend):
         """
         self._forget_kept()
         self.rows.forget_labels()
+        if self._bounds is not None:
+            self._bounds.invalidate()
 
     def _forget_kept(self) -> None:
         """Drop the kept sums: the next step is a full one."""
@@ -593,6 +684,7 @@ class GPUBackend(Backend):
     def close(self) -> None:
         self._forget_kept()
         self.rows.close()
+        self._bounds = None
         self._dummy = None
         self._alabels = None
         self._adist = None

@@ -33,6 +33,7 @@ import functools
 
 import numpy as np
 
+from .bounds import row_bounds
 from .compiled import compiled
 from .device import SIM, cuda
 from .intrinsics import ld4, ldx, stx
@@ -137,6 +138,22 @@ def _merge_best(m1, m2, mi, o1, o2, oi):  # pragma: no cover - compiled
 merge_best = _device(_merge_best) if cuda is not None else _merge_best
 
 
+def _listed_rows(n, ctr, gat, gslot):  # pragma: no cover - compiled
+    """The rows a screen searches: all ``n``, or where ``gat`` the ``ctr[gslot]`` the bounds test listed."""
+    return ctr[gslot] if gat != 0 else n
+
+
+def _tile_row(p, nrow, idx, gat):  # pragma: no cover - compiled
+    """The row at position ``p`` of a screen's rows (``idx[p]`` where ``gat``); past the end the last one
+    (loaded and ignored)."""
+    q = p if p < nrow else nrow - 1
+    return int64(ldx(idx, q)) if gat != 0 else int64(q)
+
+
+listed_rows = _device(_listed_rows) if cuda is not None else _listed_rows
+tile_row = _device(_tile_row) if cuda is not None else _tile_row
+
+
 @functools.lru_cache(maxsize=None)
 def slice_loads(storage: str, m_c: int, kpg_c: int, pack_c: tuple):
     """The device function that loads a screen's next slice into registers (both screens stage alike).
@@ -174,7 +191,7 @@ def slice_loads(storage: str, m_c: int, kpg_c: int, pack_c: tuple):
 
 
 @functools.lru_cache(maxsize=None)
-def row_verdicts(slots: int, tolf, tiny, big, delta: bool):
+def row_verdicts(slots: int, tolf, tiny, big, delta: bool, bounds: bool = False):
     """The device function that ends a row tile of a screen: each row's label, or its flag.
 
     Called by every thread of the block, after the tile's last centre tile:
@@ -185,13 +202,18 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool):
     label where the gap beats ``tolf (|y|^2 + zlim) + tiny``: the float32 screen's
     certificate (:func:`.kernels.certificate`) or the tensor cores'
     (:func:`.tensor.certificate`).  Writes ``newlab`` and the flagged rows as the
-    screens' docstrings say (``delta``: only changed certified rows are flagged).
+    screens' docstrings say (``delta``: only changed certified rows are flagged).  The
+    tile's rows are ``row0 ..`` of ``nrow``: rows ``idx[row0 ..]`` where ``gat`` (the rows the
+    bounds test listed), else themselves; with ``bounds`` each row's kept bounds go to ``ub``,
+    ``lb`` (:func:`.bounds.row_bounds`).
     """
-    SLOTS, DELTA = int(slots), bool(delta)
+    SLOTS, DELTA, BOUNDS = int(slots), bool(delta), bool(bounds)
+    F32_INF = np.float32(np.inf)
     TOLF, TINY, BIG = np.float32(tolf), np.float32(tiny), np.float32(big)
     XSTEP = NT // BM
 
-    def km_screen_verdicts(sb1, sb2, si1, syy, yp, zlim, row0, n, labels, newlab, flags, ctr, fslot):
+    def km_screen_verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb,
+                           gat):
         tid = cuda.threadIdx.x
         xr = tid % BM
         xk = tid // BM
@@ -210,12 +232,25 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool):
             for t in range(1, SLOTS):  # the other slots' centres of this row
                 m1, m2, mi = merge_best(m1, m2, mi, ldx(sb1, t * BM + tid), ldx(sb2, t * BM + tid),
                                         ldx(si1, t * BM + tid))
-            i2 = row0 + tid
-            if i2 < n:
-                scale = ldx(syy, tid) + zlim
+            p2 = row0 + tid
+            if p2 < nrow:
+                i2 = p2
+                if BOUNDS and gat != 0:
+                    i2 = int64(ldx(idx, p2))
+                yy = ldx(syy, tid)
+                scale = yy + zlim
                 tol = TOLF * scale + TINY
                 lab = -1
-                if m2 - m1 > tol and scale < BIG:
+                certified = m2 - m1 > tol and scale < BIG
+                if BOUNDS:
+                    if certified:
+                        ubv, lbv = row_bounds(yy, m1, m2, tol)
+                    else:  # searched again at the next step
+                        ubv = F32_INF
+                        lbv = float32(0.0)
+                    stx(ub, i2, ubv)
+                    stx(lb, i2, lbv)
+                if certified:
                     lab = mi
                     if DELTA:
                         # unchanged: the kept sums hold it; changed: the exact kernel moves it
@@ -232,12 +267,14 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool):
+def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool, bounds: bool = False):
     """Certified float32 nearest centre of every row, a register-blocked GEMM (see the module docstring).
 
     Arguments: x (m * ld,), n, ld, p32, p64 (step buffer views), cmg, ccg (from
-    :func:`repack_kernel`), ctr, labels, newlab (n,), flags, fslot.  ``newlab[i]``: the
-    certified label, or -1 (flagged, or in a ``delta`` step unchanged).
+    :func:`repack_kernel`), ctr, labels, newlab (n,), flags, fslot, then idx, ub, lb, gat,
+    gslot as :func:`.kernels.fused_kernel` takes them (``bounds``: kept bounds written, and
+    with ``gat`` only the listed rows searched).  ``newlab[i]``: the certified label, or -1
+    (flagged, or in a ``delta`` step unchanged).
     """
     M_C, KPG = int(m_c), int(kpg_c)
     DELTA = delta
@@ -252,11 +289,12 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     XSN, CSN = BK * BM, BK * BN
     XS2, CS2, MN = 2 * XSN, 2 * CSN, TX * BM
     XSTEP, CSTEP = NT // BM, NT // BN
-    verdicts = row_verdicts(TX, *certificate(M_C), DELTA)  # the fused kernel's certificate, the same rows flagged
+    BOUNDS = bool(bounds)
+    verdicts = row_verdicts(TX, *certificate(M_C), DELTA, BOUNDS)  # the fused kernel's certificate, the same rows flagged
     loads = slice_loads(storage, M_C, KPG, pack_c)
     INF = np.float32(np.inf)
 
-    def km_gemm_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot):
+    def km_gemm_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot, idx, ub, lb, gat, gslot):
         xs = cuda.shared.array(XS2, dtype=float32, alignment=_ALIGN)
         cs = cuda.shared.array(CS2, dtype=float32, alignment=_ALIGN)
         sb1 = cuda.shared.array(MN, dtype=float32)
@@ -276,7 +314,8 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
         px = cuda.local.array(XQ, dtype=float32)
         pc = cuda.local.array(CQ, dtype=float32)
         zlim = p32[P_ZL]
-        ntiles = (n + BM - 1) // BM
+        nrow = listed_rows(n, ctr, gat, gslot)
+        ntiles = (nrow + BM - 1) // BM
         for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
             row0 = tile * BM
             for r in range(8):
@@ -284,9 +323,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                 stx(sb1, tx * BM + rr, INF)
                 stx(sb2, tx * BM + rr, INF)
                 stx(si1, tx * BM + rr, 0)
-            i = row0 + xr
-            if i >= n:
-                i = n - 1  # rows past the end load row n - 1 and are ignored
+            i = tile_row(row0 + xr, nrow, idx, gat)
             yp = float32(0.0)
             for ct in range(NCT):
                 for q in range(64):
@@ -333,7 +370,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                     stx(sb1, tx * BM + rr, m1)
                     stx(sb2, tx * BM + rr, m2)
                     stx(si1, tx * BM + rr, mi)
-            verdicts(sb1, sb2, si1, syy, yp, zlim, row0, n, labels, newlab, flags, ctr, fslot)
+            verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb, gat)
             cuda.syncthreads()
 
     if SIM:
@@ -442,6 +479,11 @@ class Steps:
         self.launches = launches
         self.grid = grid
         self.fast = all(launch.fast for launch in launches)
+        #: the same step's launches with the screen on the rows the bounds test lists, and the
+        #: screen's label array the test writes kept rows' labels into (full steps); see
+        #: :func:`step_launches`
+        self.listed = None
+        self.newlab = None
 
     def __call__(self) -> None:
         for launch in self.launches:
@@ -449,12 +491,15 @@ class Steps:
 
 
 def step_launches(limits, storage: str, weighted: bool, m: int, ld: int, plan, pack, x, rows: int, labels, flags,
-                  w, fslot: int, stream, delta: bool, fast: bool, tf32: bool) -> Steps:
+                  w, fslot: int, stream, delta: bool, fast: bool, tf32: bool, bounds=None, dummies=None) -> Steps:
     """The prepared launches of one step for ``rows`` rows: repack, screen and (full steps) sums.
 
     ``plan`` and ``pack``: the step's plan and step buffer (:mod:`.plan`, :class:`.launch.Pack`);
     the screen on the tensor cores with ``tf32`` (:mod:`.tensor`), else in float32; the other
-    arguments as the fused kernel's launch takes them.
+    arguments as the fused kernel's launch takes them.  ``bounds`` (a :class:`.bounds.DeviceBounds`,
+    resident rows): the screen writes the kept bounds, and the result's ``listed`` launches
+    search only the rows the bounds test lists; else ``dummies`` (int32, float32 device arrays)
+    stand in for the bounds' arrays.
     """
     kp = plan.nct * plan.TC
     kpg = padded_centres(kp)
@@ -470,19 +515,29 @@ def step_launches(limits, storage: str, weighted: bool, m: int, ld: int, plan, p
                       stream, fast))
     from . import tensor
 
-    sspec = (storage, m, kpg, layout, delta)
+    keeps = bounds is not None
+    sspec = (storage, m, kpg, layout, delta, keeps)
     sk = (tensor.screen_kernel if tf32 else screen_kernel)(*sspec)
-    sargs = (x, int(rows), int(ld), pack.p32, pack.dev, cmg, ccg, pack.ctr, labels, newlab, flags, int(fslot))
+    tail = (bounds.idx, bounds.ub, bounds.lb) if keeps else (dummies[0], dummies[1], dummies[1])
+    sargs = (x, int(rows), int(ld), pack.p32, pack.dev, cmg, ccg, pack.ctr, labels, newlab, flags, int(fslot),
+             *tail, 0, int(pack.gslot))
     # two blocks per multiprocessor where their shared memory fits (about 120 registers each)
     smem = tensor.SCREEN_SMEM if tf32 else SCREEN_SMEM
     per_sm = 2 if limits.smem_sm >= 2 * (smem + 1024) else 1
     grid = max(1, min(-(-rows // BM), 2 if SIM else per_sm * limits.sm_count))
     name = "tf32_screen" if tf32 else "gemm_screen"
-    out.append(Launch(sk, compiled(name, sspec, sk, sargs), sargs, grid, NT, 0, stream, fast))
+    skobj = compiled(name, sspec, sk, sargs)
+    out.append(Launch(sk, skobj, sargs, grid, NT, 0, stream, fast))
+    listed = [out[0], Launch(sk, skobj, sargs[:-2] + (1, int(pack.gslot)), grid, NT, 0, stream, fast)]
     if not delta:
         uspec = (storage, weighted, m, layout)
         uk = sums_kernel(*uspec)
         uargs = (x, int(rows), int(ld), pack.dev, pack.ctr, labels, newlab, w)
         ugrid = max(1, min(-(-rows // SUM_ROWS), 2 if SIM else 8 * limits.sm_count))
         out.append(Launch(uk, compiled("gemm_sums", uspec, uk, uargs), uargs, ugrid, NT_SUMS, 0, stream, fast))
-    return Steps(out, grid)
+        listed.append(out[-1])
+    steps = Steps(out, grid)
+    if keeps:
+        steps.listed = Steps(listed, grid)
+        steps.newlab = None if delta else newlab
+    return steps

@@ -14,6 +14,7 @@ import functools
 import numpy as np
 
 from .device import SIM, cuda
+from .bounds import row_bounds
 from .intrinsics import ld4, ldc32, ldc64, ldx, stx
 from .plan import (MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_GLOBAL, MODE_STEP_SHARED, MODE_STEP_SPLIT, PackLayout,
                    SharedLayout)
@@ -45,7 +46,7 @@ def certificate(m: int) -> tuple:
 @functools.lru_cache(maxsize=None)
 def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: int, centres_shared: bool,
                  maxreg: int, k_c: int, m_c: int, nct_c: int, offs_c: tuple, pack_c: tuple, idx32: bool = False,
-                 diag_skip_pass2: bool = False, lineinfo: bool = False):
+                 diag_skip_pass2: bool = False, lineinfo: bool = False, bounds: bool = False):
     """Build (once per configuration and shape) the fused assignment + accumulation kernel.
 
     Everything but the rows is a compile-time constant: rows per thread ``R``, centres
@@ -58,7 +59,9 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
     ``2**31`` elements, so its indices are computed on 32 bits (:func:`ldc32`).
     ``diag_skip_pass2`` is for profiling only: pass 2 is left out, so the sums, counts
     and SSE are wrong (``mpikmeans bench gpu`` uses it to time pass 1 alone).
-    ``lineinfo`` adds source lines for ``ncu``'s per-line sampling.
+    ``lineinfo`` adds source lines for ``ncu``'s per-line sampling.  ``bounds`` (split and
+    incremental steps on resident rows): pass 1 writes each row's kept bounds
+    (:mod:`.bounds`) and, where ``gat``, searches only the rows the bounds test listed.
 
     Kernel arguments (all arrays 1-D, C-contiguous, on the device)
     ---------------------------------------------------------------
@@ -79,6 +82,9 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
     dist2 : float64, (n,) or (1,)     exact squared distances (assign mode); int32 (n,) in the
                                       split mode: each row's certified label, -1 where flagged
     fslot : int64                     index in ``ctr`` of this launch's flagged-row counter
+    idx : int32, (n,) or (1,)         with ``bounds`` and ``gat``: the rows to search, ``ctr[gslot]`` of them
+    ub, lb : float32, (n,) or (1,)    with ``bounds``: each searched row's kept bounds, written
+    gat, gslot : int64                search the listed rows (``gat`` != 0) or all ``n``
 
     All hot-loop accesses go through :func:`ldx` / :func:`stx` (no wraparound
     select); row indices past ``n`` are clamped to ``n - 1`` for the loads, so only
@@ -120,8 +126,9 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
     # loads of the rows, x[j * ld + i]: 32-bit index arithmetic where it is allowed, except
     # in the staging loop, where LLVM strength-reduces the 64-bit form into fewer instructions
     LDC = ldc32 if idx32 else ldc64
+    BOUNDS = bool(bounds)
 
-    def km_fused(x, n, ld, p32, p64, ctr, labels, flags, w, dist2, fslot):
+    def km_fused(x, n, ld, p32, p64, ctr, labels, flags, w, dist2, fslot, idx, ub, lb, gat, gslot):
         smf = cuda.shared.array(0, dtype=float32, alignment=_SMEM_ALIGN)
         smd = cuda.shared.array(0, dtype=float64)
         smi = cuda.shared.array(0, dtype=int32)
@@ -188,7 +195,12 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
         pos = cuda.local.array(R, dtype=int32)
         rowc = cuda.local.array(R, dtype=int64)
 
-        ntiles = (n + BR - 1) // BR
+        # the rows searched: all n, or the ctr[gslot] the bounds test listed in idx
+        nrow = n
+        if BOUNDS:
+            if gat != 0:
+                nrow = ctr[gslot]
+        ntiles = (nrow + BR - 1) // BR
         for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
             row0 = tile * BR
             # ================= pass 1: certified nearest centre =================
@@ -198,8 +210,11 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
                 b2[r] = F32_INF
                 i1[r] = 0
                 i = row0 + tid + r * NT
-                # rows past the end load row n - 1 (always in bounds) and are ignored
-                rowc[r] = i if i < n else n - 1
+                # rows past the end load the last row (always in bounds) and are ignored
+                if BOUNDS and gat != 0:
+                    rowc[r] = int64(ldx(idx, i if i < nrow else nrow - 1))
+                else:
+                    rowc[r] = i if i < n else n - 1
             for ct in range(nct):
                 for r in range(R):
                     for c in range(TC):
@@ -266,13 +281,23 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
                         i1[r] = kk if lt1 else i1[r]
             # ---- certify, write labels, flag the rest for the exact kernel
             for r in range(R):
-                i = row0 + tid + r * NT
+                pr = row0 + tid + r * NT
+                i = rowc[r]
                 lab = -1
-                if i < n:
+                if pr < nrow:
                     scale = yy[r] + zlim
                     tol = TOLF * scale + TINY
                     gap = b2[r] - b1[r]
-                    if gap > tol and scale < BIG:
+                    certified = gap > tol and scale < BIG
+                    if BOUNDS:
+                        if certified:
+                            ubv, lbv = row_bounds(yy[r], b1[r], b2[r], tol)
+                        else:  # searched again at the next step
+                            ubv = F32_INF
+                            lbv = float32(0.0)
+                        stx(ub, i, ubv)
+                        stx(lb, i, lbv)
+                    if certified:
                         lab = i1[r]
                         if ASSIGN:
                             stx(labels, i, lab)
@@ -295,11 +320,11 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
                         p = cuda.atomic.add(ctr, fslot, 1)
                         stx(flags, p, i)
                 labr[r] = lab
-                if SPLIT and i < n:
+                if SPLIT and pr < nrow:
                     stx(dist2, i, int32(lab))
                 if SHARED:
                     if WEIGHTED:
-                        stx(smd, o_w + tid + r * NT, ldx(w, i) if i < n else 0.0)
+                        stx(smd, o_w + tid + r * NT, ldx(w, i) if pr < nrow else 0.0)
 
             if ASSIGN or GLOBAL:
                 # exact float64 distance to the chosen centre and, for a step, the

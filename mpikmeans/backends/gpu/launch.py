@@ -243,6 +243,9 @@ class Pack:
         self.r_cnt = self.hout[L.p64_cnt - o: L.p64_cnt - o + k]
         self.r_sse = L.p64_sse - o
         self.r_ctr = self.hout.view(np.int64)[L.i64_chg - o: L.i64_chg - o + 1 + self.nslots]
+        #: the counter of the rows the bounds test left to pass 1 (:mod:`.bounds`), and its result
+        self.gslot = L.i64_chg + 1 + self.nslots
+        self.r_gat = self.hout.view(np.int64)[self.gslot - o: self.gslot - o + 1]
         if not SIM:
             from numba.cuda.cudadrv.driver import device_pointer
 

@@ -41,7 +41,7 @@ import functools
 import numpy as np
 
 from .device import HAVE_NUMBA_CUDA, SIM, cuda
-from .gemm import BK, BM, BN, NT, row_verdicts, slice_loads
+from .gemm import BK, BM, BN, NT, listed_rows, row_verdicts, slice_loads, tile_row
 from .intrinsics import ldx, stx
 from .kernels import certificate as float32_certificate
 from .plan import PackLayout
@@ -181,7 +181,7 @@ else:
 
 
 @functools.lru_cache(maxsize=None)
-def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool):
+def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool, bounds: bool = False):
     """Certified nearest centre of every row on the tensor cores: :func:`.gemm.screen_kernel`'s
     arguments and results (see the module docstring)."""
     M_C, KPG = int(m_c), int(kpg_c)
@@ -195,11 +195,11 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     BUF2 = 2 * BUF
     SB = SLOTS * BM
     SCR = _SCRATCH
-    verdicts = row_verdicts(SLOTS, *certificate(M_C), bool(delta))
+    verdicts = row_verdicts(SLOTS, *certificate(M_C), bool(delta), bool(bounds))
     loads = slice_loads(storage, M_C, KPG, pack_c)
     INF = np.float32(np.inf)
 
-    def km_tf32_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot):
+    def km_tf32_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot, idx, ub, lb, gat, gslot):
         xs = cuda.shared.array(BUF2, dtype=float32)
         cs = cuda.shared.array(BUF2, dtype=float32)
         sb1 = cuda.shared.array(SB, dtype=float32)
@@ -225,16 +225,15 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
         px = cuda.local.array(XQ, dtype=float32)
         pc = cuda.local.array(CQ, dtype=float32)
         zlim = p32[P_ZL]
-        ntiles = (n + BM - 1) // BM
+        nrow = listed_rows(n, ctr, gat, gslot)
+        ntiles = (nrow + BM - 1) // BM
         for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
             row0 = tile * BM
             for q in range(tid, SB, NT):
                 stx(sb1, q, INF)
                 stx(sb2, q, INF)
                 stx(si1, q, 0)
-            i = row0 + xr
-            if i >= n:
-                i = n - 1  # rows past the end load row n - 1 and are ignored
+            i = tile_row(row0 + xr, nrow, idx, gat)
             yp = float32(0.0)
             for ct in range(NCT):
                 for q in range(64):
@@ -296,7 +295,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                         stx(sb1, q, m1)
                         stx(sb2, q, m2)
                         stx(si1, q, mi)
-            verdicts(sb1, sb2, si1, syy, yp, zlim, row0, n, labels, newlab, flags, ctr, fslot)
+            verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb, gat)
             cuda.syncthreads()
 
     if SIM:

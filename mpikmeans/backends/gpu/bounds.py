@@ -1,0 +1,288 @@
+"""Bounds kept per row on the device: pass 1 searches only the rows whose bound fails.
+
+Pass 1 (the certified float32 screen of :mod:`.kernels`) is most of a step's time
+wherever K x M is large (5e6 x 100, K = 50: 1.7 of 3.1 ms a full step on the H100),
+and once the centres settle almost every row keeps its centre.  As the CPU backend
+does (:mod:`mpikmeans.backends.cpu.bounds`, after Hamerly, "Making k-means even faster",
+SDM 2010), each row keeps two numbers from the step that last searched it:
+
+* ``ub``, an upper bound on its distance to its own centre ``a``,
+* ``lb``, a lower bound on its distance to every other centre,
+
+both float32, ``ub`` rounded up and ``lb`` down.  When the centres move by at most
+``delta_j`` (:func:`moves_and_others`), the triangle inequality gives ``ub + delta_a``
+and ``lb - max_{j != a} delta_j`` as the new bounds, and a row whose new upper bound is
+below its new lower bound, by a relative margin :data:`MARGIN`, keeps ``a``: the test
+kernel (:func:`test_kernel`) writes its new bounds and, in a full step, its label for
+the summing kernel; every other row goes into a list, in row order, that pass 1
+searches instead of all rows (``gat`` in :func:`.kernels.fused_kernel`).  Unlike the
+CPU's, the upper bound is not tightened by the exact distance to the own centre
+(that would read the row, which is what pass 1's search costs on the device).
+
+Rigour, so that a kept row has the label of the exact float64 kernels:
+
+* pass 1 certifies a row when its float32 gap exceeds ``tol``, a bound on the error
+  of two estimates and of ``|y|^2``; its bounds are ``sqrt(|y|^2 + b1 + 1.5 tol)`` and
+  ``sqrt(|y|^2 + b2 - 1.5 tol)`` computed in float64 (:func:`row_bounds`), a row it
+  does not certify gets ``ub = inf``, ``lb = 0`` (searched at the next step);
+* a move is ``centre_moves``' rigorous upper bound (the CPU backend's);
+* ``MARGIN = 2^-20`` relative on either side covers the float64 arithmetic of the test
+  and the exact kernels' own rounding (``(m + 3) 2^-53`` relative: far smaller for any
+  M that fits a device), so ``fl(d_a) < fl(d_j)`` for every other ``j`` (no tie passes);
+* stores round outward by ``2^-22`` (and ``ub`` adds ``2^-120``: a subnormal float32
+  cannot round it to 0); a non-finite move or bound fails the test.
+
+The bounds are valid only for the centres of the step that wrote them (with the
+same K) and the labels that step left; :class:`DeviceBounds` keeps those centres and
+is invalidated by anything else that touches the labels.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ..cpu.bounds import centre_moves
+from .device import SIM, cuda
+
+if cuda is not None:
+    from numba import float32, float64, int32, int64
+
+#: relative margin of the test on either side
+MARGIN = 2.0 ** -20
+#: outward rounding of a stored bound
+STORE = 2.0 ** -22
+#: added to an upper bound before it is stored (a subnormal float32 could round it to 0)
+TINY_UP = 2.0 ** -120
+#: lower bounds are stored at most this (float32 stays finite)
+LB_MAX = 3.0e38
+#: the certificate's tolerance covers two estimates; each bound takes this much of it
+TOL_SHARE = 1.5
+#: threads a block and rows a thread of the test kernel (a thread's rows are consecutive)
+TEST_NT = 32 if SIM else 256
+TEST_RPT = 4
+
+
+def moves_and_others(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """How far each centre moved and the most any other centre moved.
+
+    Parameters
+    ----------
+    old, new : ndarray, shape (k, m), float64
+
+    Returns
+    -------
+    ndarray, shape (2 k,), float64
+        ``[delta_0 .. delta_{k-1}, max_{j != 0} delta_j .. max_{j != k-1} delta_j]``, rigorous
+        upper bounds (``inf`` where a move is not finite); the second half is 0 for K = 1.
+    """
+    k = new.shape[0]
+    d = centre_moves(np.ascontiguousarray(old, np.float64), np.ascontiguousarray(new, np.float64))
+    out = np.empty(2 * k)
+    out[:k] = d
+    if k == 1:
+        out[1] = 0.0
+        return out
+    top = int(np.argmax(d))
+    rest = np.delete(d, top)
+    out[k:] = d[top]
+    out[k + top] = rest.max()
+    return out
+
+
+def _device(fn):
+    return cuda.jit(device=True)(fn) if cuda is not None else fn
+
+
+@_device
+def row_bounds(yy, b1, b2, tol):  # pragma: no cover - compiled
+    """A certified row's ``(ub, lb)`` as float32 (see the module notes), from pass 1's float32 values:
+    ``yy`` = ``|y|^2``, ``b1``/``b2`` the best and second-best estimates, ``tol`` the certificate."""
+    t = float64(tol) * TOL_SHARE
+    yd = float64(yy)
+    up = yd + float64(b1) + t
+    lo = yd + float64(b2) - t
+    u = math.sqrt(up if up > 0.0 else 0.0) * (1.0 + MARGIN) + TINY_UP
+    lv = math.sqrt(lo if lo > 0.0 else 0.0) * (1.0 - MARGIN)
+    return float32(u), float32(lv if lv < LB_MAX else LB_MAX)
+
+
+@functools.lru_cache(maxsize=None)
+def test_kernel():
+    """Build the bounds test (one compile: nothing is specialised).
+
+    Kernel arguments: ``labels`` int32 (n,); ``ub``, ``lb`` float32 (n,), updated for kept
+    rows; ``mv`` float64 (2k,) from :func:`moves_and_others`; ``n``, ``k`` int64; ``idx``
+    int32 (n,), the failed rows in row order; ``ctr`` int64 and ``gslot``: ``ctr[gslot]``
+    counts them (zero on entry); ``newlab`` int32 (n,): a kept row's label where
+    ``write_new`` (the split full step's input to the summing kernel).
+
+    A block takes ``TEST_NT x TEST_RPT`` consecutive rows at a time, each thread
+    ``TEST_RPT`` consecutive ones; an exclusive scan of the threads' failed counts in shared
+    memory (the simulator has no warp votes) places them, one global atomic a block.
+    """
+    NT = TEST_NT
+    RPT = TEST_RPT
+    TILE = NT * RPT
+    UP = 1.0 + MARGIN
+    DOWN = 1.0 - MARGIN
+    SUP = 1.0 + STORE
+    SDOWN = 1.0 - STORE
+
+    def km_bounds_test(labels, ub, lb, mv, n, k, idx, ctr, gslot, newlab, write_new):
+        scan = cuda.shared.array(NT, dtype=int32)
+        base_s = cuda.shared.array(1, dtype=int64)
+        tid = cuda.threadIdx.x
+        ntiles = (n + TILE - 1) // TILE
+        for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
+            r0 = tile * TILE + tid * RPT
+            fails = 0
+            fmask = 0  # bit r: row r0 + r failed
+            for r in range(RPT):
+                i = r0 + r
+                if i < n:
+                    a = labels[i]
+                    keep = False
+                    if a >= 0:
+                        u = float64(ub[i]) + mv[a]
+                        lo = float64(lb[i]) - mv[k + a]
+                        if u * UP < lo * DOWN:
+                            keep = True
+                            ub[i] = float32(u * SUP + TINY_UP)
+                            lb[i] = float32(lo * SDOWN)
+                            if write_new != 0:
+                                newlab[i] = a
+                    if not keep:
+                        fails += 1
+                        fmask |= 1 << r
+            # inclusive scan of the threads' counts (Hillis-Steele)
+            scan[tid] = fails
+            cuda.syncthreads()
+            off = 1
+            while off < NT:
+                v = scan[tid]
+                if tid >= off:
+                    v += scan[tid - off]
+                cuda.syncthreads()
+                scan[tid] = v
+                cuda.syncthreads()
+                off *= 2
+            if tid == NT - 1:
+                base_s[0] = cuda.atomic.add(ctr, gslot, int64(scan[tid]))
+            cuda.syncthreads()
+            if fails > 0:
+                p = base_s[0] + scan[tid] - fails
+                for r in range(RPT):
+                    if fmask & (1 << r):
+                        idx[p] = int32(r0 + r)
+                        p += 1
+            cuda.syncthreads()
+
+    return cuda.jit(km_bounds_test)
+
+#: bytes a row of the kept bounds takes on the device (``ub``, ``lb``, the list's entry)
+ROW_BYTES = 12
+#: FMAs of pass 1 that cost about as much as reading a byte (H100: 33.5 TFMA/s FP32 against 3.35 TB/s)
+FMA_PER_BYTE = 10
+#: pass 1's cost of a row, in bytes read (its values, or its K x M FMAs at FMA_PER_BYTE), above which
+#: the bounds pay: the test reads and writes ROW_BYTES and more a row, and a row it fails is read
+#: again scattered.  H200, `bench fullstep` (bench/results/fullstep_H200_2026-11-26_bounds.*): 5e6 x 100,
+#: K = 50 (400 B f32, 5000 FMAs) full step 3.08 -> 1.97 ms; 1e8 x 8, K = 16 (32 B, 128 FMAs) 4.08 -> 4.97
+MIN_ROW_COST = 8 * ROW_BYTES
+
+
+def bounds_pay(k: int, m: int, dtype: str) -> bool:
+    """Whether keeping bounds pays for rows of ``m`` attributes stored as ``dtype`` and ``k`` centres."""
+    return max(m * np.dtype(dtype).itemsize, k * m / FMA_PER_BYTE) >= MIN_ROW_COST
+
+
+#: a test that leaves more than this share of the rows to pass 1 is not run at the next step (a
+#: full pass 1 then refreshes every bound, and the step after it tests again)
+BACKOFF_SHARE = 0.75
+
+
+class DeviceBounds:
+    """The kept bounds of one backend's resident rows, and whether they hold for the next step.
+
+    Parameters
+    ----------
+    n : int
+        Rows on the device.
+
+    Attributes
+    ----------
+    ub, lb : device arrays, float32 (n,)
+    idx : device array, int32 (n,)
+        The rows the last test left to pass 1.
+    k : int or None
+        The number of centres the bounds hold for (None: they hold for nothing).
+    centres : ndarray, shape (k, m), float64
+        The centres they were computed for.
+    searched : int
+        Rows pass 1 searched at the last step (``n`` for a full pass).
+    """
+
+    def __init__(self, n: int):
+        self.n = int(n)
+        self.ub = cuda.device_array(max(1, self.n), dtype=np.float32)
+        self.lb = cuda.device_array(max(1, self.n), dtype=np.float32)
+        self.idx = cuda.device_array(max(1, self.n), dtype=np.int32)
+        self.k = None
+        self.centres = None
+        self.searched = self.n
+        self.skip_next = False
+        self._mv = {}  # k -> (pinned host, device) move buffers
+
+    def invalidate(self) -> None:
+        """Nothing kept holds any more (labels reset, rows reloaded, a step that wrote no bounds)."""
+        self.k = None
+        self.centres = None
+        self.skip_next = False
+
+    def holds_for(self, k: int) -> bool:
+        """Whether the kept bounds hold for a step with ``k`` centres."""
+        return self.k == k and self.centres is not None
+
+    def wanted(self, k: int) -> bool:
+        """Whether the next step with ``k`` centres should test the bounds (they hold, no back-off)."""
+        return self.holds_for(k) and not self.skip_next
+
+    def moves_buffer(self, k: int):
+        """The pinned host and device (2k,) float64 buffers of the moves for ``k`` centres."""
+        buf = self._mv.get(k)
+        if buf is None:
+            from .launch import pinned
+
+            buf = (pinned(2 * k, np.float64), cuda.device_array(2 * k, dtype=np.float64))
+            self._mv[k] = buf
+        return buf
+
+    def fill_moves(self, new: np.ndarray) -> None:
+        """Write the moves from the kept centres to ``new`` into the pinned buffer (host only)."""
+        host, _ = self.moves_buffer(new.shape[0])
+        host[:] = moves_and_others(self.centres, new)
+
+    def upload_moves(self, k: int) -> None:
+        """The moves to the device, asynchronously on the default stream."""
+        host, dev = self.moves_buffer(k)
+        if SIM:
+            dev.copy_to_device(host)
+            return
+        from numba.cuda.cudadrv.driver import device_pointer
+
+        from .launch import cu, cucheck
+
+        cucheck(cu().cuMemcpyHtoDAsync(int(device_pointer(dev)), int(host.ctypes.data), host.nbytes, 0),
+                "cuMemcpyHtoDAsync")
+
+    def kept(self, k: int, centres: np.ndarray, searched: int, tested: bool) -> None:
+        """A step with ``k`` centres wrote every row's bounds (``searched`` rows by pass 1)."""
+        if self.centres is None or self.centres.shape != centres.shape:
+            self.centres = np.empty_like(centres, dtype=np.float64)
+        self.centres[:] = centres
+        self.k = k
+        self.searched = int(searched)
+        # a test that left most rows to pass 1 cost more than it saved: skip one test
+        self.skip_next = tested and searched > BACKOFF_SHARE * self.n
