@@ -81,6 +81,8 @@ _SIM_PROGRAM = textwrap.dedent(
                 "changed": [a.changed, b.changed],
                 "dist2_rel": float(np.abs(da - db).max() / max(da.max(), 1e-300)),
                 "flagged": flagged,
+                "searched": gpu.last_searched,  # rows pass 1 searched (bounds.py)
+                "tested": gpu.last_bounds_tested,
                 "tf32": bool(getattr(gpu, "tf32", False)),  # the GEMM screen of the steps to come
             })
             good = a.counts > 0
@@ -180,8 +182,39 @@ _SIM_PROGRAM = textwrap.dedent(
     compare("tf32_centre_tiles", x8[:130], c8, tune=t, iters=1)
     compare("tf32_delta", x6[:130], x6[:40].copy(), tune=dict(t, delta="always"), iters=3)
 
+    # kept bounds (bounds.py), forced on (these shapes are below the rule that takes them): from
+    # rows as centres labels move for several steps, then pass 1 searches only the rows whose
+    # bounds fail; float32 on values float32 holds (the CPU sees what the GPU stores)
+    bo = {"bounds": True}
+    xb, _cb = blobs(300, 6, 8, 15)
+    xb32 = xb.astype(np.float32).astype(np.float64)
+    wb = np.random.default_rng(15).uniform(0.5, 2.0, xb.shape[0])
+    compare("bounds_split", xb, xb[:8].copy(), tune=dict(bo, split=True, delta="never"), iters=5)
+    compare("bounds_delta_f32", xb32, xb32[:8].copy(), dtype="float32", tune=dict(bo, delta="always"), iters=5)
+    compare("bounds_gemm_weighted", xb, xb[:8].copy(), weights=wb, tune=dict(bo, gemm=True, delta="never"),
+            iters=4)
+    compare("bounds_ties", xt, ct, tune=dict(bo, split=True, delta="never"), iters=3)
+    compare("bounds_off", xb, xb[:8].copy(), tune={"split": True, "delta": "never", "bounds": False}, iters=3)
+
     if PART != 0:
         sys.exit(0)  # the scenarios below run in part 0 only
+
+    # kept bounds against moves: the same centres twice (every certified row keeps its label
+    # without a search), then centres 0 and 1 swapped (their rows must be searched), then back
+    cpu = CPUBackend(threads=1)
+    cpu.load(xb)
+    gb = G.GPUBackend(tune=dict(bo, split=True, delta="never"))
+    gb.load(xb)
+    cs_ = xb[:8].copy()
+    recs = []
+    for cc in (cs_, cs_, cs_[[1, 0, 2, 3, 4, 5, 6, 7]], cs_):
+        a = cpu.step(cc)
+        b = gb.step(cc)
+        recs.append({"searched": gb.last_searched, "tested": gb.last_bounds_tested, "flagged": gb.last_flagged,
+                     "labels_equal": bool(np.array_equal(cpu.assign(cc)[0], gb.assign(cc)[0])),
+                     "counts_equal": bool(np.array_equal(a.counts, b.counts)), "changed": [a.changed, b.changed],
+                     "sums_abs": float(np.abs(a.sums - b.sums).max())})
+    print(json.dumps({"name": "bounds_moves", "n": len(xb), "steps": recs}), flush=True)
 
     # incremental steps through the exact kernel: tied rows flagged with their label
     # kept (same centres again), then moved (centres 0 and 1 swapped), then back
@@ -404,6 +437,41 @@ def test_sim_incremental_steps_match_full_ones(sim):
     rec = sim["delta_weighted_is_full"]
     _assert_parity(rec, exact_counts=False)
     assert [p[0] for p in rec["plans"]] == [0, 0]  # weights: never incremental
+
+
+def test_sim_kept_bounds_match_cpu(sim):
+    """Pass 1 on the rows whose kept bounds fail: every step as the CPU's (split, incremental float32,
+    the GEMM screen with weights, exact ties), fewer rows searched once labels settle, and a test that
+    left most rows to pass 1 is not run at the next step."""
+    for name, counts in (("bounds_split", True), ("bounds_delta_f32", True), ("bounds_gemm_weighted", False),
+                         ("bounds_ties", True)):
+        rec = sim[name]
+        _assert_parity(rec, sums_tol=1e-12, exact_counts=counts)
+        searched = [st["searched"] for st in rec["steps"]]
+        tested = [st["tested"] for st in rec["steps"]]
+        assert searched[0] == rec["n"] and not tested[0], (name, searched)
+        for i in range(1, len(tested)):
+            if tested[i - 1] and searched[i - 1] > 0.75 * rec["n"]:
+                assert not tested[i], (name, searched, tested)  # backed off: a full pass 1
+        if name != "bounds_ties":
+            assert any(t for t in tested) and min(searched) < rec["n"] // 2, (name, searched, tested)
+    rec = sim["bounds_off"]
+    _assert_parity(rec)
+    assert all(st["searched"] == rec["n"] and not st["tested"] for st in rec["steps"])
+
+
+def test_sim_kept_bounds_against_moves(sim):
+    """The same centres again: only rows without certified bounds are searched; centres 0 and 1
+    swapped: at least their rows are; labels as the CPU's throughout."""
+    rec = sim["bounds_moves"]
+    st = rec["steps"]
+    assert all(s_["labels_equal"] and s_["counts_equal"] and s_["changed"][0] == s_["changed"][1]
+               and s_["sums_abs"] <= 1e-12 for s_ in st), st
+    assert not st[0]["tested"] and st[1]["tested"] and st[2]["tested"], st
+    assert st[3]["tested"] == (st[2]["searched"] <= 0.75 * rec["n"]), st
+    # nothing moved: the flagged rows and those within a few certificates of a tie
+    assert st[1]["searched"] <= st[0]["flagged"] + rec["n"] // 20, st
+    assert st[2]["changed"][0] > 0 and st[2]["searched"] >= st[2]["changed"][0], st  # the swap moved rows
 
 
 def test_sim_incremental_steps_through_the_exact_kernel(sim):

@@ -84,6 +84,8 @@ class GPUBackend(Backend):
     ----------
     last_searched : int
         Rows the last step's pass 1 searched (``n`` unless the bounds test ran).
+    last_bounds_tested : bool
+        Whether the last step tested the kept bounds.
     profile : bool
         Record :attr:`last_kernel_ms`, the kernels' time in the last step or assignment
         (CUDA events around them; two event records per step; not when streaming).
@@ -150,6 +152,7 @@ class GPUBackend(Backend):
         self._dummyi = None
         self._bounds = None  # DeviceBounds, allocated with the first state that keeps bounds
         self.last_searched = 0
+        self.last_bounds_tested = False
         self._alabels = None
         self._adist = None
         self._states = {}
@@ -526,6 +529,7 @@ class GPUBackend(Backend):
                 self._bounds.invalidate()
             raise
         self.last_searched = int(st.pack.r_gat[0]) if listed else self.n
+        self.last_bounds_tested = listed
         if bd is not None:
             bd.kept(k, new.centres, self.last_searched, listed)
         elif self._bounds is not None:
