@@ -173,9 +173,6 @@ _SIM_PROGRAM = textwrap.dedent(
     x8, c8 = blobs(260, 3, 130, 9)
     compare("gemm_centre_tiles", x8, c8, tune=g, iters=1)
     compare("gemm_delta", x6, x6[:40].copy(), tune=dict(g, delta="always"), iters=3)
-    # the GEMM path's first summing kernel (an atomic per value; the default sums by label, bylabel.py)
-    compare("gemm_atomic_sums", x8, c8, weights=np.random.default_rng(9).uniform(0.5, 2.0, x8.shape[0]),
-            tune=dict(g, gemm_sums="atomic"), iters=1)
     # the same on the tensor cores (tensor.py; the simulator emulates the warp's product, slowly:
     # two row tiles, one of them short)
     t = {"gemm": True, "tf32": True}
@@ -340,11 +337,6 @@ def test_sim_gemm_screen_matches_cpu(sim, screen, case):
         assert first["tf32"] is (first["flagged"] <= TF32_FLAG_LIMIT * rec["n"] + TF32_FLAG_SLACK), rec
         if case == "wide_ties":
             assert first["tf32"] is False, rec
-
-
-def test_sim_gemm_atomic_sums_match_cpu(sim):
-    """The GEMM path's summing kernel with an atomic per value (``gemm_sums="atomic"``), weighted."""
-    _assert_parity(sim["gemm_atomic_sums"], exact_counts=False)
 
 
 def test_sim_float64_matches_cpu(sim):

@@ -78,9 +78,7 @@ class GPUBackend(Backend):
         ``delta`` ("auto", "always", "never"), see below; ``split`` (bool) and
         ``sums_maxreg``: the split full step of :mod:`.sums` (taken with resident rows
         from :data:`.plan.SPLIT_MIN_VALUES` values on) and its sums kernel's register cap;
-        ``bounds`` (true, false, default "auto"): keep each row's bounds on the device (below);
-        ``gemm_sums="atomic"``: the GEMM path's first summing kernel (:func:`.gemm.sums_kernel`)
-        instead of the sums by label (:mod:`.bylabel`).
+        ``bounds`` (bool, default true): keep each row's bounds on the device (below).
 
     Attributes
     ----------
@@ -286,8 +284,7 @@ class GPUBackend(Backend):
         if self.gemm_wanted(plan, assign):
             fused = gemm.step_launches(self.limits, self.dtype, self.rows.weighted, self.m, int(self.rows.ld), plan,
                                        pack, x, rows, labels, flags, w, fslot, stream, delta, self._fast,
-                                       self.tf32, self._bounds if keeps else None, (self._dummyi, self._dummy32),
-                                       self.tune.get("gemm_sums", "by_label") != "atomic")
+                                       self.tf32, self._bounds if keeps else None, (self._dummyi, self._dummy32))
             self.last_grid = fused.grid
             if keeps:
                 self._bounds_launches = (self._test_launch(labels, self._bounds, k, pack, fused.newlab, stream),

@@ -491,8 +491,7 @@ class Steps:
 
 
 def step_launches(limits, storage: str, weighted: bool, m: int, ld: int, plan, pack, x, rows: int, labels, flags,
-                  w, fslot: int, stream, delta: bool, fast: bool, tf32: bool, bounds=None, dummies=None,
-                  by_label: bool = True) -> Steps:
+                  w, fslot: int, stream, delta: bool, fast: bool, tf32: bool, bounds=None, dummies=None) -> Steps:
     """The prepared launches of one step for ``rows`` rows: repack, screen and (full steps) sums.
 
     ``plan`` and ``pack``: the step's plan and step buffer (:mod:`.plan`, :class:`.launch.Pack`);
@@ -500,8 +499,7 @@ def step_launches(limits, storage: str, weighted: bool, m: int, ld: int, plan, p
     arguments as the fused kernel's launch takes them.  ``bounds`` (a :class:`.bounds.DeviceBounds`,
     resident rows): the screen writes the kept bounds, and the result's ``listed`` launches
     search only the rows the bounds test lists; else ``dummies`` (int32, float32 device arrays)
-    stand in for the bounds' arrays.  ``by_label``: a full step sums the rows grouped by label
-    (:mod:`.bylabel`), else with :func:`sums_kernel`'s atomic per value.
+    stand in for the bounds' arrays.
     """
     kp = plan.nct * plan.TC
     kpg = padded_centres(kp)
@@ -531,14 +529,7 @@ def step_launches(limits, storage: str, weighted: bool, m: int, ld: int, plan, p
     skobj = compiled(name, sspec, sk, sargs)
     out.append(Launch(sk, skobj, sargs, grid, NT, 0, stream, fast))
     listed = [out[0], Launch(sk, skobj, sargs[:-2] + (1, int(pack.gslot)), grid, NT, 0, stream, fast)]
-    if not delta and by_label:
-        from . import bylabel
-
-        adds = bylabel.launches(limits, storage, weighted, pack.k, m, pack, x, rows, ld, labels, newlab, w, stream,
-                                fast)
-        out += adds
-        listed += adds
-    elif not delta:
+    if not delta:
         uspec = (storage, weighted, m, layout)
         uk = sums_kernel(*uspec)
         uargs = (x, int(rows), int(ld), pack.dev, pack.ctr, labels, newlab, w)
