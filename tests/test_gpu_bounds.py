@@ -20,19 +20,19 @@ def test_moves_bound_each_centre_and_the_others():
     d = _exact_moves(old, new)
     assert mv.shape == (12,)
     assert np.all(mv[:6] >= d) and np.allclose(mv[:6], d, rtol=1e-12, atol=1e-140)  # plus the subnormal allowance
-    for a in range(6):  # the most any other centre moved
-        assert mv[6 + a] == mv[:6][np.arange(6) != a].max()
-    assert mv[6 + 1] == mv[4] and mv[6 + 4] == mv[1]  # the two largest: each other's
+    for a in range(6):  # the most any other centre moved (and the CPU bounds' 1e-140 more)
+        assert mv[:6][np.arange(6) != a].max() <= mv[6 + a] <= mv[:6][np.arange(6) != a].max() + 1e-139
+    assert mv[6 + 1] >= mv[4] and mv[6 + 4] >= mv[1]  # the two largest: each other's
 
 
 def test_moves_tied_largest_and_one_centre():
     old = np.zeros((3, 2))
     new = np.array([[3.0, 4.0], [0.0, 5.0], [0.0, 0.0]])
     mv = bounds.moves_and_others(old, new)
-    assert mv[3] == mv[1] and mv[4] == mv[0]  # two equal largest moves: each sees the other
-    assert mv[5] == max(mv[0], mv[1])
+    assert mv[3] >= mv[1] and mv[4] >= mv[0]  # two equal largest moves: each sees the other
+    assert mv[5] >= max(mv[0], mv[1])
     one = bounds.moves_and_others(old[:1], new[:1])
-    assert one[1] == 0.0 and one[0] >= 5.0  # K = 1: no other centre
+    assert one[1] <= 1e-139 and one[0] >= 5.0  # K = 1: no other centre
 
 
 def test_a_move_that_is_not_finite_fails_every_test():

@@ -87,12 +87,24 @@ def centre_moves(old: np.ndarray, new: np.ndarray) -> np.ndarray:
         not finite.
     """
     k, m = new.shape
-    eps = bound_eps(m)
-    with np.errstate(over="ignore", invalid="ignore"):
-        diff = new - old
-        moves = np.sqrt(np.einsum("ij,ij->i", diff, diff)) * (1.0 + eps) + np.sqrt(m) * _SUBNORMAL_MOVE
-    moves[~np.isfinite(moves)] = np.inf
-    return moves
+    out = np.empty(k)
+    _moves(np.ascontiguousarray(old, np.float64), np.ascontiguousarray(new, np.float64), bound_eps(m), out)
+    return out
+
+
+@njit(cache=True)
+def _moves(old, new, eps, out):  # pragma: no cover - compiled
+    """:func:`centre_moves` into ``out`` in one pass (no K x M temporaries: 2.6e5 centre values a step
+    on the GPU path's shapes)."""
+    k, m = new.shape
+    floor = np.sqrt(m) * _SUBNORMAL_MOVE
+    for i in range(k):
+        s = 0.0
+        for j in range(m):
+            d = new[i, j] - old[i, j]
+            s += d * d
+        v = np.sqrt(s) * (1.0 + eps) + floor
+        out[i] = v if np.isfinite(v) else np.inf
 
 
 def half_gaps(centres: np.ndarray) -> np.ndarray:

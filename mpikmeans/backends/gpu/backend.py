@@ -113,8 +113,9 @@ class GPUBackend(Backend):
     step or an incremental one, it also writes each searched row's bounds (:mod:`.bounds`).
     The next step with the same K first tests them against the centres' moves, on the
     device: the rows that pass keep their label, and pass 1 searches only the others.
-    A test that leaves more than :data:`.bounds.BACKOFF_SHARE` of the rows to pass 1 is
-    skipped at the next step (a full pass 1 refreshes every bound).  Labels, sums and
+    A test that leaves more than :data:`.bounds.BACKOFF_SHARE` of the rows to pass 1, or a
+    step that changed more than :data:`.bounds.CHANGED_SHARE` of the labels, is followed by
+    a step without the test (a full pass 1 refreshes every bound).  Labels, sums and
     counts are those of a step without bounds.
     """
 
@@ -389,8 +390,9 @@ class GPUBackend(Backend):
         buffer; one asynchronous copy in (centre data and zeroed outputs); the fused
         and recheck launches (per chunk when streaming); one asynchronous copy out of
         sums, counts, SSE and counters; ``while_busy()`` if given (host work that then
-        overlaps the kernels); one synchronisation.  ``listed``: the bounds test first
-        (its moves already in the pinned buffer) and pass 1 on the rows it lists.
+        overlaps the kernels); one synchronisation.  ``listed``: the centres' moves
+        (computed while the step buffer is copied), the bounds test, and pass 1 on the rows
+        it lists.
 
         Returns
         -------
@@ -408,6 +410,9 @@ class GPUBackend(Backend):
         pack = st.pack
         pack.fill(centres)
         pack.upload()
+        if listed:
+            self._bounds.fill_moves(centres)
+            self._bounds.upload_moves(k)
         labels_out = dist_out = None
         if assign:
             labels_out = np.empty(n, dtype=np.int32)
@@ -420,7 +425,6 @@ class GPUBackend(Backend):
             if profile:
                 self._events[0].record()
             if listed:
-                self._bounds.upload_moves(k)
                 st.bounds[0]()
                 st.bounds[1]()
             else:
@@ -520,8 +524,6 @@ class GPUBackend(Backend):
         st = self._state(k, False, delta)
         bd = self._bounds if st.bounds is not None else None
         listed = bd is not None and bd.wanted(k)
-        if listed:
-            bd.fill_moves(new.centres)
         try:
             res, carried = self._run(new.centres, assign=False, delta=delta, while_busy=carry, listed=listed)
         except BaseException:
@@ -531,7 +533,7 @@ class GPUBackend(Backend):
         self.last_searched = int(st.pack.r_gat[0]) if listed else self.n
         self.last_bounds_tested = listed
         if bd is not None:
-            bd.kept(k, new.centres, self.last_searched, listed)
+            bd.kept(k, new.centres, self.last_searched, listed, res.changed)
         elif self._bounds is not None:
             self._bounds.invalidate()  # this step's labels came from a pass that keeps no bounds
         if delta:

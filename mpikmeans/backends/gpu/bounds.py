@@ -44,7 +44,7 @@ import math
 
 import numpy as np
 
-from ..cpu.bounds import centre_moves
+from ..cpu.bounds import bound_drops, centre_moves
 from .device import SIM, cuda
 
 if cuda is not None:
@@ -76,20 +76,12 @@ def moves_and_others(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     -------
     ndarray, shape (2 k,), float64
         ``[delta_0 .. delta_{k-1}, max_{j != 0} delta_j .. max_{j != k-1} delta_j]``, rigorous
-        upper bounds (``inf`` where a move is not finite); the second half is 0 for K = 1.
+        upper bounds (``inf`` where a move is not finite), the second half as the CPU's bounds
+        drop (:func:`~mpikmeans.backends.cpu.bounds.bound_drops`: a further ``1e-140``; that alone
+        for K = 1).
     """
-    k = new.shape[0]
-    d = centre_moves(np.ascontiguousarray(old, np.float64), np.ascontiguousarray(new, np.float64))
-    out = np.empty(2 * k)
-    out[:k] = d
-    if k == 1:
-        out[1] = 0.0
-        return out
-    top = int(np.argmax(d))
-    rest = np.delete(d, top)
-    out[k:] = d[top]
-    out[k + top] = rest.max()
-    return out
+    d = centre_moves(old, new)
+    return np.concatenate([d, bound_drops(d)])
 
 
 def _device(fn):
@@ -201,6 +193,9 @@ def bounds_pay(k: int, m: int, dtype: str) -> bool:
 #: a test that leaves more than this share of the rows to pass 1 is not run at the next step (a
 #: full pass 1 then refreshes every bound, and the step after it tests again)
 BACKOFF_SHARE = 0.75
+#: ... nor after a step that changed more than this share of the labels: the centres still move
+#: far (5e6 x 100, K = 50 from the first K rows: the second step's test kept no row)
+CHANGED_SHARE = 0.2
 
 
 class DeviceBounds:
@@ -277,12 +272,14 @@ class DeviceBounds:
         cucheck(cu().cuMemcpyHtoDAsync(int(device_pointer(dev)), int(host.ctypes.data), host.nbytes, 0),
                 "cuMemcpyHtoDAsync")
 
-    def kept(self, k: int, centres: np.ndarray, searched: int, tested: bool) -> None:
-        """A step with ``k`` centres wrote every row's bounds (``searched`` rows by pass 1)."""
+    def kept(self, k: int, centres: np.ndarray, searched: int, tested: bool, changed: int = 0) -> None:
+        """A step with ``k`` centres wrote every row's bounds (``searched`` rows by pass 1, ``changed``
+        labels changed)."""
         if self.centres is None or self.centres.shape != centres.shape:
             self.centres = np.empty_like(centres, dtype=np.float64)
         self.centres[:] = centres
         self.k = k
         self.searched = int(searched)
-        # a test that left most rows to pass 1 cost more than it saved: skip one test
-        self.skip_next = tested and searched > BACKOFF_SHARE * self.n
+        # a test that left most rows to pass 1 cost more than it saved, and after many changed labels
+        # one would: skip one test
+        self.skip_next = (tested and searched > BACKOFF_SHARE * self.n) or changed > CHANGED_SHARE * self.n
