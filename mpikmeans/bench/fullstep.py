@@ -7,7 +7,9 @@ started from the first K rows, so labels move for many iterations):
 
 * a Lloyd run of ``iters`` iterations with every step full (``tune={"delta":
   "never"}``), each step timed with CUDA events: its median is the full-step
-  figure, with the labels changed at each step beside it;
+  figure, with the labels changed and the rows pass 1 searched at each step beside
+  it (fewer than N where the rows' kept bounds held, :mod:`mpikmeans.backends.gpu.bounds`;
+  ``--compare '[{"bounds": false}]'`` times the same run with every row searched);
 * the same run under the default policy (full steps while many labels move,
   incremental ones after): its full and incremental medians;
 * the same iteration written in PyTorch (GEMM distances, argmin, ``index_add_``)
@@ -210,7 +212,8 @@ def run_fullstep(s: FullStepSettings, progress: Progress = quiet) -> dict:
                      f"({row['x_floor']:.2f}x the floor {row['floor_ms']:.3f} ms, {row['bound_by']}); "
                      f"PyTorch {row.get('torch_ms', float('nan')):.3f} ms; default policy: {pol['full_steps']} full "
                      f"(median {pol['full_median_ms']:.3f}), {pol['delta_steps']} incremental "
-                     f"(median {pol['delta_median_ms']:.3f}); labels changed {full['changed']}")
+                     f"(median {pol['delta_median_ms']:.3f}); labels changed {full['changed']}; "
+                     f"rows searched {full['searched']}")
             results.append(row)
             del xt
             torch.cuda.empty_cache()
