@@ -54,3 +54,12 @@ def test_a_move_that_is_not_finite_fails_every_test():
 ])
 def test_bounds_are_kept_where_a_row_costs_pass_1_more_than_the_test(k, m, dtype, pays):
     assert bounds.bounds_pay(k, m, dtype) == pays
+
+
+@pytest.mark.parametrize("want, k, m, wanted", [
+    ("auto", 50, 100, True), ("auto", 16, 8, False),  # the rule
+    (True, 16, 8, True),  # forced on (the simulator scenarios' small shapes)
+    (False, 50, 100, False),  # switched off (bench fullstep --compare '[{"bounds": false}]')
+])
+def test_tune_bounds_forces_or_switches_off_the_rule(want, k, m, wanted):
+    assert bounds.bounds_wanted(want, k, m, "float32") == wanted

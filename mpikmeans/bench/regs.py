@@ -78,6 +78,7 @@ def compile_ptx(k: int, m: int, dtype: str, tune: dict, which: str) -> tuple:
         from numba import cuda, types
 
         from ..backends.gpu import SIM, kernels, plan as plans
+        from ..backends.gpu.bounds import bounds_wanted
     except ImportError as exc:
         raise RunError(f"bench regs needs numba-cuda: {exc}") from None
     if SIM:
@@ -88,12 +89,16 @@ def compile_ptx(k: int, m: int, dtype: str, tune: dict, which: str) -> tuple:
         raise UsageError(f"bench regs: {exc}") from None
     layout = plans.pack_layout(k, m, plan.TC, plan.nct, dtype, 1)[0]
     # the positional arguments of GPUBackend.kernel_for: unweighted, 32-bit indices
+    # and kept bounds where a step's backend keeps them (resident rows assumed; mpikmeans/backends/gpu/bounds.py)
+    keeps = (plan.mode in (plans.MODE_STEP_SPLIT, plans.MODE_STEP_DELTA)
+             and bounds_wanted(tune.get("bounds", "auto"), k, m, dtype))
     disp = kernels.fused_kernel(dtype, plan.R, plan.TC, plan.NT, False, plan.mode, plan.centres_shared, plan.maxreg,
-                                k, m, plan.nct, plan.offs, layout, True, bool(tune.get("diag_skip_pass2")))
+                                k, m, plan.nct, plan.offs, layout, True, bool(tune.get("diag_skip_pass2")), False, keeps)
     arr = lambda t: types.Array(t, 1, "C")  # noqa: E731
     store = types.float64 if dtype == "float64" else types.float32
     sig = (arr(store), types.int64, types.int64, arr(types.float32), arr(types.float64), arr(types.int64),
-           arr(types.int32), arr(types.int32), arr(types.float64), arr(types.float64), types.int64)
+           arr(types.int32), arr(types.int32), arr(types.float64), arr(types.float64), types.int64,
+           arr(types.int32), arr(types.float32), arr(types.float32), types.int64, types.int64)
     try:
         ptx, _ = cuda.compile_ptx(disp.py_func, sig, cc=(9, 0), fastmath=False)
     except Exception as exc:  # noqa: BLE001 - libnvvm or NVRTC missing shows up as many types

@@ -17,7 +17,7 @@ import numpy as np
 from ...exact import BlockFixed, limbs_to_int, scale_factors
 from .. import Backend, BackendInfo, BackendUnavailable, StepResult
 from . import gemm, initk, tensor
-from .bounds import ROW_BYTES, TEST_NT, TEST_RPT, DeviceBounds, bounds_pay, moves_and_others, test_kernel
+from .bounds import ROW_BYTES, TEST_NT, TEST_RPT, DeviceBounds, bounds_wanted, moves_and_others, test_kernel
 from ...cache import gpu_shape_key, mark_gpu_shape_warm
 from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
@@ -260,12 +260,10 @@ class GPUBackend(Backend):
         where a row costs pass 1 more than the test (:func:`.bounds.bounds_pay`) unless ``tune``
         says ``bounds`` (true or false); and where the device has room for them.
         """
-        want = self.tune.get("bounds", "auto")
-        if want is False or self.rows.streaming or self.n == 0:
+        if self.rows.streaming or self.n == 0 or not bounds_wanted(self.tune.get("bounds", "auto"), k, self.m,
+                                                                   self.dtype):
             return False
         if not (self.gemm_wanted(plan, False) or plan.mode in (MODE_STEP_SPLIT, MODE_STEP_DELTA)):
-            return False
-        if want != True and not bounds_pay(k, self.m, self.dtype):  # noqa: E712 - "auto" is truthy
             return False
         if self._bounds is None:
             if self.limits.free_memory() < self.n * ROW_BYTES + (256 << 20):

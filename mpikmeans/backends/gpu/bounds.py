@@ -190,6 +190,12 @@ def bounds_pay(k: int, m: int, dtype: str) -> bool:
     return max(m * np.dtype(dtype).itemsize, k * m / FMA_PER_BYTE) >= MIN_ROW_COST
 
 
+def bounds_wanted(want, k: int, m: int, dtype: str) -> bool:
+    """Whether a step whose pass 1 can keep bounds keeps them: ``want`` is ``tune["bounds"]`` (True, False
+    or "auto": where :func:`bounds_pay`)."""
+    return want is not False and (want is True or bounds_pay(k, m, dtype))
+
+
 #: a test that leaves more than this share of the rows to pass 1 is not run at the next step (a
 #: full pass 1 then refreshes every bound, and the step after it tests again)
 BACKOFF_SHARE = 0.75
