@@ -4,7 +4,7 @@ The package, by concern: :mod:`.device` (is a GPU usable, which one a rank takes
 :mod:`.plan` (tiles, block size and the memory layouts, from K, M, dtype and the
 device), :mod:`.intrinsics` and :mod:`.kernels` (the kernel factories), :mod:`.launch`
 (the step buffer and prepared launches), :mod:`.gemm` and :mod:`.sums` (the GEMM-shaped
-and the split full steps), :mod:`.rows` (the rows on the device,
+and the split full steps), :mod:`.bounds` (the rows' kept bounds), :mod:`.rows` (the rows on the device,
 resident or streamed) and :mod:`.backend` (``GPUBackend``: state between steps and
 when a step is incremental).
 
@@ -45,6 +45,11 @@ Data layout and kernels (see ``bench/GPU_NOTES.md`` for the measurements behind 
   block): pass 1 alone writes each row's certified label, and the summing kernel of
   :mod:`.sums` adds the rows with per-block float64 sums in shared memory at its own
   occupancy (pass 2 runs at pass 1's, which its registers hold to 8 warps per SM).
+* **Kept bounds** (:mod:`.bounds`; resident rows, where a row costs pass 1 more than a
+  test): pass 1 also writes each searched row's float32 upper bound on its distance to
+  its centre and lower bound on its distance to every other; the next step tests them
+  against the centres' moves in a kernel of its own, and pass 1 searches only the rows
+  whose bounds fail.  Labels, sums and SSE are those of a step without bounds.
 * **Per step on the host** (after the first step with a given number of centres):
   the centre data is written into a pinned host buffer that mirrors one device
   buffer (centre data, then zeros for the outputs); one asynchronous copy in, the

@@ -1,0 +1,64 @@
+"""How many rows the GPU's kept bounds would leave pass 1, on ``bench fullstep``'s data, emulated on the CPU.
+
+The GPU backend (:mod:`mpikmeans.backends.gpu.bounds`) keeps, per row, an upper bound on its
+distance to its centre and a lower bound on its distance to every other, both from the step that
+last searched it, moved by the centres' moves but never tightened (unlike the CPU backend's, whose
+upper bound is the exact distance each step: ``bounds_on_fullstep_data.py``).  Here the same rule in
+numpy with exact distances (no rounding margins), on ``bench fullstep``'s kind of data: centres
+uniform in [-10, 10]^M, rows at a centre plus normal noise (4 per attribute), float32, the run
+started from the first K rows.  Printed per iteration: labels changed and rows searched.
+
+    python bench/experiments/stale_bounds_on_fullstep_data.py [N M K NOISE ITERATIONS]
+"""
+import sys
+
+import numpy as np
+
+
+def search(x, xx, rows, c):
+    """Nearest centre, its distance and the second-nearest distance of ``rows``."""
+    d = xx[rows, None] - 2.0 * x[rows] @ c.T + (c * c).sum(1)[None]
+    d = np.sqrt(np.maximum(d, 0.0))
+    part = np.partition(d, 1, axis=1)
+    return np.argmin(d, axis=1), part[:, 0], part[:, 1]
+
+
+def main():
+    a = sys.argv[1:]
+    n, m, k = (int(float(v)) for v in a[:3]) if len(a) >= 3 else (200_000, 100, 50)
+    noise = float(a[3]) if len(a) > 3 else 4.0
+    iterations = int(a[4]) if len(a) > 4 else 20
+    rng = np.random.default_rng(1)
+    ctrue = rng.random((k, m)) * 20 - 10
+    lab = rng.integers(0, k, n)
+    x = (ctrue[lab] + rng.normal(size=(n, m)) * noise).astype(np.float32).astype(np.float64)
+    xx = (x * x).sum(1)
+    c = x[:k].copy()
+    labels = np.full(n, -1)
+    ub = np.full(n, np.inf)
+    lb = np.zeros(n)
+    prev = None
+    print(f"{n} x {m}, K = {k}, noise {noise}, from the first K rows: iteration, labels changed, rows searched")
+    for it in range(1, iterations + 1):
+        if prev is not None:
+            moves = np.sqrt(((c - prev) ** 2).sum(1))
+            order = np.argsort(moves)[::-1]
+            others = np.where(np.arange(k) == order[0], moves[order[1]], moves[order[0]])
+            ub = ub + moves[np.maximum(labels, 0)]
+            lb = lb - others[np.maximum(labels, 0)]
+        fail = np.nonzero(~(ub < lb) | (labels < 0))[0]
+        new, u, low = search(x, xx, fail, c)
+        changed = int((labels[fail] != new).sum())
+        labels[fail], ub[fail], lb[fail] = new, u, low
+        print(f"{it:3d} {changed:9d} {len(fail):9d} ({len(fail) / n:.3f})", flush=True)
+        prev = c.copy()
+        counts = np.bincount(labels, minlength=k)
+        sums = np.zeros((k, m))
+        np.add.at(sums, labels, x)
+        good = counts > 0
+        c = c.copy()
+        c[good] = sums[good] / counts[good, None]
+
+
+if __name__ == "__main__":
+    main()
