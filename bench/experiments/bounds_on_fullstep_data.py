@@ -19,16 +19,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
 
 
-def main():
-    a = sys.argv[1:]
-    n, m, k = (int(float(v)) for v in a[:3]) if len(a) >= 3 else (200_000, 100, 50)
-    noise = float(a[3]) if len(a) > 3 else 4.0
-    iterations = int(a[4]) if len(a) > 4 else 20
+def fullstep_rows(argv):
+    """``(x, start, n, m, k, noise, iterations)`` from ``[N M K NOISE ITERATIONS]``: the rows as float32
+    holds them, the first K rows as the start."""
+    n, m, k = (int(float(v)) for v in argv[:3]) if len(argv) >= 3 else (200_000, 100, 50)
+    noise = float(argv[3]) if len(argv) > 3 else 4.0
+    iterations = int(argv[4]) if len(argv) > 4 else 20
     rng = np.random.default_rng(1)
     ctrue = rng.random((k, m)) * 20 - 10
     lab = rng.integers(0, k, n)
     x = (ctrue[lab] + rng.normal(size=(n, m)) * noise).astype(np.float32).astype(np.float64)
-    c = x[:k].copy()
+    return x, x[:k].copy(), n, m, k, noise, iterations
+
+
+def main():
+    x, c, n, m, k, noise, iterations = fullstep_rows(sys.argv[1:])
     be = CPUBackend()
     be.load(x)
     print(f"{n} x {m}, K = {k}, noise {noise}, from the first K rows: iteration, labels changed, rows searched")

@@ -10,9 +10,13 @@ started from the first K rows.  Printed per iteration: labels changed and rows s
 
     python bench/experiments/stale_bounds_on_fullstep_data.py [N M K NOISE ITERATIONS]
 """
+import os
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bounds_on_fullstep_data import fullstep_rows  # noqa: E402  (the same rows, the same start)
 
 
 def search(x, xx, rows, c):
@@ -24,16 +28,8 @@ def search(x, xx, rows, c):
 
 
 def main():
-    a = sys.argv[1:]
-    n, m, k = (int(float(v)) for v in a[:3]) if len(a) >= 3 else (200_000, 100, 50)
-    noise = float(a[3]) if len(a) > 3 else 4.0
-    iterations = int(a[4]) if len(a) > 4 else 20
-    rng = np.random.default_rng(1)
-    ctrue = rng.random((k, m)) * 20 - 10
-    lab = rng.integers(0, k, n)
-    x = (ctrue[lab] + rng.normal(size=(n, m)) * noise).astype(np.float32).astype(np.float64)
+    x, c, n, m, k, noise, iterations = fullstep_rows(sys.argv[1:])
     xx = (x * x).sum(1)
-    c = x[:k].copy()
     labels = np.full(n, -1)
     ub = np.full(n, np.inf)
     lb = np.zeros(n)

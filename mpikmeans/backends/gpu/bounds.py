@@ -46,6 +46,7 @@ import numpy as np
 
 from ..cpu.bounds import bound_drops, centre_moves
 from .device import SIM, cuda
+from .intrinsics import stx
 
 if cuda is not None:
     from numba import float32, float64, int32, int64
@@ -85,7 +86,10 @@ def moves_and_others(old: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 
 def _device(fn):
-    return cuda.jit(device=True)(fn) if cuda is not None else fn
+    """``fn`` as a device function inlined into its kernel (the simulator takes no ``forceinline``)."""
+    if cuda is None:
+        return fn
+    return (cuda.jit(device=True) if SIM else cuda.jit(device=True, forceinline=True))(fn)
 
 
 @_device
@@ -99,6 +103,19 @@ def row_bounds(yy, b1, b2, tol):  # pragma: no cover - compiled
     u = math.sqrt(up if up > 0.0 else 0.0) * (1.0 + MARGIN) + TINY_UP
     lv = math.sqrt(lo if lo > 0.0 else 0.0) * (1.0 - MARGIN)
     return float32(u), float32(lv if lv < LB_MAX else LB_MAX)
+
+
+@_device
+def store_row_bounds(ub, lb, i, certified, yy, b1, b2, tol):  # pragma: no cover - compiled
+    """Row ``i``'s bounds into ``ub``, ``lb`` after pass 1: :func:`row_bounds` where it was certified, else
+    ``inf`` and 0 (the test fails: searched again at the next step)."""
+    if certified:
+        u, lv = row_bounds(yy, b1, b2, tol)
+    else:
+        u = float32(np.inf)
+        lv = float32(0.0)
+    stx(ub, i, u)
+    stx(lb, i, lv)
 
 
 @functools.lru_cache(maxsize=None)

@@ -33,7 +33,7 @@ import functools
 
 import numpy as np
 
-from .bounds import row_bounds
+from .bounds import store_row_bounds
 from .compiled import compiled
 from .device import SIM, cuda
 from .intrinsics import ld4, ldx, stx
@@ -208,7 +208,6 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool, bounds: bool = False)
     ``lb`` (:func:`.bounds.row_bounds`).
     """
     SLOTS, DELTA, BOUNDS = int(slots), bool(delta), bool(bounds)
-    F32_INF = np.float32(np.inf)
     TOLF, TINY, BIG = np.float32(tolf), np.float32(tiny), np.float32(big)
     XSTEP = NT // BM
 
@@ -243,13 +242,7 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool, bounds: bool = False)
                 lab = -1
                 certified = m2 - m1 > tol and scale < BIG
                 if BOUNDS:
-                    if certified:
-                        ubv, lbv = row_bounds(yy, m1, m2, tol)
-                    else:  # searched again at the next step
-                        ubv = F32_INF
-                        lbv = float32(0.0)
-                    stx(ub, i2, ubv)
-                    stx(lb, i2, lbv)
+                    store_row_bounds(ub, lb, i2, certified, yy, m1, m2, tol)
                 if certified:
                     lab = mi
                     if DELTA:

@@ -14,7 +14,7 @@ import functools
 import numpy as np
 
 from .device import SIM, cuda
-from .bounds import row_bounds
+from .bounds import store_row_bounds
 from .intrinsics import ld4, ldc32, ldc64, ldx, stx
 from .plan import (MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_GLOBAL, MODE_STEP_SHARED, MODE_STEP_SPLIT, PackLayout,
                    SharedLayout)
@@ -290,13 +290,7 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
                     gap = b2[r] - b1[r]
                     certified = gap > tol and scale < BIG
                     if BOUNDS:
-                        if certified:
-                            ubv, lbv = row_bounds(yy[r], b1[r], b2[r], tol)
-                        else:  # searched again at the next step
-                            ubv = F32_INF
-                            lbv = float32(0.0)
-                        stx(ub, i, ubv)
-                        stx(lb, i, lbv)
+                        store_row_bounds(ub, lb, i, certified, yy[r], b1[r], b2[r], tol)
                     if certified:
                         lab = i1[r]
                         if ASSIGN:
