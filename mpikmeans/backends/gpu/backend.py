@@ -78,7 +78,8 @@ class GPUBackend(Backend):
         ``delta`` ("auto", "always", "never"), see below; ``split`` (bool) and
         ``sums_maxreg``: the split full step of :mod:`.sums` (taken with resident rows
         from :data:`.plan.SPLIT_MIN_VALUES` values on) and its sums kernel's register cap;
-        ``bounds`` (bool, default true): keep each row's bounds on the device (below).
+        ``bounds`` (true, false or the default "auto"): keep each row's bounds on the device
+        (below; "auto": where :func:`.bounds.bounds_pay`).
 
     Attributes
     ----------
@@ -109,8 +110,9 @@ class GPUBackend(Backend):
     after a step that changed many labels, with weights (float weights summed and
     taken away need not return to 0 for an emptied cluster) and after :meth:`load`.
 
-    Kept bounds.  Where pass 1 is the fused kernel's, on resident rows, in a split full
-    step or an incremental one, it also writes each searched row's bounds (:mod:`.bounds`).
+    Kept bounds.  Where pass 1 writes labels that a later kernel takes up (the split full
+    step, an incremental step, the GEMM path's screens), on resident rows, it also writes
+    each searched row's bounds (:mod:`.bounds`).
     The next step with the same K first tests them against the centres' moves, on the
     device: the rows that pass keep their label, and pass 1 searches only the others.
     A test that leaves more than :data:`.bounds.BACKOFF_SHARE` of the rows to pass 1, or a
