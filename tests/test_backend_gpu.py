@@ -837,6 +837,31 @@ def test_gpu_incremental_steps(dtype, k, m, chunk):
     assert g.last_delta  # the last step (before the closing assign) was incremental
 
 
+#: bench fullstep's five cases (issue 16): (N, M, K), and the N of their smaller versions here, on the
+#: same plans (the split step from 2**24 values on, the GEMM path from K x M centres that do not fit)
+_FULLSTEP_CASES = {"A": ((5_000_000, 100, 50), 500_000), "B": ((10_000_000, 32, 1000), 1_000_000),
+                   "C": ((100_000_000, 8, 16), 3_000_000), "D": ((300_000, 257, 1000), 300_000),
+                   "E": ((2_000_000, 3, 7), 2_000_000)}
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("case", sorted(_FULLSTEP_CASES))
+def test_gpu_fullstep_case_plans_match_cpu_float64(case):
+    """Each of bench fullstep's cases on its own plan (and kept bounds where it keeps them), from the
+    first K rows so labels keep changing: every step's sums, counts, changes and SSE, and the labels,
+    as the CPU backend's in float64."""
+    from mpikmeans.backends.gpu.plan import SPLIT_MIN_VALUES, choose_plan
+
+    (n_full, m, k), n = _FULLSTEP_CASES[case]
+    gpu = _gpu_vs_cpu(n, m, k, iters=6, start_rows=True, seed=31)
+    lim = gpu.limits
+    full = choose_plan(k, m, "float64", False, False, min(lim.smem_optin, 200 * 1024), {}, lim.smem_sm, False,
+                       n_full * m >= SPLIT_MIN_VALUES)
+    plan = gpu._plan(k, False)
+    assert (plan.mode, gpu.gemm_wanted(plan, False)) == (full.mode, gpu.gemm_wanted(full, False)), case
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
