@@ -189,12 +189,12 @@ _SIM_PROGRAM = textwrap.dedent(
     xb, _cb = blobs(300, 6, 8, 15)
     xb32 = xb.astype(np.float32).astype(np.float64)
     wb = np.random.default_rng(15).uniform(0.5, 2.0, xb.shape[0])
-    compare("bounds_split", xb, xb[:8].copy(), tune=dict(bo, split=True, delta="never"), iters=5)
-    compare("bounds_delta_f32", xb32, xb32[:8].copy(), dtype="float32", tune=dict(bo, delta="always"), iters=5)
+    compare("bounds_split", xb, xb[:8].copy(), tune=dict(bo, split=True, delta="never"), iters=4)
+    compare("bounds_delta_f32", xb32, xb32[:8].copy(), dtype="float32", tune=dict(bo, delta="always"), iters=4)
     compare("bounds_gemm_weighted", xb, xb[:8].copy(), weights=wb, tune=dict(bo, gemm=True, delta="never"),
-            iters=4)
+            iters=3)
     compare("bounds_ties", xt, ct, tune=dict(bo, split=True, delta="never"), iters=3)
-    compare("bounds_off", xb, xb[:8].copy(), tune={"split": True, "delta": "never", "bounds": False}, iters=3)
+    compare("bounds_off", xb, xb[:8].copy(), tune={"split": True, "delta": "never", "bounds": False}, iters=2)
 
     if PART != 0:
         sys.exit(0)  # the scenarios below run in part 0 only

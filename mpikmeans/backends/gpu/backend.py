@@ -14,17 +14,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...exact import BlockFixed, limbs_to_int, scale_factors
 from .. import Backend, BackendInfo, BackendUnavailable, StepResult
-from . import gemm, initk, tensor
-from .bounds import ROW_BYTES, TEST_NT, TEST_RPT, DeviceBounds, bounds_wanted, moves_and_others, test_kernel
+from . import gemm, tensor
+from .bounds import ROW_BYTES, DeviceBounds, bounds_wanted, moves_and_others
 from ...cache import gpu_shape_key, mark_gpu_shape_warm
 from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
 from .hostk import add_step, carry_kept
+from .initpasses import DeviceInitPasses
 from .kept import KeptSums
-from .kernels import RC_WARPS, fused_kernel, recheck_kernel
-from .launch import Launch, Pack, cu, cucheck, fast_launch_wanted, launch_once, prepare
+from .kernels import fused_kernel
+from .launch import Launch, Pack, cu, cucheck, fast_launch_wanted, prepare
+from .recheck import RC_WARPS, recheck_kernel
 from .plan import MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_SPLIT, SPLIT_MIN_VALUES, Plan, choose_plan, round_up
 from .rows import DeviceRows
 from .sums import sums_launch
@@ -55,7 +56,7 @@ class _State:
     bounds: tuple | None = None  # (bounds test, fused on the listed rows) where the plan keeps bounds
 
 
-class GPUBackend(Backend):
+class GPUBackend(DeviceInitPasses, Backend):
     """Lloyd iteration on one NVIDIA GPU with Numba CUDA kernels.
 
     Parameters
@@ -288,8 +289,8 @@ class GPUBackend(Backend):
                                        self.tf32, self._bounds if keeps else None, (self._dummyi, self._dummy32))
             self.last_grid = fused.grid
             if keeps:
-                self._bounds_launches = (self._test_launch(labels, self._bounds, k, pack, fused.newlab, stream),
-                                         fused.listed)
+                self._bounds_launches = (self._bounds.test_launch(labels, k, pack, fused.newlab, self._dummyi,
+                                                                  self.limits, stream, self._fast), fused.listed)
         else:
             spec = self.fused_spec(plan, pack, k)
             kern = fused_kernel(*spec)
@@ -315,7 +316,8 @@ class GPUBackend(Backend):
                 if keeps:
                     listed = gemm.Steps([listed, add], grid)
             if keeps:
-                self._bounds_launches = (self._test_launch(labels, bd, k, pack, newlab, stream), listed)
+                self._bounds_launches = (bd.test_launch(labels, k, pack, newlab, self._dummyi, self.limits, stream,
+                                                        self._fast), listed)
         rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta)
         rk = recheck_kernel(*rspec)
         rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
@@ -325,18 +327,6 @@ class GPUBackend(Backend):
                          self._fast)
         self.last_fast_launch = fused.fast and recheck.fast
         return fused, recheck
-
-    def _test_launch(self, labels, bd: DeviceBounds, k: int, pack: Pack, newlab, stream) -> Launch:
-        """The prepared bounds test for a state with ``k`` centres (``newlab``: the split step's)."""
-        kern = test_kernel()
-        _, dmv = bd.moves_buffer(k)
-        write = newlab is not None
-        args = (labels, bd.ub, bd.lb, dmv, int(self.n), int(k), bd.idx, pack.ctr, int(pack.gslot),
-                newlab if write else self._dummyi, int(write))
-        kobj = compiled("bounds_test", (), kern, args)
-        tiles = -(-self.n // (TEST_NT * TEST_RPT))
-        grid = max(1, min(tiles, 2 if SIM else 8 * self.limits.sm_count))
-        return Launch(kern, kobj, args, grid, TEST_NT, 0, stream, self._fast)
 
     def _state(self, k: int, assign: bool, delta: bool = False) -> _State:
         """Plan, step buffer and prepared launches for k centres: built once, reused every step."""
@@ -587,100 +577,6 @@ class GPUBackend(Backend):
         if self.n == 0:
             return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.float64)
         return self._run(np.asarray(centres, dtype=np.float64), assign=True)
-
-    # ------------------------------------------------------------------ the initialisations' passes
-    # D² stays on the device (n float64) while k-means++ chooses its centres: each
-    # choice is one pass for all candidates' potentials and one to lower D², with the
-    # CPU's arithmetic (see initk.py).  Streamed rows take the generic host path.
-
-    def _on_device(self, d2) -> bool:
-        return d2 is not None and not isinstance(d2, np.ndarray)
-
-    def _kernel(self, name: str, spec: tuple, kern, args: tuple, grid, block: int = initk.NT) -> None:
-        launch_once(kern, compiled(name, spec, kern, args), args, grid, block)
-
-    def _d2_pass(self, d2, centre: np.ndarray, lower: bool) -> None:
-        rows = self.rows
-        c = cuda.to_device(np.ascontiguousarray(centre, dtype=np.float64).ravel())
-        kern = initk.d2_kernel(lower)
-        self._kernel("d2", (lower,), kern, (rows.dx, self.n, rows.ld, self.m, c, d2), -(-self.n // initk.NT))
-
-    def dist2_to(self, centre: np.ndarray):
-        """D² to one point, kept on the device (see :meth:`RowDistances.dist2_to`)."""
-        if self.n == 0 or self.rows.streaming:
-            return super().dist2_to(centre)
-        d2 = cuda.device_array(self.n, dtype=np.float64)
-        self._d2_pass(d2, centre, lower=False)
-        return d2
-
-    def lower_d2(self, d2, centre: np.ndarray):
-        """``min(D², squared distance to centre)``, in place on the device."""
-        if not self._on_device(d2):
-            return super().lower_d2(d2, centre)
-        self._d2_pass(d2, centre, lower=True)
-        return d2
-
-    def nearest(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Nearest candidate with a kernel not specialised on their number (see :meth:`RowDistances.nearest`)."""
-        if self.n == 0 or self.rows.streaming:
-            return super().nearest(points)
-        rows = self.rows
-        pts = np.ascontiguousarray(points, dtype=np.float64)
-        labels = cuda.device_array(self.n, dtype=np.int32)
-        dist2 = cuda.device_array(self.n, dtype=np.float64)
-        kern = initk.nearest_kernel()
-        self._kernel("nearest", (), kern, (rows.dx, self.n, rows.ld, self.m, cuda.to_device(pts.ravel()), len(pts),
-                                           labels, dist2), -(-self.n // initk.NT))
-        return labels.copy_to_host(), dist2.copy_to_host()
-
-    def d2_host(self, d2) -> np.ndarray:
-        return d2.copy_to_host() if self._on_device(d2) else d2
-
-    def _fixed_blocks(self, d2, weights, s: int):
-        """Exact limb sums and the largest ``w * D²`` of consecutive row blocks, on the host."""
-        rows = self.rows
-        nb = max(1, min(1024, -(-self.n // initk.NT)))
-        hi = cuda.device_array(nb, dtype=np.int64)
-        lo = cuda.device_array(nb, dtype=np.int64)
-        vmax = cuda.device_array(nb, dtype=np.float64)
-        f1, f2 = scale_factors(s)
-        weighted = weights is not None
-        w = rows.dw if weighted else d2
-        kern = initk.fixed_blocks_kernel(weighted)
-        self._kernel("fixed_blocks", (weighted,), kern, (d2, w, self.n, nb, f1, f2, hi, lo, vmax), nb)
-        return nb, hi.copy_to_host(), lo.copy_to_host(), vmax.copy_to_host()
-
-    def d2_max(self, d2, weights: np.ndarray | None) -> float:
-        if not self._on_device(d2):
-            return super().d2_max(d2, weights)
-        return float(self._fixed_blocks(d2, weights, 0)[3].max())
-
-    def d2_fixed(self, d2, weights: np.ndarray | None, s: int):
-        """Exact block totals on the device; a draw refines one block on the host (``exact.BlockFixed``)."""
-        if not self._on_device(d2):
-            return super().d2_fixed(d2, weights, s)
-        nb, hi, lo, _ = self._fixed_blocks(d2, weights, s)
-        return BlockFixed(initk.device_values(d2, weights), s, self.n, nb, [limbs_to_int(*p) for p in zip(hi, lo)])
-
-    def potentials(self, d2, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
-        """All candidates' exact potentials in one pass over the rows on the device."""
-        if not self._on_device(d2):
-            return super().potentials(d2, cands, weights, s)
-        rows = self.rows
-        t = len(cands)
-        dc = cuda.to_device(np.ascontiguousarray(cands, dtype=np.float64).ravel())
-        hi = cuda.to_device(np.zeros(t, dtype=np.int64))
-        lo = cuda.to_device(np.zeros(t, dtype=np.int64))
-        vmax = cuda.to_device(np.zeros(t, dtype=np.float64))
-        f1, f2 = scale_factors(s)
-        weighted = weights is not None
-        w = rows.dw if weighted else d2
-        kern = initk.potentials_kernel(t, weighted)
-        grid = 2 if SIM else max(1, min(-(-self.n // initk.NT), 8 * self.limits.sm_count))
-        self._kernel("potentials", (t, weighted), kern,
-                     (rows.dx, self.n, rows.ld, self.m, dc, d2, w, f1, f2, hi, lo, vmax), grid)
-        h, l_, v = hi.copy_to_host(), lo.copy_to_host(), vmax.copy_to_host()
-        return [(limbs_to_int(h[j], l_[j]), float(v[j])) for j in range(t)]
 
     def info(self) -> BackendInfo:
         d = next((d for d in self._desc if d["index"] == self.device_index), None)

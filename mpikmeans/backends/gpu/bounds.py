@@ -267,6 +267,22 @@ class DeviceBounds:
         """Whether the next step with ``k`` centres should test the bounds (they hold, no back-off)."""
         return self.holds_for(k) and not self.skip_next
 
+    def test_launch(self, labels, k: int, pack, newlab, dummy_i32, limits, stream, fast: bool):
+        """The prepared bounds test of a state with ``k`` centres and step buffer ``pack`` (a
+        :class:`.launch.Pack`); ``newlab``: the full step's label array, or None (incremental: the
+        int32 ``dummy_i32`` stands in)."""
+        from .compiled import compiled
+        from .launch import Launch
+
+        kern = test_kernel()
+        _, dmv = self.moves_buffer(k)
+        write = newlab is not None
+        args = (labels, self.ub, self.lb, dmv, int(self.n), int(k), self.idx, pack.ctr, int(pack.gslot),
+                newlab if write else dummy_i32, int(write))
+        tiles = -(-self.n // (TEST_NT * TEST_RPT))
+        grid = max(1, min(tiles, 2 if SIM else 8 * limits.sm_count))
+        return Launch(kern, compiled("bounds_test", (), kern, args), args, grid, TEST_NT, 0, stream, fast)
+
     def moves_buffer(self, k: int):
         """The pinned host and device (2k,) float64 buffers of the moves for ``k`` centres."""
         buf = self._mv.get(k)

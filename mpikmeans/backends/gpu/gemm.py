@@ -14,7 +14,7 @@ keeps each row's best and second-best centre across the centre tiles
 The certificate is the fused kernel's: a row keeps its float32 winner only when the gap
 to the second best exceeds ``TOLF (|y|^2 + 2 max|z|^2) + tiny``, a bound on the
 float32 error of any summation order; every other row is flagged for the exact
-float64 kernel (:func:`.kernels.recheck_kernel`), so the labels are those of exact
+float64 kernel (:func:`.recheck.recheck_kernel`), so the labels are those of exact
 float64 arithmetic as on every other path.  Three launches per step:
 
 1. :func:`repack_kernel`: the step buffer's centre data (tiles of ``TC``) into the

@@ -1,0 +1,140 @@
+"""The exact (recheck) kernel: float64 assignment of the rows the certified screens flagged.
+
+Every screen (the fused kernel's pass 1 of :mod:`.kernels`, the GEMM path's of :mod:`.gemm`
+and :mod:`.tensor`) lists the rows it cannot certify; this kernel gives them the label of
+the exact float64 computation, as the CPU backend does, and adds them to the step's sums.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .device import cuda
+from .intrinsics import ldx
+from .plan import PackLayout
+
+if cuda is not None:
+    from numba import float64, int32, int64
+
+
+#: warps per block of the exact (recheck) kernel
+RC_WARPS = 4
+
+
+@functools.lru_cache(maxsize=None)
+def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: int, pack_c: tuple,
+                   delta: bool = False):
+    """Exact float64 assignment of the flagged rows, one warp per row.
+
+    Lanes split the centres; each computes ``sum_j (x_j - c_kj)^2`` in float64 in
+    attribute order, like the CPU backend, keeping the lowest index on ties; lane 0
+    reduces over the lanes.  For a step the row is then added to the global deviation
+    sums (``x - c``), counts, SSE and change count (atomics: flagged rows are rare); with
+    ``delta`` only a row whose label changed moves: ``x - c_old``, its count and its
+    squared distance to the old centre leave, the same for the new one join.
+
+    Arguments: x, ld, p64, ctr, labels, flags, w, dist2, fslot (as in
+    :func:`.kernels.fused_kernel`).  It is launched after every fused launch, with no host
+    round trip: it reads the flagged count ``ctr[fslot]`` on the device, and with
+    none flagged every block returns at once.
+    """
+    NT = 32 * RC_WARPS
+    WEIGHTED = weighted
+    ASSIGN = assign
+    DELTA = delta
+    F64_INF = np.inf
+    K_C, M_C = int(k_c), int(m_c)
+    pack = PackLayout(*pack_c)
+    P_C64, P_SUMS, P_CNT, P_SSE = int(pack.p64_c64), int(pack.p64_sums), int(pack.p64_cnt), int(pack.p64_sse)
+    I_CHG = int(pack.i64_chg)
+
+    def km_recheck(x, ld, p64, ctr, labels, flags, w, dist2, fslot):
+        bd_s = cuda.shared.array(NT, dtype=float64)
+        bi_s = cuda.shared.array(NT, dtype=int32)
+        old_s = cuda.shared.array(NT, dtype=int32)
+        od_s = cuda.shared.array(RC_WARPS, dtype=float64)
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        wib = tid // 32
+        m = M_C
+        k = K_C
+        nflag = ctr[fslot]
+        sse_w = 0.0
+        changed_w = 0
+        step = cuda.gridDim.x * RC_WARPS
+        for base in range(cuda.blockIdx.x * RC_WARPS, nflag, step):
+            f = base + wib
+            bd = F64_INF
+            bi = k
+            i = 0
+            if f < nflag:
+                i = flags[f]
+                old = labels[i] if DELTA else -1
+                for kk in range(lane, k, 32):
+                    d = 0.0
+                    cb = P_C64 + kk * m
+                    for j in range(m):
+                        t = float64(ldx(x, j * ld + i)) - ldx(p64, cb + j)
+                        d += t * t
+                    if kk == old:
+                        od_s[wib] = d  # the squared distance to the old centre
+                    if d < bd:
+                        bd = d
+                        bi = kk
+            bd_s[tid] = bd
+            bi_s[tid] = bi
+            cuda.syncthreads()
+            if f < nflag and lane == 0:
+                for q in range(1, 32):
+                    dq = bd_s[tid + q]
+                    iq = bi_s[tid + q]
+                    if dq < bd or (dq == bd and iq < bi):
+                        bd = dq
+                        bi = iq
+                if bi >= k:  # every distance NaN: label 0 and an infinite distance, as the CPU does
+                    bi = 0
+                    bd = F64_INF
+                bi_s[tid] = bi
+                bd_s[tid] = bd
+                if ASSIGN:
+                    labels[i] = bi
+                    dist2[i] = bd
+                else:
+                    wi = w[i] if WEIGHTED else 1.0
+                    old = labels[i]
+                    if old != bi:
+                        changed_w += 1
+                        labels[i] = bi
+                    if DELTA:
+                        if old != bi:
+                            sse_w += wi * (bd - (od_s[wib] if old >= 0 else 0.0))
+                            cuda.atomic.add(p64, P_CNT + bi, wi)
+                            if old >= 0:
+                                cuda.atomic.add(p64, P_CNT + old, -wi)
+                        else:
+                            bi_s[tid] = -1  # unchanged: the kept sums and SSE hold it already
+                        old_s[tid] = old
+                    else:
+                        sse_w += wi * bd
+                        cuda.atomic.add(p64, P_CNT + bi, wi)
+            cuda.syncthreads()
+            if not ASSIGN and f < nflag:
+                lab = bi_s[wib * 32]
+                old = old_s[wib * 32] if DELTA else -1
+                wi = w[i] if WEIGHTED else 1.0
+                if lab >= 0:
+                    for j in range(lane, m, 32):
+                        v = float64(ldx(x, j * ld + i))
+                        cuda.atomic.add(p64, P_SUMS + lab * m + j, wi * (v - ldx(p64, P_C64 + lab * m + j)))
+                        if old >= 0:
+                            cuda.atomic.add(p64, P_SUMS + old * m + j, -(wi * (v - ldx(p64, P_C64 + old * m + j))))
+            cuda.syncthreads()
+        if not ASSIGN and lane == 0:
+            if sse_w != 0.0:
+                cuda.atomic.add(p64, P_SSE, sse_w)
+            if changed_w != 0:
+                cuda.atomic.add(ctr, I_CHG, int64(changed_w))
+
+    return cuda.jit(km_recheck)
