@@ -191,6 +191,7 @@ def test_kernel():
 
     return cuda.jit(km_bounds_test)
 
+
 #: bytes a row of the kept bounds takes on the device (``ub``, ``lb``, the list's entry)
 ROW_BYTES = 12
 #: FMAs of pass 1 that cost about as much as reading a byte (H100: 33.5 TFMA/s FP32 against 3.35 TB/s)
