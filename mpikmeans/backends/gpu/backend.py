@@ -281,16 +281,18 @@ class GPUBackend(DeviceInitPasses, Backend):
     def _launches(self, plan: Plan, pack: Pack, k: int, assign: bool, x, rows: int, labels, flags, w,
                   dist2, fslot: int, stream, delta: bool = False):
         """The prepared (fused, recheck) pair for one block of rows (``fused``: the GEMM path's launches
-        where :meth:`gemm_wanted`)."""
+        where :meth:`gemm_wanted`), and where the plan keeps bounds the (bounds test, fused on the rows it
+        lists) pair, else None."""
         keeps = not assign and self._keeps_bounds(plan, k)
+        bounds = None
         if self.gemm_wanted(plan, assign):
             fused = gemm.step_launches(self.limits, self.dtype, self.rows.weighted, self.m, int(self.rows.ld), plan,
                                        pack, x, rows, labels, flags, w, fslot, stream, delta, self._fast,
                                        self.tf32, self._bounds if keeps else None, (self._dummyi, self._dummy32))
             self.last_grid = fused.grid
             if keeps:
-                self._bounds_launches = (self._bounds.test_launch(labels, k, pack, fused.newlab, self._dummyi,
-                                                                  self.limits, stream, self._fast), fused.listed)
+                bounds = (self._bounds.test_launch(labels, k, pack, fused.newlab, self._dummyi, self.limits, stream,
+                                                   self._fast), fused.listed)
         else:
             spec = self.fused_spec(plan, pack, k)
             kern = fused_kernel(*spec)
@@ -316,8 +318,8 @@ class GPUBackend(DeviceInitPasses, Backend):
                 if keeps:
                     listed = gemm.Steps([listed, add], grid)
             if keeps:
-                self._bounds_launches = (bd.test_launch(labels, k, pack, newlab, self._dummyi, self.limits, stream,
-                                                        self._fast), listed)
+                bounds = (bd.test_launch(labels, k, pack, newlab, self._dummyi, self.limits, stream, self._fast),
+                          listed)
         rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta)
         rk = recheck_kernel(*rspec)
         rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
@@ -326,7 +328,7 @@ class GPUBackend(DeviceInitPasses, Backend):
         recheck = Launch(rk, compiled("recheck", rspec, rk, rargs), rargs, rgrid, 32 * RC_WARPS, 0, stream,
                          self._fast)
         self.last_fast_launch = fused.fast and recheck.fast
-        return fused, recheck
+        return fused, recheck, bounds
 
     def _state(self, k: int, assign: bool, delta: bool = False) -> _State:
         """Plan, step buffer and prepared launches for k centres: built once, reused every step."""
@@ -340,7 +342,6 @@ class GPUBackend(DeviceInitPasses, Backend):
             self._dummy = cuda.device_array(1, dtype=np.float64)
             self._dummy32 = cuda.device_array(1, dtype=np.float32)
             self._dummyi = cuda.device_array(1, dtype=np.int32)
-        self._bounds_launches = None
         if not rows.streaming:
             pack = Pack(k, self.m, plan.TC, plan.nct, self.dtype, 1)
             if assign:
@@ -352,8 +353,9 @@ class GPUBackend(DeviceInitPasses, Backend):
                 labels, dist2 = rows.labels, self._dummy
             w = rows.dw if rows.weighted else self._dummy
             fslot = pack.layout.i64_chg + 1
-            launches = [self._launches(plan, pack, k, assign, rows.dx, self.n, labels, rows.flags, w, dist2,
-                                       fslot, 0, delta)]
+            fused, recheck, bounds = self._launches(plan, pack, k, assign, rows.dx, self.n, labels, rows.flags, w,
+                                                    dist2, fslot, 0, delta)
+            launches = [(fused, recheck)]
         else:
             pack = Pack(k, self.m, plan.TC, plan.nct, self.dtype, rows.nchunks)
             launches = []
@@ -364,8 +366,9 @@ class GPUBackend(DeviceInitPasses, Backend):
                 fslot = pack.layout.i64_chg + 1 + c
                 launches.append(self._launches(plan, pack, k, assign, rows.dbuf[s], rows.chunk_rows(c),
                                                rows.dlab[s], rows.dflags[s], w, rows.ddist[s], fslot,
-                                               rows.streams[s], delta))
-        st = _State(plan, pack, launches, self._bounds_launches if not rows.streaming else None)
+                                               rows.streams[s], delta)[:2])
+            bounds = None  # streamed rows keep none
+        st = _State(plan, pack, launches, bounds)
         if len(self._states) >= 8:
             # k-means|| assigns to a new number of candidates each round: keep the latest few
             self._states.pop(next(iter(self._states)))
@@ -373,16 +376,16 @@ class GPUBackend(DeviceInitPasses, Backend):
         return st
 
     # ------------------------------------------------------------------ one step on the device
-    def _run(self, centres: np.ndarray, assign: bool, delta: bool = False, while_busy=None, listed: bool = False):
+    def _run(self, centres: np.ndarray, assign: bool, delta: bool = False, while_busy=None, moves_from=None):
         """One step (or assignment) on the device.
 
         Host work per call, once the state for this k exists: fill the pinned input
         buffer; one asynchronous copy in (centre data and zeroed outputs); the fused
         and recheck launches (per chunk when streaming); one asynchronous copy out of
         sums, counts, SSE and counters; ``while_busy()`` if given (host work that then
-        overlaps the kernels); one synchronisation.  ``listed``: the centres' moves
-        (computed while the step buffer is copied), the bounds test, and pass 1 on the rows
-        it lists.
+        overlaps the kernels); one synchronisation.  ``moves_from``: the centres the kept
+        bounds hold for; then the centres' moves from them (computed while the step buffer is
+        copied), the bounds test, and pass 1 on the rows it lists.
 
         Returns
         -------
@@ -400,8 +403,9 @@ class GPUBackend(DeviceInitPasses, Backend):
         pack = st.pack
         pack.fill(centres)
         pack.upload()
+        listed = moves_from is not None
         if listed:
-            self._bounds.fill_moves(centres)
+            self._bounds.fill_moves(moves_from, centres)
             self._bounds.upload_moves(k)
         labels_out = dist_out = None
         if assign:
@@ -513,9 +517,11 @@ class GPUBackend(DeviceInitPasses, Backend):
         carry = (lambda: new.carry_from(last)) if delta else None
         st = self._state(k, False, delta)
         bd = self._bounds if st.bounds is not None else None
-        listed = bd is not None and bd.wanted(k)
+        # the bounds hold for the last step's centres, which its kept sums hold
+        listed = bd is not None and last is not None and bd.wanted(k)
         try:
-            res, carried = self._run(new.centres, assign=False, delta=delta, while_busy=carry, listed=listed)
+            res, carried = self._run(new.centres, assign=False, delta=delta, while_busy=carry,
+                                     moves_from=last.centres if listed else None)
         except BaseException:
             if self._bounds is not None:
                 self._bounds.invalidate()
@@ -523,7 +529,7 @@ class GPUBackend(DeviceInitPasses, Backend):
         self.last_searched = int(st.pack.r_gat[0]) if listed else self.n
         self.last_bounds_tested = listed
         if bd is not None:
-            bd.kept(k, new.centres, self.last_searched, listed, res.changed)
+            bd.kept(k, self.last_searched, listed, res.changed)
         elif self._bounds is not None:
             self._bounds.invalidate()  # this step's labels came from a pass that keeps no bounds
         if delta:

@@ -33,8 +33,9 @@ Rigour, so that a kept row has the label of the exact float64 kernels:
   cannot round it to 0); a non-finite move or bound fails the test.
 
 The bounds are valid only for the centres of the step that wrote them (with the
-same K) and the labels that step left; :class:`DeviceBounds` keeps those centres and
-is invalidated by anything else that touches the labels.
+same K) and the labels that step left: the backend's kept sums hold those centres
+(:mod:`.kept`), and :class:`DeviceBounds` is invalidated by anything else that touches
+the labels.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import numpy as np
 
 from ..cpu.bounds import bound_drops, centre_moves
 from .device import SIM, cuda
-from .intrinsics import stx
+from .intrinsics import ldx, stx
 
 if cuda is not None:
     from numba import float32, float64, int32, int64
@@ -103,6 +104,20 @@ def row_bounds(yy, b1, b2, tol):  # pragma: no cover - compiled
     u = math.sqrt(up if up > 0.0 else 0.0) * (1.0 + MARGIN) + TINY_UP
     lv = math.sqrt(lo if lo > 0.0 else 0.0) * (1.0 - MARGIN)
     return float32(u), float32(lv if lv < LB_MAX else LB_MAX)
+
+
+@_device
+def listed_rows(n, ctr, gat, gslot):  # pragma: no cover - compiled
+    """The rows pass 1 searches: all ``n``, or where ``gat`` the ``ctr[gslot]`` the bounds test listed."""
+    return ctr[gslot] if gat != 0 else n
+
+
+@_device
+def tile_row(p, nrow, idx, gat):  # pragma: no cover - compiled
+    """The row at position ``p`` of pass 1's rows (``idx[p]`` where ``gat``); past the end the last one
+    (loaded and ignored)."""
+    q = p if p < nrow else nrow - 1
+    return int64(ldx(idx, q)) if gat != 0 else int64(q)
 
 
 @_device
@@ -236,11 +251,8 @@ class DeviceBounds:
     idx : device array, int32 (n,)
         The rows the last test left to pass 1.
     k : int or None
-        The number of centres the bounds hold for (None: they hold for nothing).
-    centres : ndarray, shape (k, m), float64
-        The centres they were computed for.
-    searched : int
-        Rows pass 1 searched at the last step (``n`` for a full pass).
+        The number of centres the bounds hold for, with the centres of the backend's last step
+        (its kept sums', :mod:`.kept`); None: they hold for nothing.
     """
 
     def __init__(self, n: int):
@@ -249,20 +261,17 @@ class DeviceBounds:
         self.lb = cuda.device_array(max(1, self.n), dtype=np.float32)
         self.idx = cuda.device_array(max(1, self.n), dtype=np.int32)
         self.k = None
-        self.centres = None
-        self.searched = self.n
         self.skip_next = False
         self._mv = {}  # k -> (pinned host, device) move buffers
 
     def invalidate(self) -> None:
         """Nothing kept holds any more (labels reset, rows reloaded, a step that wrote no bounds)."""
         self.k = None
-        self.centres = None
         self.skip_next = False
 
     def holds_for(self, k: int) -> bool:
         """Whether the kept bounds hold for a step with ``k`` centres."""
-        return self.k == k and self.centres is not None
+        return self.k == k
 
     def wanted(self, k: int) -> bool:
         """Whether the next step with ``k`` centres should test the bounds (they hold, no back-off)."""
@@ -294,10 +303,10 @@ class DeviceBounds:
             self._mv[k] = buf
         return buf
 
-    def fill_moves(self, new: np.ndarray) -> None:
-        """Write the moves from the kept centres to ``new`` into the pinned buffer (host only)."""
+    def fill_moves(self, old: np.ndarray, new: np.ndarray) -> None:
+        """Write the moves from the centres the bounds hold for, ``old``, to ``new`` into the pinned buffer."""
         host, _ = self.moves_buffer(new.shape[0])
-        host[:] = moves_and_others(self.centres, new)
+        host[:] = moves_and_others(old, new)
 
     def upload_moves(self, k: int) -> None:
         """The moves to the device, asynchronously on the default stream."""
@@ -312,14 +321,10 @@ class DeviceBounds:
         cucheck(cu().cuMemcpyHtoDAsync(int(device_pointer(dev)), int(host.ctypes.data), host.nbytes, 0),
                 "cuMemcpyHtoDAsync")
 
-    def kept(self, k: int, centres: np.ndarray, searched: int, tested: bool, changed: int = 0) -> None:
+    def kept(self, k: int, searched: int, tested: bool, changed: int = 0) -> None:
         """A step with ``k`` centres wrote every row's bounds (``searched`` rows by pass 1, ``changed``
         labels changed)."""
-        if self.centres is None or self.centres.shape != centres.shape:
-            self.centres = np.empty_like(centres, dtype=np.float64)
-        self.centres[:] = centres
         self.k = k
-        self.searched = int(searched)
         # a test that left most rows to pass 1 cost more than it saved, and after many changed labels
         # one would: skip one test
         self.skip_next = (tested and searched > BACKOFF_SHARE * self.n) or changed > CHANGED_SHARE * self.n

@@ -33,7 +33,7 @@ import functools
 
 import numpy as np
 
-from .bounds import store_row_bounds
+from .bounds import listed_rows, store_row_bounds, tile_row
 from .compiled import compiled
 from .device import SIM, cuda
 from .intrinsics import ld4, ldx, stx
@@ -138,22 +138,6 @@ def _merge_best(m1, m2, mi, o1, o2, oi):  # pragma: no cover - compiled
 merge_best = _device(_merge_best) if cuda is not None else _merge_best
 
 
-def _listed_rows(n, ctr, gat, gslot):  # pragma: no cover - compiled
-    """The rows a screen searches: all ``n``, or where ``gat`` the ``ctr[gslot]`` the bounds test listed."""
-    return ctr[gslot] if gat != 0 else n
-
-
-def _tile_row(p, nrow, idx, gat):  # pragma: no cover - compiled
-    """The row at position ``p`` of a screen's rows (``idx[p]`` where ``gat``); past the end the last one
-    (loaded and ignored)."""
-    q = p if p < nrow else nrow - 1
-    return int64(ldx(idx, q)) if gat != 0 else int64(q)
-
-
-listed_rows = _device(_listed_rows) if cuda is not None else _listed_rows
-tile_row = _device(_tile_row) if cuda is not None else _tile_row
-
-
 @functools.lru_cache(maxsize=None)
 def slice_loads(storage: str, m_c: int, kpg_c: int, pack_c: tuple):
     """The device function that loads a screen's next slice into registers (both screens stage alike).
@@ -233,9 +217,7 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool, bounds: bool = False)
                                         ldx(si1, t * BM + tid))
             p2 = row0 + tid
             if p2 < nrow:
-                i2 = p2
-                if BOUNDS and gat != 0:
-                    i2 = int64(ldx(idx, p2))
+                i2 = tile_row(p2, nrow, idx, gat) if BOUNDS else p2
                 yy = ldx(syy, tid)
                 scale = yy + zlim
                 tol = TOLF * scale + TINY

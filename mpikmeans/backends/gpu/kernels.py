@@ -14,7 +14,7 @@ import functools
 import numpy as np
 
 from .device import SIM, cuda
-from .bounds import store_row_bounds
+from .bounds import listed_rows, store_row_bounds, tile_row
 from .intrinsics import ld4, ldc32, ldc64, ldx, stx
 from .plan import (MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_GLOBAL, MODE_STEP_SHARED, MODE_STEP_SPLIT, PackLayout,
                    SharedLayout)
@@ -196,10 +196,7 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
         rowc = cuda.local.array(R, dtype=int64)
 
         # the rows searched: all n, or the ctr[gslot] the bounds test listed in idx
-        nrow = n
-        if BOUNDS:
-            if gat != 0:
-                nrow = ctr[gslot]
+        nrow = listed_rows(n, ctr, gat, gslot) if BOUNDS else n
         ntiles = (nrow + BR - 1) // BR
         for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
             row0 = tile * BR
@@ -211,10 +208,7 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
                 i1[r] = 0
                 i = row0 + tid + r * NT
                 # rows past the end load the last row (always in bounds) and are ignored
-                if BOUNDS and gat != 0:
-                    rowc[r] = int64(ldx(idx, i if i < nrow else nrow - 1))
-                else:
-                    rowc[r] = i if i < n else n - 1
+                rowc[r] = tile_row(i, nrow, idx, gat) if BOUNDS else (i if i < n else n - 1)
             for ct in range(nct):
                 for r in range(R):
                     for c in range(TC):

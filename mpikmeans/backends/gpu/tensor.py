@@ -41,7 +41,8 @@ import functools
 import numpy as np
 
 from .device import HAVE_NUMBA_CUDA, SIM, cuda
-from .gemm import BK, BM, BN, NT, listed_rows, row_verdicts, slice_loads, tile_row
+from .bounds import listed_rows, tile_row
+from .gemm import BK, BM, BN, NT, row_verdicts, slice_loads
 from .intrinsics import ldx, stx
 from .kernels import certificate as float32_certificate
 from .plan import PackLayout
