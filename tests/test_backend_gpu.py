@@ -118,6 +118,10 @@ _SIM_PROGRAM = textwrap.dedent(
     # (M not a multiple of the staging stride), five tiles with a partial last one
     xu_, cu_ = blobs(130, 45, 4, 14)
     compare("split_uneven_f32", xu_, cu_, dtype="float32", tune=sp, iters=2)
+    # the walk's batches of 8 rows (rows of one cluster in a batch added up first) with the centres
+    # read from global memory, weighted
+    compare("split_wb8_global_centres_weighted", xw_, cw_, weights=ww_, tune={"split": True, "sums_centres": False,
+                                                                     "sums_wb": 8}, iters=2)
     # several centre tiles with padding (k=10, tiles of 4)
     x2, c2 = blobs(250, 5, 10, 2)
     compare("centre_tiles", x2, c2, tune={"TC": 4, "centres_shared": False}, iters=1)
@@ -195,6 +199,9 @@ _SIM_PROGRAM = textwrap.dedent(
             iters=3)
     compare("bounds_ties", xt, ct, tune=dict(bo, split=True, delta="never"), iters=3)
     compare("bounds_off", xb, xb[:8].copy(), tune={"split": True, "delta": "never", "bounds": False}, iters=2)
+    # the listed rows read from the column-major store (by default from the row-major copy)
+    compare("bounds_split_colmajor", xb, xb[:8].copy(), tune=dict(bo, split=True, delta="never", rowmajor=False),
+            iters=4)
 
     if PART != 0:
         sys.exit(0)  # the scenarios below run in part 0 only
@@ -351,12 +358,12 @@ def test_sim_split_step_matches_the_fused_one_and_cpu(sim):
     """The split full step (sums.py) against the CPU: several tiles per block, threads that only
     stage, weights; and the fused kernel's own summing pass where the split is refused."""
     for name in ("split_tiles", "split_wide_weighted_f32", "split_f64", "split_uneven_f32", "split_ties",
-                 "split_duplicate_centres_chunked"):
+                 "split_duplicate_centres_chunked", "split_wb8_global_centres_weighted"):
         rec = sim[name]
         if name.endswith("f32"):
             _assert_parity(rec, sums_tol=1e-6, exact_counts=False)
-        else:
-            _assert_parity(rec)
+        else:  # weights' counts are float64 sums, added in another order
+            _assert_parity(rec, exact_counts="weighted" not in name)
         assert {p[0] for p in rec["plans"]} == {4}, rec["plans"]
         if "ties" in name or "duplicate" in name:  # flagged rows: the exact kernel adds them
             assert rec["steps"][0]["flagged"] > 0, rec
@@ -445,7 +452,7 @@ def test_sim_kept_bounds_match_cpu(sim):
     the GEMM screen with weights, exact ties), fewer rows searched once labels settle, and a test that
     left most rows to pass 1 is not run at the next step."""
     for name, counts in (("bounds_split", True), ("bounds_delta_f32", True), ("bounds_gemm_weighted", False),
-                         ("bounds_ties", True)):
+                         ("bounds_ties", True), ("bounds_split_colmajor", True)):
         rec = sim[name]
         _assert_parity(rec, sums_tol=1e-12, exact_counts=counts)
         searched = [st["searched"] for st in rec["steps"]]
@@ -866,7 +873,8 @@ def test_gpu_fullstep_case_plans_match_cpu_float64(case):
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("tune", [{"split": True, "delta": "never"}, {"delta": "always"}, {},
-                                  {"gemm": True, "delta": "never"}, {"gemm": True, "tf32": True}])
+                                  {"gemm": True, "delta": "never"}, {"gemm": True, "tf32": True},
+                                  {"split": True, "delta": "never", "rowmajor": False}])
 def test_gpu_kept_bounds_match_cpu(dtype, tune):
     """Pass 1 on the rows whose kept bounds fail (bounds.py), in split full steps, incremental ones,
     the default policy and the GEMM path's screens: every step's sums, counts, SSE and changes as the CPU's and as the same

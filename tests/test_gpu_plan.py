@@ -23,6 +23,8 @@ def _regions(lay: P.SumsLayout, k: int, m: int, dsize: int, weighted: bool) -> l
            (lay.lab * 4, (lay.lab + lay.rows) * 4), (lay.tmp * 4, lay.tmp * 4 + 4)]
     if weighted:
         out.append((lay.w * 8, (lay.w + lay.rows) * 8))
+    if lay.cen >= 0:
+        out.append((lay.cen * 8, (lay.cen + k * m) * 8))
     return out
 
 
@@ -48,13 +50,35 @@ def test_sums_layout_invariants(k, m, storage, weighted):
     for (a0, a1), (b0, _b1) in zip(regions, regions[1:]):
         assert a1 <= b0, regions  # no overlap
     assert regions[-1][1] <= lay.smem <= LIMIT and lay.smem % 16 == 0
+    # the next tile a thread holds in registers while the block sums the last one
+    assert P.prefetch_values(lay.rows, m, lay.nt) * dsize <= P.SUMS_PREFETCH_MAX
+    # every value of a tile is loaded by exactly one thread
+    rt = min(lay.rows, lay.nt)
+    assert P.prefetch_values(lay.rows, m, lay.nt) * lay.nt >= lay.rows * m and lay.nt % rt == 0
+
+
+def test_sums_layout_stages_the_centres_where_the_budget_allows():
+    lay = P.sums_layout(50, 100, "float32", False, LIMIT)  # 40 KB of centres beside 53 KB
+    assert lay.cen >= 0 and lay.smem >= (50 * 100 * 8) * 2
+    off = P.sums_layout(50, 100, "float32", False, LIMIT, centres=False)
+    assert off.cen == -1 and off.smem == lay.smem - 50 * 100 * 8
+    # a budget that holds the block but not the centres too: read from global memory
+    tight = P.sums_layout(50, 100, "float32", False, off.smem)
+    assert tight == off
+    # centres that would leave one block a multiprocessor: not staged (120 x 90: 86 KB of them)
+    big = P.sums_layout(120, 90, "float32", False, LIMIT)
+    assert big.cen == -1 and big.smem <= P.SUMS_CENTRES_BLOCK < big.smem + 120 * 90 * 8
+    # the tile's values a thread prefetches: 32 rows of 100 attributes over 256 threads: 13
+    assert P.prefetch_values(32, 100, 256) == 13 and P.prefetch_values(512, 8, 256) == 16
 
 
 def test_sums_layout_spreads_small_shapes_over_groups():
     lay = P.sums_layout(16, 8, "float32", False, LIMIT)  # 1e8 x 8, K = 16: 1.1 KB a copy
     assert lay.groups == P.SUMS_NT // 8
     one = P.sums_layout(50, 100, "float32", False, LIMIT)  # 5e6 x 100, K = 50: 40 KB a copy
-    assert one.groups == 1 and one.rows == 32
+    assert one.groups == 1 and one.rows == 64
+    # float64: 16 KB staged at most, 32 rows
+    assert P.sums_layout(50, 100, "float64", False, LIMIT).rows == 32
 
 
 def test_sums_layout_refuses_what_does_not_fit():
@@ -62,7 +86,7 @@ def test_sums_layout_refuses_what_does_not_fit():
     assert P.sums_layout(1000, 257, "float64", False, LIMIT) is None
     assert P.sums_layout(5, 2000, "float64", False, LIMIT) is None  # more attributes than threads
     assert P.sums_layout(50, 100, "float32", False, 32 * 1024) is None  # the block's budget
-    assert P.sums_layout(50, 100, "float32", False, 64 * 1024) is not None
+    assert P.sums_layout(50, 100, "float32", False, 72 * 1024) is not None  # 64 rows, centres from global
 
 
 def test_choose_plan_takes_the_split_step_for_resident_full_steps():
@@ -96,10 +120,12 @@ def test_sums_register_cap_keeps_what_shared_memory_allows_resident():
     from mpikmeans.backends.gpu import sums as S
 
     h100 = SimpleNamespace(smem_sm=228 * 1024, regs_sm=65536)
-    a32 = P.sums_layout(50, 100, "float32", False, LIMIT)  # 53 KB: four blocks
-    a64 = P.sums_layout(50, 100, "float64", False, LIMIT)  # 66 KB: three
+    a32 = P.sums_layout(50, 100, "float32", False, LIMIT, 32, centres=False)  # 53 KB: four blocks
+    a64 = P.sums_layout(50, 100, "float64", False, LIMIT, centres=False)  # 66 KB: three
     assert S.register_cap(h100, a32) == S.SUMS_MAXREG == 64
     assert S.register_cap(h100, a64) == 80  # 65536 / (3 x 256) = 85, in steps of 8
+    # 64 rows with the centres staged (106 KB): two blocks, 128 registers
+    assert S.register_cap(h100, P.sums_layout(50, 100, "float32", False, LIMIT)) == 128
     # small blocks, many resident: never under the cap that keeps four
     assert S.register_cap(h100, P.sums_layout(7, 3, "float32", False, LIMIT)) == S.SUMS_MAXREG
     # one block a multiprocessor: at most 255

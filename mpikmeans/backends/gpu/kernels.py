@@ -46,7 +46,8 @@ def certificate(m: int) -> tuple:
 @functools.lru_cache(maxsize=None)
 def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: int, centres_shared: bool,
                  maxreg: int, k_c: int, m_c: int, nct_c: int, offs_c: tuple, pack_c: tuple, idx32: bool = False,
-                 diag_skip_pass2: bool = False, lineinfo: bool = False, bounds: bool = False):
+                 diag_skip_pass2: bool = False, lineinfo: bool = False, bounds: bool = False,
+                 rowmajor: bool = False):
     """Build (once per configuration and shape) the fused assignment + accumulation kernel.
 
     Everything but the rows is a compile-time constant: rows per thread ``R``, centres
@@ -62,6 +63,9 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
     ``lineinfo`` adds source lines for ``ncu``'s per-line sampling.  ``bounds`` (split and
     incremental steps on resident rows): pass 1 writes each row's kept bounds
     (:mod:`.bounds`) and, where ``gat``, searches only the rows the bounds test listed.
+    ``rowmajor`` (with ``bounds``, for the listed rows; modes without a pass 2): ``x`` is the
+    row-major copy of the rows (``x[i * ld + j]``, ``ld = m``: :meth:`.rows.DeviceRows.row_major`),
+    so a scattered row's values are consecutive, not a 32-byte sector each.
 
     Kernel arguments (all arrays 1-D, C-contiguous, on the device)
     ---------------------------------------------------------------
@@ -127,6 +131,9 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
     # in the staging loop, where LLVM strength-reduces the 64-bit form into fewer instructions
     LDC = ldc32 if idx32 else ldc64
     BOUNDS = bool(bounds)
+    ROWMAJOR = bool(rowmajor)
+    if ROWMAJOR and not (BOUNDS and (SPLIT or DELTA)):
+        raise ValueError("fused_kernel: row-major rows only for the listed rows of a split or incremental step")
 
     def km_fused(x, n, ld, p32, p64, ctr, labels, flags, w, dist2, fslot, idx, ub, lb, gat, gslot):
         smf = cuda.shared.array(0, dtype=float32, alignment=_SMEM_ALIGN)
@@ -216,21 +223,31 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
                 cbase = ct * m * TC
                 # the rows' values for attributes jb..jb+JB-1 are loaded one block ahead,
                 # so the global loads of the next block overlap the FMAs of this one
+                # (row-major rows: the same loads with the index roles swapped, x[i * ld + j])
                 for q in range(JB):
                     for r in range(R):
-                        xb[q * R + r] = LDC(x, q, ld, rowc[r]) if q < m else DT(0.0)
+                        if ROWMAJOR:
+                            xb[q * R + r] = LDC(x, rowc[r], ld, q) if q < m else DT(0.0)
+                        else:
+                            xb[q * R + r] = LDC(x, q, ld, rowc[r]) if q < m else DT(0.0)
                 for jb in range(0, m, JB):
                     if FULLJ:
                         # no bound tests: the last block re-reads itself (in bounds, unused)
                         nb = jb + JB if jb + JB < m else jb
                         for q in range(JB):
                             for r in range(R):
-                                xn[q * R + r] = LDC(x, nb + q, ld, rowc[r])
+                                if ROWMAJOR:
+                                    xn[q * R + r] = LDC(x, rowc[r], ld, nb + q)
+                                else:
+                                    xn[q * R + r] = LDC(x, nb + q, ld, rowc[r])
                     else:
                         for q in range(JB):
                             jn = jb + JB + q
                             for r in range(R):
-                                xn[q * R + r] = LDC(x, jn, ld, rowc[r]) if jn < m else DT(0.0)
+                                if ROWMAJOR:
+                                    xn[q * R + r] = LDC(x, rowc[r], ld, jn) if jn < m else DT(0.0)
+                                else:
+                                    xn[q * R + r] = LDC(x, jn, ld, rowc[r]) if jn < m else DT(0.0)
                     for q in range(JB):
                         j = jb + q
                         if FULLJ or j < m:

@@ -37,8 +37,18 @@ SUMS_COPIES_BYTES = 48 * 1024
 SUMS_STAGE_BYTES = 16 * 1024
 SUMS_STAGE_MAX = 48 * 1024
 SUMS_COPY_MAX = 96 * 1024
-#: ... and at most this many rows per group in a tile (``tune={"sums_group_rows": R}`` overrides it)
-SUMS_GROUP_ROWS = 32
+#: ... and at most this many rows per group in a tile (``tune={"sums_group_rows": R}`` overrides it):
+#: 64 against 32 measured 2.08 against 2.34 ms a full step of 5e6 x 100, K = 50, float32 on the H100
+#: (the tile is in flight while the block sums the last one: more bytes in flight a block;
+#: ``bench/results/fullstep_H100_2026-11-26_s11_gr64.log``)
+SUMS_GROUP_ROWS = 64
+#: ... and at most this many bytes of the next tile a thread holds in registers while the block sums
+#: the last one (:func:`prefetch_values`; 64 registers; under the simulator, whose blocks have a quarter
+#: of the threads, four times as many bytes a thread: the same tiles)
+SUMS_PREFETCH_MAX = 1024 if SIM else 256
+#: ... and stages the centres only in a block of at most this many bytes: two blocks a multiprocessor
+#: on sm_90 (228 KB, 1 KB of each block reserved); one block would have no other to overlap with
+SUMS_CENTRES_BLOCK = 113 * 1024
 #: a full step takes the split path from this many values of rows on (N x M): below it the second
 #: launch and its barriers cost more than they save (H100, 2e6 x 3, K = 7: 0.12 -> 0.19 ms)
 SPLIT_MIN_VALUES = 1 << 24
@@ -159,7 +169,8 @@ class SumsLayout(NamedTuple):
     transpose); group ``g`` sums rows ``g, g + groups, ...`` (a multiple of 4 of them;
     ``groups`` is a power of two).  Offsets in units of each
     view's dtype: ``sums``, ``cnt``, ``w``, ``red`` (float64), ``xs`` (storage dtype),
-    ``lab``, ``tmp`` (int32); ``smem`` bytes in all.
+    ``lab``, ``tmp`` (int32); ``smem`` bytes in all; ``cen`` (float64): the K x M centres
+    staged once a block, or -1 where the walk reads them from global memory.
     """
 
     groups: int
@@ -175,19 +186,25 @@ class SumsLayout(NamedTuple):
     lab: int
     tmp: int
     smem: int
+    cen: int = -1
 
 
 def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
-                group_rows: int = SUMS_GROUP_ROWS, stage_bytes: int = SUMS_STAGE_BYTES) -> SumsLayout | None:
+                group_rows: int = SUMS_GROUP_ROWS, stage_bytes: int = SUMS_STAGE_BYTES,
+                centres: bool = True) -> SumsLayout | None:
     """The split sums kernel's layout for K x M, or None where it does not fit.
 
     As many copies as fill :data:`SUMS_COPIES_BYTES` (small K x M: every thread of a
     block busy on few attributes), rows per tile to stage about :data:`SUMS_STAGE_BYTES`.
     None where one copy takes more than :data:`SUMS_COPY_MAX`, M is more than a block's
-    threads, the staged tile more than :data:`SUMS_STAGE_MAX` or the block more than
-    ``budget`` bytes.  ``group_rows`` and ``stage_bytes`` (:data:`SUMS_GROUP_ROWS`,
+    threads, the staged tile more than :data:`SUMS_STAGE_MAX` (or more than
+    :data:`SUMS_PREFETCH_MAX` bytes a thread) or the block more than ``budget`` bytes.
+    ``group_rows`` and ``stage_bytes`` (:data:`SUMS_GROUP_ROWS`,
     :data:`SUMS_STAGE_BYTES`; ``tune`` keys ``sums_group_rows``, ``sums_stage_bytes``): at most
-    this many rows per group in a tile, and about this many bytes staged.
+    this many rows per group in a tile, and about this many bytes staged.  ``centres``
+    (``tune`` key ``sums_centres``): stage the K x M float64 centres in the block where the
+    budget and :data:`SUMS_CENTRES_BLOCK` allow (the walk reads one per value; from global
+    memory they come from L2, as the staged tiles leave the L1 little room).
     """
     dsize = 8 if storage == "float64" else 4
     nt = SUMS_NT
@@ -201,21 +218,32 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
     # 32 d rows for d a divisor of nt / 32, or multiples of nt: the fewest at least ``want``
     shapes = [32 * d for d in range(1, nt // 32 + 1) if (nt // 32) % d == 0] + [nt * x for x in range(2, 9)]
     rows = min((r for r in shapes if r >= want and r % (4 * groups) == 0), default=nt * 8)
-    if rows * pitch * dsize > SUMS_STAGE_MAX:
+    if rows * pitch * dsize > SUMS_STAGE_MAX or prefetch_values(rows, m, nt) * dsize > SUMS_PREFETCH_MAX:
         return None
-    a = _Arena()
-    sums = a.take(groups * k * m * 8)
-    cnt = a.take(groups * k * 8)
-    w = a.take(rows * 8 if weighted else 0)
-    red = a.take(8)
-    xs = a.take(rows * pitch * dsize)
-    lab = a.take(rows * 4)
-    tmp = a.take(4)
-    smem = a.total()
-    if smem > budget:
-        return None
-    return SumsLayout(groups=groups, cols=m, nt=nt, rows=rows, pitch=pitch, sums=sums // 8, cnt=cnt // 8,
-                      w=w // 8, red=red // 8, xs=xs // dsize, lab=lab // 4, tmp=tmp // 4, smem=smem)
+    for cen in ([True, False] if centres else [False]):
+        a = _Arena()
+        sums = a.take(groups * k * m * 8)
+        cnt = a.take(groups * k * 8)
+        w = a.take(rows * 8 if weighted else 0)
+        red = a.take(8)
+        xs = a.take(rows * pitch * dsize)
+        lab = a.take(rows * 4)
+        tmp = a.take(4)
+        cs = a.take(k * m * 8 if cen else 0)
+        smem = a.total()
+        if smem <= (min(budget, SUMS_CENTRES_BLOCK) if cen else budget):
+            return SumsLayout(groups=groups, cols=m, nt=nt, rows=rows, pitch=pitch, sums=sums // 8, cnt=cnt // 8,
+                              w=w // 8, red=red // 8, xs=xs // dsize, lab=lab // 4, tmp=tmp // 4, smem=smem,
+                              cen=cs // 8 if cen else -1)
+    return None
+
+
+def prefetch_values(rows: int, m: int, nt: int) -> int:
+    """Values of a tile of ``rows`` x ``m`` that each of ``nt`` threads loads (and holds while the
+    block sums the tile before): rows ``t % RT, + RT, ...`` of attributes ``t // RT, + nt / RT, ...``
+    with ``RT = min(rows, nt)``."""
+    rt = min(rows, nt)
+    return (rows // rt) * -(-m // (nt // rt))
 
 
 def shared_layout(k: int, m: int, storage: str, mode: int, R: int, TC: int, NT: int,
@@ -339,7 +367,8 @@ def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
     else:
         modes = [MODE_STEP_SHARED, MODE_STEP_GLOBAL]
         sums = (sums_layout(k, m, storage, weighted, budget, int(tune.get("sums_group_rows", SUMS_GROUP_ROWS)),
-                            int(tune.get("sums_stage_bytes", SUMS_STAGE_BYTES))) if tune.get("split", split) else None)
+                            int(tune.get("sums_stage_bytes", SUMS_STAGE_BYTES)), bool(tune.get("sums_centres", True)))
+                if tune.get("split", split) else None)
         if sums is not None:
             modes.insert(0, MODE_STEP_SPLIT)
     blocks = int(tune.get("blocks", 2))

@@ -57,6 +57,37 @@ def transpose_kernel(storage: str):
     return cuda.jit(km_transpose)
 
 
+@functools.lru_cache(maxsize=None)
+def row_major_kernel(storage: str):
+    """Column-major rows (``m x ld``) -> a row-major copy (``n x m``), same dtype, 32 x 32 tiles.
+
+    Arguments: src (m * ld,), n, m, ld, dst (n * m,).
+    """
+    from numba import float32, float64
+
+    DT = float64 if storage == "float64" else float32
+
+    def km_row_major(src, n, m, ld, dst):
+        tile = cuda.shared.array((32, 33), dtype=DT)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        i0 = cuda.blockIdx.x * 32
+        j0 = cuda.blockIdx.y * 32
+        for q in range(ty, 32, 8):  # a warp reads 32 rows of one attribute
+            i = i0 + tx
+            j = j0 + q
+            if i < n and j < m:
+                tile[q, tx] = src[j * ld + i]
+        cuda.syncthreads()
+        for q in range(ty, 32, 8):  # ... and writes 32 attributes of one row
+            i = i0 + q
+            j = j0 + tx
+            if i < n and j < m:
+                dst[i * m + j] = tile[tx, q]
+
+    return cuda.jit(km_row_major)
+
+
 class DeviceRows:
     """The rows, labels and weights of one rank on one device.
 
@@ -75,6 +106,8 @@ class DeviceRows:
     weights_host : ndarray, shape (n,), float64, or None
     dx, labels, flags, dw : device arrays (resident)
         Rows, labels (-1: none yet), flagged-row indices, weights.
+    dxr : device array (n * m,) or None
+        A row-major copy of the resident rows, once :meth:`row_major` made it.
     chunk, nchunks : int (streaming)
     """
 
@@ -87,7 +120,7 @@ class DeviceRows:
         self.n = self.m = self.ld = 0
         self.streaming = False
         self.weights_host = None
-        self.dx = self.labels = self.flags = self.dw = None
+        self.dx = self.labels = self.flags = self.dw = self.dxr = None
         self.chunk = self.nchunks = 0
         self.host_soa = self.streams = self.host_labels = None
         self.dbuf = self.dlab = self.dflags = self.dwbuf = self.ddist = None
@@ -263,6 +296,27 @@ class DeviceRows:
                 self.dlab[s][:rows].copy_to_host(self.host_labels[a:b], stream=stream)
         for stream in self.streams:
             stream.synchronize()
+
+    def row_major(self, margin: int):
+        """The resident rows row-major (``x[i * m + j]``, shape (n * m,)), made on the device the
+        first time; None when streaming, without rows, or where it would leave less than ``margin``
+        bytes of device memory free.
+
+        Pass 1 on a list of scattered rows (:mod:`.bounds`) reads a row's attributes from the
+        column-major store one 32-byte sector each; from this copy a row is ``m`` consecutive
+        values (``bench/GPU_NOTES.md``, v15).
+        """
+        if self.dxr is None and not self.streaming and self.n > 0:
+            need = self.n * self.m * np.dtype(self.dtype).itemsize
+            if self.limits.free_memory() - need < margin:
+                return None
+            dxr = cuda.device_array(self.n * self.m, dtype=self.dtype)
+            kern = row_major_kernel(self.dtype)
+            args = (self.dx, int(self.n), int(self.m), int(self.ld), dxr)
+            grid = (-(-self.n // 32), -(-self.m // 32))
+            launch_once(kern, compiled("row_major", (self.dtype,), kern, args), args, grid, (32, 8))
+            self.dxr = dxr
+        return self.dxr
 
     def forget_labels(self) -> None:
         """Every label back to -1 (unknown)."""

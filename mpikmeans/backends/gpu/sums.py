@@ -8,15 +8,19 @@ full step of 5e6 x 100, K = 50 on the H100 for 1/50 of pass 1's arithmetic
 which writes each row's certified label (-1 where flagged for the exact kernel), and
 then this kernel, small enough for many resident warps:
 
-* a tile of rows is read column-major (a warp on 32 consecutive rows of an attribute,
-  eight loads in flight per thread) and staged row-major in shared memory with an odd
-  row pitch, with its labels (and weights); the blocks resident on a multiprocessor
-  overlap one's loads with another's sums;
+* a tile of rows is read column-major (a warp on 32 consecutive rows of an attribute)
+  into registers, with its labels (and weights), while the block sums the tile before
+  (software pipelining: every load of a tile is in flight during the last tile's sums,
+  not one batch at a time between barriers); then it is staged row-major in shared
+  memory with an odd row pitch;
 * the block keeps ``groups`` copies of the K x M float64 deviation sums and K counts
-  in shared memory; thread ``c`` of group ``g`` owns attribute ``c`` of copy ``g`` and
+  in shared memory (and, where they fit, the K x M centres: the walk reads one per
+  value, and from global memory that is an L2 round trip, as the staged tiles leave the
+  L1 little room); thread ``c`` of group ``g`` owns attribute ``c`` of copy ``g`` and
   adds ``w (x - c_lab)`` of the group's rows (``g, g + groups, ...``) into it: one
   owner per sum, so plain loads and stores, no atomics (threads past ``groups x M``
-  only stage);
+  only stage); a batch of rows with one cluster is added up in registers first, so
+  the batch's sums are loaded together and stored together;
 * at the end the copies are added up and into the global sums, one atomic per
   (cluster, attribute) and block.
 
@@ -46,6 +50,10 @@ if cuda is not None:
 #: those blocks leave (:func:`register_cap`)
 SUMS_MAXREG = 64
 
+#: rows a thread adds per batch of the walk (``tune={"sums_wb": B}``): the batch's sums are loaded
+#: together and stored together, so a batch costs one shared-memory round trip, not B chained ones
+SUMS_WALK_BATCH = 4
+
 
 def register_cap(limits, lay: SumsLayout) -> int:
     """The sums kernel's register cap: the most registers a thread may have while as many blocks as
@@ -61,14 +69,15 @@ def register_cap(limits, lay: SumsLayout) -> int:
 
 @functools.lru_cache(maxsize=None)
 def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple, lay_c: tuple, maxreg: int = 0,
-                idx32: bool = False):
+                idx32: bool = False, wb: int = SUMS_WALK_BATCH):
     """Build the summing kernel for K x M, the step buffer's layout ``pack_c`` and ``lay_c``
     (a :class:`.plan.SumsLayout`).
 
     Kernel arguments: x, n, ld, p64, ctr, labels, newlab, w (as the fused kernel's; ``newlab``
     int32 (n,), pass 1's certified labels, -1 for a flagged row).  ``maxreg``: a register cap
     (0: the compiler's choice).  ``idx32``: the rows array has fewer than ``2**31`` elements,
-    so its indices are computed on 32 bits (:func:`.intrinsics.ldc32`).
+    so its indices are computed on 32 bits (:func:`.intrinsics.ldc32`).  ``wb``: rows a thread
+    adds per batch of its walk (at most; a power of two dividing its rows per tile).
     """
     DT = float64 if storage == "float64" else float32
     WEIGHTED = weighted
@@ -81,6 +90,8 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
     G, COLS, NT, TR, PITCH = int(S.groups), int(S.cols), int(S.nt), int(S.rows), int(S.pitch)
     O_S, O_CNT, O_W, O_RED, O_XS, O_LAB, O_TMP = (int(v) for v in (S.sums, S.cnt, S.w, S.red, S.xs, S.lab,
                                                                     S.tmp))
+    CEN = int(S.cen) >= 0  # the centres staged in shared memory
+    O_CEN = max(0, int(S.cen))
     KM = K * M
     # staging: thread t loads rows t % RT (+ RT, ... when the tile has more rows than the
     # block threads) of attributes t // RT, + JS, ...: fixed rows, so the index arithmetic
@@ -89,11 +100,13 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
     JS = NT // RT
     UJ = -(-M // JS)  # attributes per thread and pass over the rows
     PASSES = TR // RT  # passes over the rows
+    NV = PASSES * UJ  # values a thread loads per tile (plan.prefetch_values)
     FULLJ = M % JS == 0
-    SB = 8  # values per batch of loads (in flight together, then stored)
-    WB = 4  # rows per batch of the summing walk
     LA = -(-TR // NT)  # the tile's labels: rows per thread
-    NR = TR // G  # rows per group and tile, a multiple of WB (plan.sums_layout)
+    NR = TR // G  # rows per group and tile, a multiple of 4 (plan.sums_layout)
+    WB = max(1, int(wb))
+    while NR % WB:
+        WB //= 2
 
     def km_sums(x, n, ld, p64, ctr, labels, newlab, w):
         smd = cuda.shared.array(0, dtype=float64)
@@ -111,106 +124,125 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
             stx(smd, O_S + q, 0.0)
         for q in range(tid, G * K, NT):
             stx(smd, O_CNT + q, 0.0)
+        if CEN:
+            for q in range(tid, KM, NT):
+                stx(smd, O_CEN + q, ldx(p64, P_C64 + q))
         if tid == 0:
             smd[O_RED] = 0.0
             smi[O_TMP] = 0
         sse_t = 0.0
         chg_t = 0
-        v = cuda.local.array(SB, dtype=DT)
+        v = cuda.local.array(NV, dtype=DT)
         labv = cuda.local.array(WB, dtype=int32)
-        wv = cuda.local.array(WB, dtype=float64)
+        keep = cuda.local.array(WB, dtype=int32)
         tv = cuda.local.array(WB, dtype=float64)
+        sv = cuda.local.array(WB, dtype=float64)
         labl = cuda.local.array(LA, dtype=int32)
         oldl = cuda.local.array(LA, dtype=int32)
+        wl = cuda.local.array(LA, dtype=float64)
         # this thread's rows in its group (a runtime count: the walk stays a loop, not unrolled)
         nr = NR if g < G else 0
         so = O_S + g * KM + c  # its sums and centre values
-        cb = P_C64 + c
+        cb = (O_CEN if CEN else P_C64) + c
         ntiles = (n + TR - 1) // TR
-        for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
-            row0 = tile * TR
-            cuda.syncthreads()  # the last tile is summed (and, the first time, the copies are zero)
-            # the tile's labels, pass 1's and the last step's, loaded side by side before the rows
-            for a in range(LA):
-                r = tid + a * NT
-                i = row0 + r
-                labl[a] = ldx(newlab, i) if r < TR and i < n else -1
-                oldl[a] = ldx(labels, i) if r < TR and i < n else -1
-            for a in range(PASSES):
-                i = row0 + r0 + a * RT
-                inside = i < n
-                sb = O_XS + (r0 + a * RT) * PITCH + j0
-                for uj0 in range(0, UJ, SB):
-                    for u in range(SB):
-                        uj = uj0 + u
-                        if uj < UJ:
-                            # attribute j0 + uj JS of row i, the index in 32 bits where the rows allow
-                            v[u] = LDC(x, j0 + uj * JS, ld, i) if inside and (FULLJ or int32(uj) < nj) else DT(0.0)
-                    for u in range(SB):
-                        uj = uj0 + u
-                        if uj < UJ and (FULLJ or int32(uj) < nj):
-                            stx(smx, sb + uj * JS, v[u])
-            for a in range(LA):
-                r = tid + a * NT
-                if r < TR:
-                    i = row0 + r
-                    lab = labl[a]
-                    if lab >= 0:
-                        if oldl[a] != lab:
-                            chg_t += 1
-                            stx(labels, i, lab)
-                        # the row's count, into the copy of the group that sums it (row r: group r % G):
-                        # one atomic per row here instead of a read-modify-write per row in the walk
+        first = cuda.blockIdx.x
+        stride = cuda.gridDim.x
+        mine = (ntiles - first + stride - 1) // stride if first < ntiles else 0
+        # Round ``it`` stages and sums tile it - 1 while the loads of tile it are in flight: they are
+        # issued before the walk and waited for only when staged, one round later (the last round's
+        # tile is past the rows: nothing is loaded)
+        for it in range(mine + 1):
+            if it > 0:
+                cuda.syncthreads()  # the last tile is summed (and, the first time, the copies are zero)
+                row0 = (first + (it - 1) * stride) * TR
+                for a in range(PASSES):
+                    sb = O_XS + (r0 + a * RT) * PITCH + j0
+                    for uj in range(UJ):
+                        if FULLJ or int32(uj) < nj:
+                            stx(smx, sb + uj * JS, v[a * UJ + uj])
+                for a in range(LA):
+                    r = tid + a * NT
+                    if r < TR:
+                        i = row0 + r
+                        lab = labl[a]
+                        if lab >= 0:
+                            if oldl[a] != lab:
+                                chg_t += 1
+                                stx(labels, i, lab)
+                            # the row's count, into the copy of the group that sums it (row r: group r % G):
+                            # one atomic per row here instead of a read-modify-write per row in the walk
+                            cuda.atomic.add(smd, O_CNT + (r % G) * K + lab, wl[a] if WEIGHTED else 1.0)
                         if WEIGHTED:
-                            wr = ldx(w, i)
-                            stx(smd, O_W + r, wr)
-                            cuda.atomic.add(smd, O_CNT + (r % G) * K + lab, wr)
+                            stx(smd, O_W + r, wl[a])
+                        stx(smi, O_LAB + r, lab)
+            # the next tile's labels (pass 1's and the last step's), weights and values, into registers
+            nrow0 = (first + it * stride) * TR
+            for a in range(LA):
+                r = tid + a * NT
+                i = nrow0 + r
+                inside = r < TR and i < n
+                labl[a] = ldx(newlab, i) if inside else -1
+                oldl[a] = ldx(labels, i) if inside else -1
+                if WEIGHTED:
+                    wl[a] = ldx(w, i) if inside else 0.0
+            for a in range(PASSES):
+                i = nrow0 + r0 + a * RT
+                inside = i < n
+                for uj in range(UJ):
+                    # attribute j0 + uj JS of row i, the index in 32 bits where the rows allow
+                    v[a * UJ + uj] = LDC(x, j0 + uj * JS, ld, i) if inside and (FULLJ or int32(uj) < nj) else DT(0.0)
+            if it > 0:
+                cuda.syncthreads()
+                # WB rows per batch: labels, values and centres loaded together; rows of the batch with
+                # one cluster are added up first (into the first of them), so that the batch's sums are
+                # all loaded, then all stored: no chain of read-modify-writes through shared memory.
+                # Offsets advance by constants: the row r = g + s G is at xo + s G PITCH.  No branch on
+                # a flagged row (label -1): it adds 0 to cluster 0, straight-line code (branches per
+                # row cost more instructions than the additions, ncu: issue-bound)
+                lo = O_LAB + g
+                xo = O_XS + g * PITCH + c
+                wo = O_W + g
+                for s0 in range(0, nr, WB):
+                    for u in range(WB):
+                        lab = ldx(smi, lo + u * G)
+                        ok = lab >= 0
+                        la = lab if ok else 0
+                        labv[u] = la
+                        cv = ldx(smd, cb + la * M) if CEN else ldc32(p64, la, M, cb)
+                        t = float64(ldx(smx, xo + u * G * PITCH)) - cv
+                        t = t if ok else 0.0
+                        if WEIGHTED:
+                            # a flagged row's weight slot holds whatever its row's weight is: dropped too
+                            wi = ldx(smd, wo + u * G)
+                            wi = wi if ok else 0.0
+                            tv[u] = wi * t
+                            sse_t += wi * (t * t)
                         else:
-                            cuda.atomic.add(smd, O_CNT + (r % G) * K + lab, 1.0)
-                    stx(smi, O_LAB + r, lab)
-            cuda.syncthreads()
-            # WB rows per batch: their labels, weights and values are loaded together; the
-            # read-modify-writes of the sums then follow one another (rows may share a cluster).
-            # Offsets advance by constants: the row r = g + s G is at xo + s G PITCH.  No branch:
-            # a flagged row (label -1) adds 0 to cluster 0, so the walk is straight-line code
-            # (branches per row cost more instructions than the additions, ncu: issue-bound)
-            lo = O_LAB + g
-            xo = O_XS + g * PITCH + c
-            wo = O_W + g
-            for s0 in range(0, nr, WB):
-                for u in range(WB):
-                    lab = ldx(smi, lo + u * G)
-                    ok = lab >= 0
-                    la = lab if ok else 0
-                    labv[u] = la
-                    t = float64(ldx(smx, xo + u * G * PITCH)) - ldc32(p64, la, M, cb)
-                    if WEIGHTED:
-                        # a flagged row's weight slot was not staged: the select drops whatever it holds
-                        wi = ldx(smd, wo + u * G)
-                        wv[u] = wi if ok else 0.0
-                        tv[u] = t
-                    else:
-                        tv[u] = t if ok else 0.0
-                for u in range(WB):
-                    o = so + labv[u] * M
-                    t = tv[u]
-                    if WEIGHTED:
-                        wi = wv[u]
-                        stx(smd, o, ldx(smd, o) + wi * t)
-                        sse_t += wi * (t * t)
-                    else:
-                        stx(smd, o, ldx(smd, o) + t)
-                        sse_t += t * t
-                lo += WB * G
-                xo += WB * G * PITCH
-                wo += WB * G
+                            tv[u] = t
+                            sse_t += t * t
+                    keep[0] = 1
+                    for u in range(1, WB):
+                        dup = 0
+                        for q in range(u):
+                            if dup == 0 and labv[q] == labv[u]:
+                                tv[q] += tv[u]
+                                dup = 1
+                        keep[u] = 1 - dup
+                    for u in range(WB):
+                        sv[u] = ldx(smd, so + labv[u] * M)
+                    for u in range(WB):
+                        if keep[u] != 0:
+                            stx(smd, so + labv[u] * M, sv[u] + tv[u])
+                    lo += WB * G
+                    xo += WB * G * PITCH
+                    wo += WB * G
         cuda.syncthreads()
         # the copies added up, into the global sums (q < KM) and counts (the K after them)
         for q in range(tid, KM + K, NT):
-            src, stride, dst = (O_S + q, KM, P_SUMS + q) if q < KM else (O_CNT + q - KM, K, P_CNT + q - KM)
+            src, stride_q, dst = (O_S + q, KM, P_SUMS + q) if q < KM else (O_CNT + q - KM, K, P_CNT + q - KM)
             t = 0.0
             for gg in range(G):
-                t += ldx(smd, src + gg * stride)
+                t += ldx(smd, src + gg * stride_q)
             if t != 0.0:
                 cuda.atomic.add(p64, dst, t)
         cuda.atomic.add(smd, O_RED, sse_t)
@@ -228,11 +260,13 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
 def sums_launch(limits, storage: str, weighted: bool, k: int, m: int, lay: SumsLayout, pack, x, rows: int, ld: int,
                 labels, newlab, w, stream, fast: bool, tune: dict) -> Launch:
     """The prepared launch of :func:`sums_kernel` for ``rows`` resident rows (``lay``: the plan's
-    :func:`.plan.sums_layout`; ``tune["sums_maxreg"]`` overrides :func:`register_cap`, ``tune["idx64"]``
+    :func:`.plan.sums_layout`; ``tune["sums_maxreg"]`` overrides :func:`register_cap`, ``tune["sums_wb"]``
+    the walk's batch (:data:`SUMS_WALK_BATCH`), ``tune["idx64"]``
     forces 64-bit row indices): a persistent grid of as many blocks as the multiprocessors hold."""
     maxreg = int(tune.get("sums_maxreg", register_cap(limits, lay)))
     idx32 = int(m) * int(ld) < 2**31 and not tune.get("idx64")
-    spec = (storage, weighted, int(k), int(m), tuple(pack.layout), tuple(lay), int(maxreg), bool(idx32))
+    spec = (storage, weighted, int(k), int(m), tuple(pack.layout), tuple(lay), int(maxreg), bool(idx32),
+            int(tune.get("sums_wb", SUMS_WALK_BATCH)))
     kern = sums_kernel(*spec)
     args = (x, int(rows), int(ld), pack.dev, pack.ctr, labels, newlab, w)
     kobj = compiled("sums", spec, kern, args)

@@ -1,0 +1,143 @@
+"""A step's prepared kernel launches for :class:`.backend.GPUBackend`: the fused kernel (or the GEMM
+path's launches), the exact recheck kernel, and where the plan keeps bounds the bounds test with
+pass 1 on the rows it lists (from the row-major copy of the rows where there is one).
+
+A mixin: it reads the backend's rows, limits, tune, kept bounds and launch settings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import gemm
+from .bounds import bounds_wanted, DeviceBounds, ROW_BYTES
+from .compiled import compiled
+from .device import SIM, cuda
+from .kernels import fused_kernel
+from .launch import Launch, Pack, prepare
+from .plan import MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_SPLIT, Plan, round_up
+from .recheck import RC_WARPS, recheck_kernel
+from .sums import sums_launch
+
+#: the row-major copy of the rows for pass 1 on listed rows is made only where it leaves this many
+#: bytes of device memory free
+ROWMAJOR_MARGIN = 1 << 30
+
+
+class StepLaunches:
+    """Building a step's launches (mixed into :class:`.backend.GPUBackend`)."""
+
+    def _blocks_per_sm(self, compiled, spec: tuple, plan: Plan) -> int:
+        """Resident blocks per multiprocessor (registers, shared memory, threads), cached per kernel."""
+        if spec not in self._occupancy:
+            if compiled is None:  # the simulator
+                self._occupancy[spec] = 1
+            else:
+                regs = prepare(compiled, plan.smem) or 128
+                self.last_regs = regs
+                regs_alloc = round_up(regs, 8) * plan.NT
+                by_regs = self.limits.regs_sm // max(1, regs_alloc)
+                by_smem = self.limits.smem_sm // max(1, plan.smem + 1024)
+                by_thr = 2048 // plan.NT
+                self._occupancy[spec] = max(1, min(by_regs, by_smem, by_thr, 32))
+        return self._occupancy[spec]
+
+    def fused_spec(self, plan: Plan, pack: Pack, k: int) -> tuple:
+        """Everything the fused kernel for ``plan`` is specialised on (:func:`.kernels.fused_kernel`'s arguments)."""
+        idx32 = self.m * self.rows.ld < 2**31 and not self.tune.get("idx64")
+        return (self.dtype, plan.R, plan.TC, plan.NT, self.rows.weighted, plan.mode, plan.centres_shared,
+                plan.maxreg, k, self.m, plan.nct, tuple(plan.offs), tuple(pack.layout), idx32,
+                bool(self.tune.get("diag_skip_pass2")), bool(self.tune.get("lineinfo")),
+                plan.mode != MODE_ASSIGN and self._keeps_bounds(plan, k))
+
+    def _keeps_bounds(self, plan: Plan, k: int) -> bool:
+        """Whether steps with ``plan`` keep bounds (:mod:`.bounds`).
+
+        Where pass 1 writes labels that a summing kernel (or, incremental, the exact kernel)
+        takes up: the split full step, an incremental step or the GEMM path, on resident rows;
+        where a row costs pass 1 more than the test (:func:`.bounds.bounds_pay`) unless ``tune``
+        says ``bounds`` (true or false); and where the device has room for them.
+        """
+        if self.rows.streaming or self.n == 0 or not bounds_wanted(self.tune.get("bounds", "auto"), k, self.m,
+                                                                   self.dtype):
+            return False
+        if not (self.gemm_wanted(plan, False) or plan.mode in (MODE_STEP_SPLIT, MODE_STEP_DELTA)):
+            return False
+        if self._bounds is None:
+            if self.limits.free_memory() < self.n * ROW_BYTES + (256 << 20):
+                return False
+            self._bounds = DeviceBounds(self.n)
+        return True
+
+    def _listed_launch(self, spec: tuple, kern, kobj, args: tuple, grid: int, plan: Plan, pack: Pack,
+                       stream) -> Launch:
+        """The fused kernel's launch on the rows the bounds test listed: compiled for the row-major
+        copy of the rows (:meth:`.rows.DeviceRows.row_major`) where ``tune["rowmajor"]`` (default
+        "auto": where the copy leaves :data:`ROWMAJOR_MARGIN` bytes free) allows, else ``kern`` itself."""
+        tail = (1, int(pack.gslot))
+        want = self.tune.get("rowmajor", "auto")
+        xr = self.rows.row_major(ROWMAJOR_MARGIN) if want in ("auto", True) else None
+        if xr is None:
+            return Launch(kern, kobj, args[:-2] + tail, grid, plan.NT, plan.smem, stream, self._fast)
+        rspec = spec + (True,)
+        rk = fused_kernel(*rspec)
+        rargs = (xr, args[1], int(self.m)) + args[3:-2] + tail
+        rkobj = compiled("fused", rspec, rk, rargs)
+        prepare(rkobj, plan.smem)
+        return Launch(rk, rkobj, rargs, grid, plan.NT, plan.smem, stream, self._fast)
+
+    def gemm_wanted(self, plan: Plan, assign: bool) -> bool:
+        """Whether a step with ``plan`` takes the GEMM-shaped path (:func:`.gemm.wanted`)."""
+        return gemm.wanted(plan.centres_shared, self.m, self.limits, self.tune, assign, self.rows.streaming)
+
+    def _launches(self, plan: Plan, pack: Pack, k: int, assign: bool, x, rows: int, labels, flags, w,
+                  dist2, fslot: int, stream, delta: bool = False):
+        """The prepared (fused, recheck) pair for one block of rows (``fused``: the GEMM path's launches
+        where :meth:`gemm_wanted`), and where the plan keeps bounds the (bounds test, fused on the rows it
+        lists) pair, else None."""
+        keeps = not assign and self._keeps_bounds(plan, k)
+        bounds = None
+        if self.gemm_wanted(plan, assign):
+            fused = gemm.step_launches(self.limits, self.dtype, self.rows.weighted, self.m, int(self.rows.ld), plan,
+                                       pack, x, rows, labels, flags, w, fslot, stream, delta, self._fast,
+                                       self.tf32, self._bounds if keeps else None, (self._dummyi, self._dummy32))
+            self.last_grid = fused.grid
+            if keeps:
+                bounds = (self._bounds.test_launch(labels, k, pack, fused.newlab, self._dummyi, self.limits, stream,
+                                                   self._fast), fused.listed)
+        else:
+            spec = self.fused_spec(plan, pack, k)
+            kern = fused_kernel(*spec)
+            split = plan.mode == MODE_STEP_SPLIT
+            newlab = cuda.device_array(max(1, rows), dtype=np.int32) if split else None  # pass 1's labels
+            bd = self._bounds if keeps else None
+            tail = ((bd.idx, bd.ub, bd.lb) if keeps else (self._dummyi, self._dummy32, self._dummy32))
+            args = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, pack.ctr, labels, flags, w,
+                    newlab if split else dist2, int(fslot), *tail, 0, int(pack.gslot))
+            kobj = compiled("fused", spec, kern, args)
+            per_sm = self._blocks_per_sm(kobj, spec, plan)
+            ntiles = -(-rows // (plan.NT * plan.R))
+            grid = max(1, min(ntiles, 2 if SIM else per_sm * self.limits.sm_count))
+            self.last_grid = grid
+            fused = Launch(kern, kobj, args, grid, plan.NT, plan.smem, stream, self._fast)
+            # the same kernel on the rows the bounds test listed (their count is read on the device),
+            # from the row-major copy of the rows where there is one
+            listed = self._listed_launch(spec, kern, kobj, args, grid, plan, pack, stream) if keeps else None
+            if split:  # then the sums kernel adds the rows pass 1 certified
+                add = sums_launch(self.limits, self.dtype, self.rows.weighted, k, self.m, plan.sums, pack, x, rows,
+                                  int(self.rows.ld), labels, newlab, w, stream, self._fast, self.tune)
+                fused = gemm.Steps([fused, add], grid)
+                if keeps:
+                    listed = gemm.Steps([listed, add], grid)
+            if keeps:
+                bounds = (bd.test_launch(labels, k, pack, newlab, self._dummyi, self.limits, stream, self._fast),
+                          listed)
+        rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta)
+        rk = recheck_kernel(*rspec)
+        rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
+        # one warp per flagged row; with none flagged each block reads the count and returns
+        rgrid = 1 if SIM else max(1, min(2 * self.limits.sm_count, -(-rows // RC_WARPS)))
+        recheck = Launch(rk, compiled("recheck", rspec, rk, rargs), rargs, rgrid, 32 * RC_WARPS, 0, stream,
+                         self._fast)
+        self.last_fast_launch = fused.fast and recheck.fast
+        return fused, recheck, bounds
