@@ -21,6 +21,10 @@ if cuda is not None:
 
 #: warps per block of the exact (recheck) kernel
 RC_WARPS = 4
+#: attributes whose loads a lane issues together before it adds their squares (in attribute
+#: order): a row's distances are a chain of M dependent additions, and with one load per
+#: addition each waited for its load (a flagged row cost its warp M round trips to memory)
+RC_BATCH = 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,6 +65,8 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
         m = M_C
         k = K_C
         nflag = ctr[fslot]
+        xv = cuda.local.array(RC_BATCH, dtype=float64)
+        cv = cuda.local.array(RC_BATCH, dtype=float64)
         sse_w = 0.0
         changed_w = 0
         step = cuda.gridDim.x * RC_WARPS
@@ -75,9 +81,16 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
                 for kk in range(lane, k, 32):
                     d = 0.0
                     cb = P_C64 + kk * m
-                    for j in range(m):
-                        t = float64(ldx(x, j * ld + i)) - ldx(p64, cb + j)
-                        d += t * t
+                    for jb in range(0, m, RC_BATCH):
+                        for q in range(RC_BATCH):
+                            j = jb + q
+                            if j < m:
+                                xv[q] = float64(ldx(x, j * ld + i))
+                                cv[q] = ldx(p64, cb + j)
+                        for q in range(RC_BATCH):
+                            if jb + q < m:
+                                t = xv[q] - cv[q]
+                                d += t * t
                     if kk == old:
                         od_s[wib] = d  # the squared distance to the old centre
                     if d < bd:
