@@ -161,6 +161,21 @@ def needs_idx64(m: int, rows: int) -> bool:
     return m * (-(-max(rows, 1) // 32) * 32) >= 2**31
 
 
+def gpu_warm_tune(m: int, rows: int, dtype: str, free_memory: int) -> dict:
+    """The kernel overrides that make a warm-up on a few rows compile what a run on ``rows`` rows
+    (its largest rank's) of ``m`` attributes launches: 64-bit indices as that run needs them, and
+    its full step's plan, the split step (pass 1, the sums kernel, the kept bounds' kernels) where
+    its rows are resident (as :meth:`mpikmeans.backends.gpu.rows.DeviceRows.load` decides, from
+    ``free_memory`` bytes) and many enough (:data:`mpikmeans.backends.gpu.plan.SPLIT_MIN_VALUES`).
+    A warm-up on its own few rows would compile the fused kernel's summing plan instead.
+    """
+    from .backends.gpu.plan import SPLIT_MIN_VALUES
+
+    row_bytes = m * (8 if dtype == "float64" else 4) + 8
+    resident = rows * row_bytes <= 0.8 * free_memory
+    return {"idx64": needs_idx64(m, rows), "split": resident and m * rows >= SPLIT_MIN_VALUES}
+
+
 def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int = 0,
              trials: int | None = None, parts: tuple = GPU_PARTS) -> float:
     """Compile (or load) the GPU kernels of a run with ``k`` centres of ``m`` attributes.
@@ -189,7 +204,8 @@ def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int 
     from .exact import fixed_scale
 
     t0 = time.perf_counter()
-    backend = GPUBackend(device=device, dtype=dtype, tune={"idx64": needs_idx64(m, rows)})
+    backend = GPUBackend(device=device, dtype=dtype)
+    backend.tune.update(gpu_warm_tune(m, rows, dtype, backend.limits.free_memory()))
     r = np.random.default_rng(0)
     x = r.normal(size=(max(64, 2 * k), m))
     backend.load(x)

@@ -1,0 +1,75 @@
+"""What the GPU warm-up compiles (warmup.py): the plans of the coming run, not of its own few rows.
+
+A warm-up builds the backend on a few rows; without the hints of :func:`gpu_warm_tune` it would
+compile the fused kernel's summing plan, while a run on millions of resident rows takes the split
+step (pass 1, the sums kernel) and keeps bounds (the test kernel, pass 1 on the listed rows from the
+row-major copy): those would then compile inside the run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba")
+
+from mpikmeans.warmup import gpu_warm_tune  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 1 << 30
+
+
+def test_warm_tune_takes_the_split_step_for_many_resident_rows():
+    assert gpu_warm_tune(100, 5_000_000, "float64", 80 * GIB) == {"idx64": False, "split": True}
+    # few values: the fused kernel's own sums, as the run decides (plan.SPLIT_MIN_VALUES = 2**24)
+    assert gpu_warm_tune(3, 2_000_000, "float64", 80 * GIB)["split"] is False
+    assert gpu_warm_tune(8, 1 << 21, "float32", 80 * GIB)["split"] is True  # exactly 2**24 values
+
+
+def test_warm_tune_follows_where_the_rows_live():
+    # rows that do not fit in 80 % of the free memory stream in chunks: no split step
+    assert gpu_warm_tune(100, 5_000_000, "float64", 4 * GIB)["split"] is False
+    assert gpu_warm_tune(100, 5_000_000, "float32", 4 * GIB)["split"] is True  # half the bytes
+    # 64-bit indices from 2**31 elements of the column-major store on
+    assert gpu_warm_tune(1000, 3_000_000, "float32", 80 * GIB)["idx64"] is True
+
+
+_PROGRAM = textwrap.dedent(
+    r"""
+    import json
+    import numpy as np
+    from mpikmeans.backends.gpu import GPUBackend
+    from mpikmeans.warmup import gpu_warm_tune
+
+    out = {}
+    # 40 attributes, 8 centres (the simulator's sums kernel has 64 threads a block: M <= 64)
+    for name, rows in (("big", 5_000_000), ("small", 2_000)):
+        be = GPUBackend(dtype="float32")
+        be.tune.update(gpu_warm_tune(40, rows, "float32", be.limits.free_memory()))
+        be.load(np.random.default_rng(0).normal(size=(64, 40)))
+        be.warmup(8, 40)
+        st = be._states[(8, False, False)]
+        out[name] = {"mode": int(st.plan.mode), "bounds": st.bounds is not None}
+        be.close()
+    print(json.dumps(out))
+    """
+)
+
+
+def test_warm_up_on_few_rows_builds_the_runs_split_step_with_bounds():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    r = subprocess.run([sys.executable, "-c", _PROGRAM], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    from mpikmeans.backends.gpu.plan import MODE_STEP_SHARED, MODE_STEP_SPLIT
+
+    assert out["big"] == {"mode": MODE_STEP_SPLIT, "bounds": True}, out
+    assert out["small"]["mode"] == MODE_STEP_SHARED and not out["small"]["bounds"], out
