@@ -199,9 +199,10 @@ _SIM_PROGRAM = textwrap.dedent(
             iters=3)
     compare("bounds_ties", xt, ct, tune=dict(bo, split=True, delta="never"), iters=3)
     compare("bounds_off", xb, xb[:8].copy(), tune={"split": True, "delta": "never", "bounds": False}, iters=2)
-    # the listed rows read from the column-major store (by default from the row-major copy)
-    compare("bounds_split_colmajor", xb, xb[:8].copy(), tune=dict(bo, split=True, delta="never", rowmajor=False),
-            iters=4)
+    # the listed rows read from the column-major store (by default from the row-major copy); the test
+    # kernel with 8 rows a thread
+    compare("bounds_split_colmajor_rpt8", xb, xb[:8].copy(),
+            tune=dict(bo, split=True, delta="never", rowmajor=False, bounds_rpt=8), iters=4)
 
     if PART != 0:
         sys.exit(0)  # the scenarios below run in part 0 only
@@ -452,7 +453,7 @@ def test_sim_kept_bounds_match_cpu(sim):
     the GEMM screen with weights, exact ties), fewer rows searched once labels settle, and a test that
     left most rows to pass 1 is not run at the next step."""
     for name, counts in (("bounds_split", True), ("bounds_delta_f32", True), ("bounds_gemm_weighted", False),
-                         ("bounds_ties", True), ("bounds_split_colmajor", True)):
+                         ("bounds_ties", True), ("bounds_split_colmajor_rpt8", True)):
         rec = sim[name]
         _assert_parity(rec, sums_tol=1e-12, exact_counts=counts)
         searched = [st["searched"] for st in rec["steps"]]

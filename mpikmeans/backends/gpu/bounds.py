@@ -134,8 +134,8 @@ def store_row_bounds(ub, lb, i, certified, yy, b1, b2, tol):  # pragma: no cover
 
 
 @functools.lru_cache(maxsize=None)
-def test_kernel():
-    """Build the bounds test (one compile: nothing is specialised).
+def test_kernel(rpt: int = TEST_RPT):
+    """Build the bounds test for ``rpt`` rows a thread (one compile: nothing else is specialised).
 
     Kernel arguments: ``labels`` int32 (n,); ``ub``, ``lb`` float32 (n,), updated for kept
     rows; ``mv`` float64 (2k,) from :func:`moves_and_others`; ``n``, ``k`` int64; ``idx``
@@ -143,12 +143,12 @@ def test_kernel():
     counts them (zero on entry); ``newlab`` int32 (n,): a kept row's label where
     ``write_new`` (the split full step's input to the summing kernel).
 
-    A block takes ``TEST_NT x TEST_RPT`` consecutive rows at a time, each thread
-    ``TEST_RPT`` consecutive ones; an exclusive scan of the threads' failed counts in shared
+    A block takes ``TEST_NT x rpt`` consecutive rows at a time, each thread ``rpt``
+    consecutive ones; an exclusive scan of the threads' failed counts in shared
     memory (the simulator has no warp votes) places them, one global atomic a block.
     """
     NT = TEST_NT
-    RPT = TEST_RPT
+    RPT = int(rpt)
     TILE = NT * RPT
     UP = 1.0 + MARGIN
     DOWN = 1.0 - MARGIN
@@ -277,21 +277,23 @@ class DeviceBounds:
         """Whether the next step with ``k`` centres should test the bounds (they hold, no back-off)."""
         return self.holds_for(k) and not self.skip_next
 
-    def test_launch(self, labels, k: int, pack, newlab, dummy_i32, limits, stream, fast: bool):
+    def test_launch(self, labels, k: int, pack, newlab, dummy_i32, limits, stream, fast: bool,
+                    rpt: int = TEST_RPT):
         """The prepared bounds test of a state with ``k`` centres and step buffer ``pack`` (a
         :class:`.launch.Pack`); ``newlab``: the full step's label array, or None (incremental: the
-        int32 ``dummy_i32`` stands in)."""
+        int32 ``dummy_i32`` stands in); ``rpt`` rows a thread (``tune={"bounds_rpt": R}``)."""
         from .compiled import compiled
         from .launch import Launch
 
-        kern = test_kernel()
+        rpt = max(1, min(int(rpt), 32))  # the failed rows of a thread are bits of one int32
+        kern = test_kernel(rpt)
         _, dmv = self.moves_buffer(k)
         write = newlab is not None
         args = (labels, self.ub, self.lb, dmv, int(self.n), int(k), self.idx, pack.ctr, int(pack.gslot),
                 newlab if write else dummy_i32, int(write))
-        tiles = -(-self.n // (TEST_NT * TEST_RPT))
+        tiles = -(-self.n // (TEST_NT * rpt))
         grid = max(1, min(tiles, 2 if SIM else 8 * limits.sm_count))
-        return Launch(kern, compiled("bounds_test", (), kern, args), args, grid, TEST_NT, 0, stream, fast)
+        return Launch(kern, compiled("bounds_test", (rpt,), kern, args), args, grid, TEST_NT, 0, stream, fast)
 
     def moves_buffer(self, k: int):
         """The pinned host and device (2k,) float64 buffers of the moves for ``k`` centres."""

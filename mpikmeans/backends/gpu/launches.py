@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import gemm
-from .bounds import bounds_wanted, DeviceBounds, ROW_BYTES
+from .bounds import ROW_BYTES, TEST_RPT, DeviceBounds, bounds_wanted
 from .compiled import compiled
 from .device import SIM, cuda
 from .kernels import fused_kernel
 from .launch import Launch, Pack, prepare
 from .plan import MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_SPLIT, Plan, round_up
-from .recheck import RC_WARPS, recheck_kernel
+from .recheck import RC_BLOCKS_SM, RC_WARPS, recheck_kernel
 from .sums import sums_launch
 
 #: the row-major copy of the rows for pass 1 on listed rows is made only where it leaves this many
@@ -86,6 +86,10 @@ class StepLaunches:
         prepare(rkobj, plan.smem)
         return Launch(rk, rkobj, rargs, grid, plan.NT, plan.smem, stream, self._fast)
 
+    def _test_rpt(self) -> int:
+        """Rows a thread of the bounds test (:func:`.bounds.test_kernel`; ``tune["bounds_rpt"]``)."""
+        return int(self.tune.get("bounds_rpt", TEST_RPT))
+
     def gemm_wanted(self, plan: Plan, assign: bool) -> bool:
         """Whether a step with ``plan`` takes the GEMM-shaped path (:func:`.gemm.wanted`)."""
         return gemm.wanted(plan.centres_shared, self.m, self.limits, self.tune, assign, self.rows.streaming)
@@ -104,7 +108,7 @@ class StepLaunches:
             self.last_grid = fused.grid
             if keeps:
                 bounds = (self._bounds.test_launch(labels, k, pack, fused.newlab, self._dummyi, self.limits, stream,
-                                                   self._fast), fused.listed)
+                                                   self._fast, self._test_rpt()), fused.listed)
         else:
             spec = self.fused_spec(plan, pack, k)
             kern = fused_kernel(*spec)
@@ -130,13 +134,15 @@ class StepLaunches:
                 if keeps:
                     listed = gemm.Steps([listed, add], grid)
             if keeps:
-                bounds = (bd.test_launch(labels, k, pack, newlab, self._dummyi, self.limits, stream, self._fast),
+                bounds = (bd.test_launch(labels, k, pack, newlab, self._dummyi, self.limits, stream, self._fast,
+                                         self._test_rpt()),
                           listed)
         rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta)
         rk = recheck_kernel(*rspec)
         rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
         # one warp per flagged row; with none flagged each block reads the count and returns
-        rgrid = 1 if SIM else max(1, min(2 * self.limits.sm_count, -(-rows // RC_WARPS)))
+        rgrid = 1 if SIM else max(1, min(int(self.tune.get("rc_blocks", RC_BLOCKS_SM)) * self.limits.sm_count,
+                                         -(-rows // RC_WARPS)))
         recheck = Launch(rk, compiled("recheck", rspec, rk, rargs), rargs, rgrid, 32 * RC_WARPS, 0, stream,
                          self._fast)
         self.last_fast_launch = fused.fast and recheck.fast
