@@ -21,10 +21,9 @@ if cuda is not None:
 
 #: warps per block of the exact (recheck) kernel
 RC_WARPS = 4
-#: ... and its blocks per multiprocessor (``tune={"rc_blocks": B}``): one warp per flagged row, whose
-#: distances are a chain of loads and additions, so warps in flight are what it runs on (93 registers
-#: a thread: five blocks of 128 threads fit)
-RC_BLOCKS_SM = 4
+#: ... and its blocks per multiprocessor (``tune={"rc_blocks": B}``): 4 and 8 measured within the spread
+#: of 2 on the H100 (A and D full steps, ``bench/results/fullstep_H100_2026-11-26_s11_test_recheck.log``)
+RC_BLOCKS_SM = 2
 #: attributes whose loads a lane issues together before it adds their squares (in attribute
 #: order): a row's distances are a chain of M dependent additions, and with one load per
 #: addition each waited for its load (a flagged row cost its warp M round trips to memory)
