@@ -15,7 +15,7 @@ from .blas import one_thread
 from .bounds import assign_pass, bound_drops, centre_moves, half_gaps, step_pass
 from .certified import centre_data, screen_rows
 from .seeding import SeedingRows, candidate_data, fixed_blocks, potentials_pass
-from .partials import reduce_blocks, reduce_parallel, reduce_serial
+from .partials import compile_reductions, reduce_blocks
 from .tiles import _BLOCKS, _tile_dist2, _tile_rows
 
 
@@ -294,8 +294,7 @@ class CPUBackend(Backend):
                       np.ones(0), False, *parts)
             assign_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, drops, drops,
                         np.empty(1, dtype=np.int32), np.empty(1))
-            for reduce in (reduce_serial, reduce_parallel):  # which one a step takes depends on K x M
-                reduce(*parts[:4])
+            compile_reductions(*parts[:4])
 
     def info(self) -> BackendInfo:
         return BackendInfo(name="cpu", devices=[], threads=self.threads, dtype="float64")

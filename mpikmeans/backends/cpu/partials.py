@@ -16,6 +16,13 @@ from ...jit import njit, prange
 REDUCE_CHUNK = 4096
 
 
+def compile_reductions(part_sums, part_counts, part_sse, part_changed) -> None:
+    """Compile (or load from the cache) both of :func:`reduce_blocks`' reductions on these partials:
+    which one a call takes depends on K x M, not known to a warm-up on tiny arrays."""
+    for reduce in (reduce_serial, reduce_parallel):
+        reduce(part_sums, part_counts, part_sse, part_changed)
+
+
 def reduce_blocks(part_sums, part_counts, part_sse, part_changed):
     """The blocks' partial sums added in block order: ``((p0 + p1) + p2) + ...`` for every element.
 

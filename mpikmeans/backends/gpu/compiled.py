@@ -106,6 +106,7 @@ def compiled(name: str, spec: tuple, dispatcher, args: tuple):
     kernel = dispatcher.compile(argtypes)
     kernel._codelibrary.get_cubin()  # this device's machine code goes into the entry: a load compiles nothing
     COMPILE_TIMES.append((name, time.perf_counter() - t0))
+    log.info("GPU kernel %s compiled in %.2f s (not in the store)", name, COMPILE_TIMES[-1][1])
     _IN_PROCESS[key] = kernel
     try:
         _store().put(key, kernel, dumps=_dumps)
