@@ -90,29 +90,3 @@ def test_after_a_cpu_run_the_rest_is_warm(tmp_path):
     r = run_cli(["run", data, "-k", 2, "--backend", "cpu", "-o", tmp_path / "o", "-q"])
     assert r.code == 0, r.err
     assert rest_warm() and cpu_backend_cold() == []
-
-
-def test_the_rest_covers_a_gpu_runs_fixed_point_sums(monkeypatch):
-    """A GPU run's last centres are summed again on the CPU (lloyd._label_means): for K x M past
-    partials.REDUCE_CHUNK (the specification's example, 50 x 100) through the parallel reduction. The
-    rest's warm-up compiles it too, and a cache without it is cold (a cold GPU run compiled it inside
-    its Lloyd phase: 3.9 s of the example's 4.3, bench/GPU_NOTES.md v15)."""
-    from mpikmeans import warmup
-    from mpikmeans.backends.cpu import partials
-
-    called = []
-    def recording(name):
-        real = getattr(partials, name)
-
-        def reduce(*args):
-            called.append(name)
-            return real(*args)
-        return reduce
-
-    for name in ("reduce_serial", "reduce_parallel"):
-        monkeypatch.setattr(partials, name, recording(name))
-    warmup.warm_rest()
-    assert "reduce_parallel" in called and "reduce_serial" in called
-    monkeypatch.undo()
-    monkeypatch.setattr(warmup, "_cached", lambda k: "reduce_parallel" not in getattr(k, "__name__", str(k)))
-    assert not warmup.rest_warm()

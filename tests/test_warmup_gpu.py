@@ -73,3 +73,38 @@ def test_warm_up_on_few_rows_builds_the_runs_split_step_with_bounds():
 
     assert out["big"] == {"mode": MODE_STEP_SPLIT, "bounds": True}, out
     assert out["small"]["mode"] == MODE_STEP_SHARED and not out["small"]["bounds"], out
+
+
+_ASSIGN_PROGRAM = textwrap.dedent(
+    r"""
+    import json
+    from mpikmeans import warmup
+    from mpikmeans.backends.cpu import partials
+
+    shapes = []
+    real = partials.compile_reductions
+
+    def recording(part_sums, *rest):
+        shapes.append(list(part_sums.shape[1:]))
+        return real(part_sums, *rest)
+
+    partials.compile_reductions = recording
+    warmup.warm_gpu(8, 40, "float32", rows=64, parts=("assign",))
+    print(json.dumps(shapes))
+    """
+)
+
+
+def test_the_assignment_part_compiles_the_fixed_point_sums_reductions():
+    """A GPU run's last centres are summed again on the CPU (lloyd._label_means), from K x M =
+    partials.REDUCE_CHUNK on by the parallel reduction (the specification's example: 50 x 100). The
+    warm-up's assignment part compiles both reductions for the run's K x M (a cold run compiled the
+    parallel one inside its Lloyd phase: 4.1 of its 4.3 s, bench/GPU_NOTES.md v15)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    r = subprocess.run([sys.executable, "-c", _ASSIGN_PROGRAM], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [[8, 40]]
+
