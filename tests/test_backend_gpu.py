@@ -121,7 +121,7 @@ _SIM_PROGRAM = textwrap.dedent(
     # the walk's batches of 8 rows (rows of one cluster in a batch added up first) with the centres
     # read from global memory, weighted
     compare("split_wb8_global_centres_weighted", xw_, cw_, weights=ww_, tune={"split": True, "sums_centres": False,
-                                                                     "sums_wb": 8}, iters=2)
+                                                                     "sums_wb": 8}, iters=1)
     # several centre tiles with padding (k=10, tiles of 4)
     x2, c2 = blobs(250, 5, 10, 2)
     compare("centre_tiles", x2, c2, tune={"TC": 4, "centres_shared": False}, iters=1)
