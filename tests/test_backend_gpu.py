@@ -118,9 +118,6 @@ _SIM_PROGRAM = textwrap.dedent(
     # (M not a multiple of the staging stride), five tiles with a partial last one
     xu_, cu_ = blobs(130, 45, 4, 14)
     compare("split_uneven_f32", xu_, cu_, dtype="float32", tune=sp, iters=2)
-    # two walkers an attribute, each adding the rows of its half of the clusters (their lists built per
-    # tile; five tiles over two blocks), with weights
-    compare("split_ranges_weighted", x, c, weights=w, tune={"split": True, "sums_ranges": 2}, iters=2)
     # the walk's batches of 8 rows (rows of one cluster in a batch added up first) with the centres
     # read from global memory, weighted
     compare("split_wb8_global_centres_weighted", xw_, cw_, weights=ww_, tune={"split": True, "sums_centres": False,
@@ -137,7 +134,6 @@ _SIM_PROGRAM = textwrap.dedent(
     ct = np.array([[0.5, 0.0], [-0.5, 0.0], [0.0, 0.5], [0.0, -0.5], [2.5, 2.5]])
     compare("ties", xt, ct, iters=1)
     compare("split_ties", xt, ct, tune={"split": True}, iters=1)
-    compare("split_ties_ranges", xt, ct, tune={"split": True, "sums_ranges": 2}, iters=1)  # flagged: in no list
     # two identical centres: every row nearest to them is a tie, lowest index wins
     cd = np.vstack([c[:3], c[2:3], c[3:]])
     compare("duplicate_centres", x, cd, iters=1)
@@ -363,8 +359,7 @@ def test_sim_split_step_matches_the_fused_one_and_cpu(sim):
     """The split full step (sums.py) against the CPU: several tiles per block, threads that only
     stage, weights; and the fused kernel's own summing pass where the split is refused."""
     for name in ("split_tiles", "split_wide_weighted_f32", "split_f64", "split_uneven_f32", "split_ties",
-                 "split_duplicate_centres_chunked", "split_wb8_global_centres_weighted", "split_ranges_weighted",
-                 "split_ties_ranges"):
+                 "split_duplicate_centres_chunked", "split_wb8_global_centres_weighted"):
         rec = sim[name]
         if name.endswith("f32"):
             _assert_parity(rec, sums_tol=1e-6, exact_counts=False)

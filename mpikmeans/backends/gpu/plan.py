@@ -170,12 +170,7 @@ class SumsLayout(NamedTuple):
     ``groups`` is a power of two).  Offsets in units of each
     view's dtype: ``sums``, ``cnt``, ``w``, ``red`` (float64), ``xs`` (storage dtype),
     ``lab``, ``tmp`` (int32); ``smem`` bytes in all; ``cen`` (float64): the K x M centres
-    staged once a block, or -1 where the walk reads them from global memory.  ``ranges`` > 1
-    (one copy): the block's threads split into that many sets of ``nt / ranges``, set ``h``
-    adding the rows whose clusters are the ``h``-th of ``ranges`` equal ranges, so that
-    ``ranges`` threads walk each attribute (where M leaves threads over); ``lst`` (int32):
-    each range's rows and labels of the tile (``ranges x rows`` each), ``nl`` (int32): their
-    counts, two sets (alternate tiles).
+    staged once a block, or -1 where the walk reads them from global memory.
     """
 
     groups: int
@@ -192,14 +187,11 @@ class SumsLayout(NamedTuple):
     tmp: int
     smem: int
     cen: int = -1
-    ranges: int = 1
-    lst: int = -1
-    nl: int = -1
 
 
 def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
                 group_rows: int = SUMS_GROUP_ROWS, stage_bytes: int = SUMS_STAGE_BYTES,
-                centres: bool = True, ranges: int | None = None) -> SumsLayout | None:
+                centres: bool = True) -> SumsLayout | None:
     """The split sums kernel's layout for K x M, or None where it does not fit.
 
     As many copies as fill :data:`SUMS_COPIES_BYTES` (small K x M: every thread of a
@@ -212,9 +204,7 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
     this many rows per group in a tile, and about this many bytes staged.  ``centres``
     (``tune`` key ``sums_centres``): stage the K x M float64 centres in the block where the
     budget and :data:`SUMS_CENTRES_BLOCK` allow (the walk reads one per value; from global
-    memory they come from L2, as the staged tiles leave the L1 little room).  ``ranges`` (``tune``
-    key ``sums_ranges``): walkers per attribute where one copy of the sums fits (see
-    :class:`SumsLayout`); by default as many as warps of M threads fit the block, at most K.
+    memory they come from L2, as the staged tiles leave the L1 little room).
     """
     dsize = 8 if storage == "float64" else 4
     nt = SUMS_NT
@@ -224,12 +214,6 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
         return None
     # a power of two (it divides the block's threads), each group's rows a multiple of 4 (the walk's batches)
     groups = 1 << (max(1, min(nt // m, SUMS_COPIES_BYTES // copy)).bit_length() - 1)
-    if ranges is None:
-        ranges = nt // round_up(m, 32) if groups == 1 else 1
-    # a power of two (whole warps a range), at most K, and M threads a range
-    ranges = 1 << (max(1, min(int(ranges), k, nt // round_up(m, 32))).bit_length() - 1)
-    if ranges > 1:
-        groups = 1
     want = groups * max(4, min(int(group_rows), int(stage_bytes) // (groups * pitch * dsize)) // 4 * 4)
     # 32 d rows for d a divisor of nt / 32, or multiples of nt: the fewest at least ``want``
     shapes = [32 * d for d in range(1, nt // 32 + 1) if (nt // 32) % d == 0] + [nt * x for x in range(2, 9)]
@@ -246,14 +230,11 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
         lab = a.take(rows * 4)
         tmp = a.take(4)
         cs = a.take(k * m * 8 if cen else 0)
-        lst = a.take(2 * ranges * rows * 4 if ranges > 1 else 0)
-        nl = a.take(2 * ranges * 4 if ranges > 1 else 0)
         smem = a.total()
         if smem <= (min(budget, SUMS_CENTRES_BLOCK) if cen else budget):
             return SumsLayout(groups=groups, cols=m, nt=nt, rows=rows, pitch=pitch, sums=sums // 8, cnt=cnt // 8,
                               w=w // 8, red=red // 8, xs=xs // dsize, lab=lab // 4, tmp=tmp // 4, smem=smem,
-                              cen=cs // 8 if cen else -1, ranges=ranges, lst=lst // 4 if ranges > 1 else -1,
-                              nl=nl // 4 if ranges > 1 else -1)
+                              cen=cs // 8 if cen else -1)
     return None
 
 
@@ -386,8 +367,7 @@ def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
     else:
         modes = [MODE_STEP_SHARED, MODE_STEP_GLOBAL]
         sums = (sums_layout(k, m, storage, weighted, budget, int(tune.get("sums_group_rows", SUMS_GROUP_ROWS)),
-                            int(tune.get("sums_stage_bytes", SUMS_STAGE_BYTES)), bool(tune.get("sums_centres", True)),
-                            tune.get("sums_ranges"))
+                            int(tune.get("sums_stage_bytes", SUMS_STAGE_BYTES)), bool(tune.get("sums_centres", True)))
                 if tune.get("split", split) else None)
         if sums is not None:
             modes.insert(0, MODE_STEP_SPLIT)

@@ -92,13 +92,6 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
                                                                     S.tmp))
     CEN = int(S.cen) >= 0  # the centres staged in shared memory
     O_CEN = max(0, int(S.cen))
-    # cluster ranges: H walkers per attribute, each adding the rows of its range of clusters
-    # (plan.SumsLayout: one copy of the sums; the label threads list each range's rows)
-    H = int(S.ranges)
-    RANGED = H > 1
-    COLSP = NT // H  # threads per range (a multiple of 32: one range a warp)
-    KH = -(-K // H)  # clusters per range
-    O_LR, O_LL, O_NL = max(0, int(S.lst)), max(0, int(S.lst)) + H * TR, max(0, int(S.nl))
     KM = K * M
     # staging: thread t loads rows t % RT (+ RT, ... when the tile has more rows than the
     # block threads) of attributes t // RT, + JS, ...: fixed rows, so the index arithmetic
@@ -120,14 +113,8 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         smx = cuda.shared.array(0, dtype=DT)
         smi = cuda.shared.array(0, dtype=int32)
         tid = cuda.threadIdx.x
-        if RANGED:
-            g = 0
-            hr = tid // COLSP  # this thread's range of clusters
-            c = tid - hr * COLSP
-        else:
-            g = tid // COLS
-            hr = 0
-            c = tid - g * COLS
+        g = tid // COLS
+        c = tid - g * COLS
         r0 = tid % RT
         j0 = tid // RT
         # how many of this thread's attributes j0, j0 + JS, ... exist, on 32 bits: each staged value then
@@ -143,9 +130,6 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         if tid == 0:
             smd[O_RED] = 0.0
             smi[O_TMP] = 0
-            if RANGED:
-                for q in range(2 * H):
-                    smi[O_NL + q] = 0
         sse_t = 0.0
         chg_t = 0
         v = cuda.local.array(NV, dtype=DT)
@@ -157,8 +141,7 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         oldl = cuda.local.array(LA, dtype=int32)
         wl = cuda.local.array(LA, dtype=float64)
         # this thread's rows in its group (a runtime count: the walk stays a loop, not unrolled)
-        # a walker: thread c < M of a group (or of a range); its rows a tile: NR, or its range's count
-        walker = c < M if RANGED else g < G
+        nr = NR if g < G else 0
         so = O_S + g * KM + c  # its sums and centre values
         cb = (O_CEN if CEN else P_C64) + c
         ntiles = (n + TR - 1) // TR
@@ -169,7 +152,6 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         # issued before the walk and waited for only when staged, one round later (the last round's
         # tile is past the rows: nothing is loaded)
         for it in range(mine + 1):
-            par = it % 2
             if it > 0:
                 cuda.syncthreads()  # the last tile is summed (and, the first time, the copies are zero)
                 row0 = (first + (it - 1) * stride) * TR
@@ -190,18 +172,9 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
                             # the row's count, into the copy of the group that sums it (row r: group r % G):
                             # one atomic per row here instead of a read-modify-write per row in the walk
                             cuda.atomic.add(smd, O_CNT + (r % G) * K + lab, wl[a] if WEIGHTED else 1.0)
-                            if RANGED:
-                                # the row joins its range's list (the round's parity: the last round's
-                                # walk read the other counters, which thread 0 zeroes for the next)
-                                pos = cuda.atomic.add(smi, O_NL + par * H + lab // KH, 1)
-                                stx(smi, O_LR + (lab // KH) * TR + pos, int32(r))
-                                stx(smi, O_LL + (lab // KH) * TR + pos, lab)
                         if WEIGHTED:
                             stx(smd, O_W + r, wl[a])
                         stx(smi, O_LAB + r, lab)
-                if RANGED and tid == 0:
-                    for q in range(H):
-                        smi[O_NL + (1 - par) * H + q] = 0
             # the next tile's labels (pass 1's and the last step's), weights and values, into registers
             nrow0 = (first + it * stride) * TR
             for a in range(LA):
@@ -226,36 +199,21 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
                 # Offsets advance by constants: the row r = g + s G is at xo + s G PITCH.  No branch on
                 # a flagged row (label -1): it adds 0 to cluster 0, straight-line code (branches per
                 # row cost more instructions than the additions, ncu: issue-bound)
-                # this round's rows of this thread: every G-th row of its group's, or its range's list
-                if RANGED:
-                    nr = ldx(smi, O_NL + par * H + hr) if walker else 0
-                else:
-                    nr = NR if walker else 0
-                lr = O_LR + hr * TR
-                ll = O_LL + hr * TR
+                lo = O_LAB + g
+                xo = O_XS + g * PITCH + c
+                wo = O_W + g
                 for s0 in range(0, nr, WB):
-                    rb = g + s0 * G
                     for u in range(WB):
-                        if RANGED:
-                            # past the list's end: its first entry again, adding 0 (no branch)
-                            q = s0 + u
-                            ok = q < nr
-                            q = q if ok else 0
-                            r = ldx(smi, lr + q)
-                            lab = ldx(smi, ll + q)
-                            la = lab if ok else hr * KH
-                        else:
-                            r = rb + u * G
-                            lab = ldx(smi, O_LAB + r)
-                            ok = lab >= 0
-                            la = lab if ok else 0
+                        lab = ldx(smi, lo + u * G)
+                        ok = lab >= 0
+                        la = lab if ok else 0
                         labv[u] = la
                         cv = ldx(smd, cb + la * M) if CEN else ldc32(p64, la, M, cb)
-                        t = float64(ldx(smx, O_XS + r * PITCH + c)) - cv
+                        t = float64(ldx(smx, xo + u * G * PITCH)) - cv
                         t = t if ok else 0.0
                         if WEIGHTED:
                             # a flagged row's weight slot holds whatever its row's weight is: dropped too
-                            wi = ldx(smd, O_W + r)
+                            wi = ldx(smd, wo + u * G)
                             wi = wi if ok else 0.0
                             tv[u] = wi * t
                             sse_t += wi * (t * t)
@@ -275,6 +233,9 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
                     for u in range(WB):
                         if keep[u] != 0:
                             stx(smd, so + labv[u] * M, sv[u] + tv[u])
+                    lo += WB * G
+                    xo += WB * G * PITCH
+                    wo += WB * G
         cuda.syncthreads()
         # the copies added up, into the global sums (q < KM) and counts (the K after them)
         for q in range(tid, KM + K, NT):
