@@ -80,7 +80,9 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         (below; "auto": where :func:`.bounds.bounds_pay`); ``rowmajor`` (true, false, "auto"):
         pass 1 reads the rows the bounds test lists from a row-major copy of the rows ("auto":
         where it leaves :data:`.launches.ROWMAJOR_MARGIN` free); ``sums_centres``, ``sums_wb``,
-        ``sums_group_rows``, ``sums_stage_bytes``: the sums kernel's layout (:mod:`.sums`).
+        ``sums_group_rows``, ``sums_stage_bytes``: the sums kernel's layout (:mod:`.sums`);
+        ``bounds_rpt``: rows a thread of the bounds test; ``rc_blocks``: the exact kernel's blocks
+        a multiprocessor.
 
     Attributes
     ----------
