@@ -86,10 +86,6 @@ class StepLaunches:
         prepare(rkobj, plan.smem)
         return Launch(rk, rkobj, rargs, grid, plan.NT, plan.smem, stream, self._fast)
 
-    def _test_rpt(self) -> int:
-        """Rows a thread of the bounds test (:func:`.bounds.test_kernel`; ``tune["bounds_rpt"]``)."""
-        return int(self.tune.get("bounds_rpt", TEST_RPT))
-
     def gemm_wanted(self, plan: Plan, assign: bool) -> bool:
         """Whether a step with ``plan`` takes the GEMM-shaped path (:func:`.gemm.wanted`)."""
         return gemm.wanted(plan.centres_shared, self.m, self.limits, self.tune, assign, self.rows.streaming)
@@ -100,22 +96,19 @@ class StepLaunches:
         where :meth:`gemm_wanted`), and where the plan keeps bounds the (bounds test, fused on the rows it
         lists) pair, else None."""
         keeps = not assign and self._keeps_bounds(plan, k)
-        bounds = None
         if self.gemm_wanted(plan, assign):
             fused = gemm.step_launches(self.limits, self.dtype, self.rows.weighted, self.m, int(self.rows.ld), plan,
                                        pack, x, rows, labels, flags, w, fslot, stream, delta, self._fast,
                                        self.tf32, self._bounds if keeps else None, (self._dummyi, self._dummy32))
             self.last_grid = fused.grid
-            if keeps:
-                bounds = (self._bounds.test_launch(labels, k, pack, fused.newlab, self._dummyi, self.limits, stream,
-                                                   self._fast, self._test_rpt()), fused.listed)
+            newlab, listed = fused.newlab, fused.listed
         else:
             spec = self.fused_spec(plan, pack, k)
             kern = fused_kernel(*spec)
             split = plan.mode == MODE_STEP_SPLIT
             newlab = cuda.device_array(max(1, rows), dtype=np.int32) if split else None  # pass 1's labels
-            bd = self._bounds if keeps else None
-            tail = ((bd.idx, bd.ub, bd.lb) if keeps else (self._dummyi, self._dummy32, self._dummy32))
+            bd = self._bounds
+            tail = (bd.idx, bd.ub, bd.lb) if keeps else (self._dummyi, self._dummy32, self._dummy32)
             args = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, pack.ctr, labels, flags, w,
                     newlab if split else dist2, int(fslot), *tail, 0, int(pack.gslot))
             kobj = compiled("fused", spec, kern, args)
@@ -133,10 +126,13 @@ class StepLaunches:
                 fused = gemm.Steps([fused, add], grid)
                 if keeps:
                     listed = gemm.Steps([listed, add], grid)
-            if keeps:
-                bounds = (bd.test_launch(labels, k, pack, newlab, self._dummyi, self.limits, stream, self._fast,
-                                         self._test_rpt()),
-                          listed)
+        # the bounds test writes a kept row's label into the full step's label array (``newlab``; None:
+        # an incremental step), then pass 1 runs on the rows it lists
+        bounds = None
+        if keeps:
+            rpt = int(self.tune.get("bounds_rpt", TEST_RPT))
+            bounds = (self._bounds.test_launch(labels, k, pack, newlab, self._dummyi, self.limits, stream,
+                                               self._fast, rpt), listed)
         rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta)
         rk = recheck_kernel(*rspec)
         rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))

@@ -142,7 +142,7 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         wl = cuda.local.array(LA, dtype=float64)
         # this thread's rows in its group (a runtime count: the walk stays a loop, not unrolled)
         nr = NR if g < G else 0
-        so = O_S + g * KM + c  # its sums and centre values
+        so = O_S + g * KM + c  # its sums (the centres: cb)
         cb = (O_CEN if CEN else P_C64) + c
         ntiles = (n + TR - 1) // TR
         first = cuda.blockIdx.x
