@@ -45,8 +45,11 @@ def main():
     kern = S.sums_kernel(dtype, weighted, k, m, tuple(layout), tuple(lay), cap, **idx32)
     arr = lambda t: types.Array(t, 1, "C")  # noqa: E731
     store = types.float64 if dtype == "float64" else types.float32
-    sig = (arr(store), types.int64, types.int64, arr(types.float64), arr(types.int64), arr(types.int32),
-           arr(types.int32), arr(types.float64))
+    kinds = {"x": arr(store), "n": types.int64, "ld": types.int64, "p32": arr(types.float32),
+             "p64": arr(types.float64), "ctr": arr(types.int64), "labels": arr(types.int32),
+             "newlab": arr(types.int32), "w": arr(types.float64), "flags": arr(types.int32), "fslot": types.int64}
+    # the kernel's own parameters (commits before the assigning one took no p32, flags, fslot)
+    sig = tuple(kinds[p] for p in inspect.signature(kern.py_func).parameters)
     ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=(9, 0), fastmath=False)
     with tempfile.TemporaryDirectory() as tmp:
         with open(f"{tmp}/k.ptx", "w") as f:

@@ -169,6 +169,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         self.last_flagged = 0
         self.last_plan = None
         self.last_grid = 0
+        self.last_kernels = 0
         self.last_regs = None
         self.last_fast_launch = None
         self._occupancy = {}
@@ -320,6 +321,9 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             self._events = (cuda.event(), cuda.event())
         if not self.rows.streaming:
             fused, recheck = st.launches[0]
+            # kernels of the step before the exact kernel's (the split step: 2, or 1 where the sums
+            # kernel assigns the rows itself)
+            self.last_kernels = len(getattr(fused, "launches", (fused,)))
             if profile:
                 self._events[0].record()
             if listed:

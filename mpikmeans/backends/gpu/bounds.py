@@ -46,7 +46,7 @@ import math
 import numpy as np
 
 from ..cpu.bounds import bound_drops, centre_moves
-from .device import SIM, cuda
+from .device import SIM, cuda, inline_device
 from .intrinsics import ldx, stx
 
 if cuda is not None:
@@ -87,14 +87,7 @@ def moves_and_others(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     return np.concatenate([d, bound_drops(d)])
 
 
-def _device(fn):
-    """``fn`` as a device function inlined into its kernel (the simulator takes no ``forceinline``)."""
-    if cuda is None:
-        return fn
-    return (cuda.jit(device=True) if SIM else cuda.jit(device=True, forceinline=True))(fn)
-
-
-@_device
+@inline_device
 def row_bounds(yy, b1, b2, tol):  # pragma: no cover - compiled
     """A certified row's ``(ub, lb)`` as float32 (see the module notes), from pass 1's float32 values:
     ``yy`` = ``|y|^2``, ``b1``/``b2`` the best and second-best estimates, ``tol`` the certificate."""
@@ -107,13 +100,13 @@ def row_bounds(yy, b1, b2, tol):  # pragma: no cover - compiled
     return float32(u), float32(lv if lv < LB_MAX else LB_MAX)
 
 
-@_device
+@inline_device
 def listed_rows(n, ctr, gat, gslot):  # pragma: no cover - compiled
     """The rows pass 1 searches: all ``n``, or where ``gat`` the ``ctr[gslot]`` the bounds test listed."""
     return ctr[gslot] if gat != 0 else n
 
 
-@_device
+@inline_device
 def tile_row(p, nrow, idx, gat):  # pragma: no cover - compiled
     """The row at position ``p`` of pass 1's rows (``idx[p]`` where ``gat``); past the end the last one
     (loaded and ignored)."""
@@ -121,7 +114,7 @@ def tile_row(p, nrow, idx, gat):  # pragma: no cover - compiled
     return int64(ldx(idx, q)) if gat != 0 else int64(q)
 
 
-@_device
+@inline_device
 def store_row_bounds(ub, lb, i, certified, yy, b1, b2, tol):  # pragma: no cover - compiled
     """Row ``i``'s bounds into ``ub``, ``lb`` after pass 1: :func:`row_bounds` where it was certified, else
     ``inf`` and 0 (the test fails: searched again at the next step)."""

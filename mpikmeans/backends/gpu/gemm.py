@@ -35,7 +35,7 @@ import numpy as np
 
 from .bounds import listed_rows, store_row_bounds, tile_row
 from .compiled import compiled
-from .device import SIM, cuda
+from .device import SIM, cuda, inline_device
 from .intrinsics import ld4, ldx, stx
 from .kernels import certificate
 from .launch import Launch
@@ -117,12 +117,6 @@ def repack_kernel(m_c: int, tc_c: int, nct_c: int, pack_c: tuple):
     return cuda.jit(km_gemm_repack)
 
 
-def _device(fn):
-    """``fn`` as a device function of the screens, inlined into its kernel at the NVVM level (the
-    simulator takes no ``forceinline``)."""
-    return (cuda.jit(device=True) if SIM else cuda.jit(device=True, forceinline=True))(fn)
-
-
 def _merge_best(m1, m2, mi, o1, o2, oi):  # pragma: no cover - compiled
     """Best, second best and best centre of two candidate sets ``(m1, m2, mi)`` and ``(o1, o2, oi)``.
 
@@ -135,7 +129,7 @@ def _merge_best(m1, m2, mi, o1, o2, oi):  # pragma: no cover - compiled
     return (o1 if take else m1), (hi if hi < s2 else s2), (oi if take else mi)
 
 
-merge_best = _device(_merge_best) if cuda is not None else _merge_best
+merge_best = inline_device(_merge_best)
 
 
 @functools.lru_cache(maxsize=None)
@@ -171,7 +165,7 @@ def slice_loads(storage: str, m_c: int, kpg_c: int, pack_c: tuple):
                 v = ldx(cmg, j * KPG + ct * BN + cr)
             pc[q] = v
 
-    return _device(km_slice_loads)
+    return inline_device(km_slice_loads)
 
 
 @functools.lru_cache(maxsize=None)
@@ -238,7 +232,7 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool, bounds: bool = False)
                     stx(flags, p, i2)
                 stx(newlab, i2, lab)
 
-    return _device(km_screen_verdicts)
+    return inline_device(km_screen_verdicts)
 
 
 @functools.lru_cache(maxsize=None)

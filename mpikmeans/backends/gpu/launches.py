@@ -86,6 +86,13 @@ class StepLaunches:
         prepare(rkobj, plan.smem)
         return Launch(rk, rkobj, rargs, grid, plan.NT, plan.smem, stream, self._fast)
 
+    def _sums_assign(self, plan: Plan, k: int) -> bool:
+        """Whether a split step with ``plan`` (and no bounds) is the sums kernel alone, which finds the
+        labels itself (:func:`.sums.sums_kernel`'s ``assign_tc``): where its layout holds whole rows a thread
+        and the centres are one tile of ``round_up(k, 4)`` (``tune["sums_assign"]``, default true)."""
+        return (bool(self.tune.get("sums_assign", True)) and plan.sums.cf >= 0 and plan.nct == 1
+                and plan.TC == round_up(k, 4))
+
     def gemm_wanted(self, plan: Plan, assign: bool) -> bool:
         """Whether a step with ``plan`` takes the GEMM-shaped path (:func:`.gemm.wanted`)."""
         return gemm.wanted(plan.centres_shared, self.m, self.limits, self.tune, assign, self.rows.streaming)
@@ -106,7 +113,9 @@ class StepLaunches:
             spec = self.fused_spec(plan, pack, k)
             kern = fused_kernel(*spec)
             split = plan.mode == MODE_STEP_SPLIT
-            newlab = cuda.device_array(max(1, rows), dtype=np.int32) if split else None  # pass 1's labels
+            # a split step without bounds on a shape whose sums kernel can find the labels itself: one kernel
+            one = split and not keeps and self._sums_assign(plan, k)
+            newlab = cuda.device_array(max(1, rows), dtype=np.int32) if split and not one else None  # pass 1's
             bd = self._bounds
             tail = (bd.idx, bd.ub, bd.lb) if keeps else (self._dummyi, self._dummy32, self._dummy32)
             args = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, pack.ctr, labels, flags, w,
@@ -120,10 +129,11 @@ class StepLaunches:
             # the same kernel on the rows the bounds test listed (their count is read on the device),
             # from the row-major copy of the rows where there is one
             listed = self._listed_launch(spec, kern, kobj, args, grid, plan, pack, stream) if keeps else None
-            if split:  # then the sums kernel adds the rows pass 1 certified
+            if split:  # then the sums kernel adds the rows pass 1 certified (or, one kernel, it finds them)
                 add = sums_launch(self.limits, self.dtype, self.rows.weighted, k, self.m, plan.sums, pack, x, rows,
-                                  int(self.rows.ld), labels, newlab, w, stream, self._fast, self.tune)
-                fused = gemm.Steps([fused, add], grid)
+                                  int(self.rows.ld), labels, self._dummyi if one else newlab, w, flags, fslot,
+                                  plan.TC if one else 0, stream, self._fast, self.tune)
+                fused = gemm.Steps([add] if one else [fused, add], grid)
                 if keeps:
                     listed = gemm.Steps([listed, add], grid)
         # the bounds test writes a kept row's label into the full step's label array (``newlab``; None:

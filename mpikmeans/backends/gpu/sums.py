@@ -33,9 +33,13 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from .compiled import compiled
-from .device import SIM, cuda
-from .intrinsics import ldc32, ldc64, ldx, stx
+from .device import SIM, cuda, inline_device
+from .gemm import merge_best
+from .intrinsics import ld4, ldc32, ldc64, ldx, stx
+from .kernels import _SMEM_ALIGN, certificate
 from .launch import Launch, prepare
 from .plan import PackLayout, SumsLayout
 
@@ -54,6 +58,9 @@ SUMS_MAXREG = 64
 #: together and stored together, so a batch costs one shared-memory round trip, not B chained ones
 SUMS_WALK_BATCH = 4
 
+#: the register cap at least, where the kernel assigns the rows (their distances in registers)
+SUMS_ASSIGN_MAXREG = 80
+
 
 def register_cap(limits, lay: SumsLayout) -> int:
     """The sums kernel's register cap: the most registers a thread may have while as many blocks as
@@ -69,15 +76,19 @@ def register_cap(limits, lay: SumsLayout) -> int:
 
 @functools.lru_cache(maxsize=None)
 def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple, lay_c: tuple, maxreg: int = 0,
-                idx32: bool = False, wb: int = SUMS_WALK_BATCH):
+                idx32: bool = False, wb: int = SUMS_WALK_BATCH, assign_tc: int = 0):
     """Build the summing kernel for K x M, the step buffer's layout ``pack_c`` and ``lay_c``
     (a :class:`.plan.SumsLayout`).
 
-    Kernel arguments: x, n, ld, p64, ctr, labels, newlab, w (as the fused kernel's; ``newlab``
-    int32 (n,), pass 1's certified labels, -1 for a flagged row).  ``maxreg``: a register cap
-    (0: the compiler's choice).  ``idx32``: the rows array has fewer than ``2**31`` elements,
-    so its indices are computed on 32 bits (:func:`.intrinsics.ldc32`).  ``wb``: rows a thread
-    adds per batch of its walk (at most; a power of two dividing its rows per tile).
+    Kernel arguments: x, n, ld, p32, p64, ctr, labels, newlab, w, flags, fslot (as the fused
+    kernel's; ``newlab`` int32 (n,), pass 1's certified labels, -1 for a flagged row).  ``maxreg``:
+    a register cap (0: the compiler's choice).  ``idx32``: the rows array has fewer than ``2**31``
+    elements, so its indices are computed on 32 bits (:func:`.intrinsics.ldc32`).  ``wb``: rows a
+    thread adds per batch of its walk (at most; a power of two dividing its rows per tile).
+    ``assign_tc`` (a layout with ``cf >= 0``, the step buffer's centres in one tile of that many):
+    no pass 1 ran; the kernel finds each row's label itself with pass 1's float32 screen and
+    certificate (:func:`.kernels.certificate`), hands the rows it cannot certify to the exact
+    kernel (``flags``, counted in ``ctr[fslot]``) and reads no ``newlab``.
     """
     DT = float64 if storage == "float64" else float32
     WEIGHTED = weighted
@@ -85,6 +96,7 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
     K, M = int(k_c), int(m_c)
     L = PackLayout(*pack_c)
     P_C64, P_SUMS, P_CNT, P_SSE = int(L.p64_c64), int(L.p64_sums), int(L.p64_cnt), int(L.p64_sse)
+    P_CM, P_CC, P_SH32, P_SH64, P_ZL = int(L.p32_cm), int(L.p32_cc), int(L.p32_sh), int(L.p64_sh), int(L.p32_zl)
     I_CHG = int(L.i64_chg)
     S = SumsLayout(*lay_c)
     G, COLS, NT, TR, PITCH = int(S.groups), int(S.cols), int(S.nt), int(S.rows), int(S.pitch)
@@ -93,25 +105,84 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
     CEN = int(S.cen) >= 0  # the centres staged in shared memory
     O_CEN = max(0, int(S.cen))
     KM = K * M
+    DEV = int(S.sub) > 0  # the walk reads staged deviations (plan.SumsLayout.sub)
+    TCA = int(assign_tc)  # > 0: the kernel assigns the rows (one tile of TCA centres)
+    ASG = TCA > 0
+    if ASG and (DEV or int(S.cf) < 0 or TR % NT):
+        raise ValueError("sums_kernel: assigning needs a layout with whole rows a thread (SumsLayout.cf)")
+    O_CF, O_SH = max(0, int(S.cf)), max(0, int(S.sh))
+    TOLF, TINY, BIG = certificate(M)
+    F32_INF = np.float32(np.inf)
     # staging: thread t loads rows t % RT (+ RT, ... when the tile has more rows than the
     # block threads) of attributes t // RT, + JS, ...: fixed rows, so the index arithmetic
     # is a base and constant steps, and a warp reads 32 consecutive rows of one attribute
-    RT = min(TR, NT)
+    RT = int(S.sub) if DEV else min(TR, NT)
     JS = NT // RT
     UJ = -(-M // JS)  # attributes per thread and pass over the rows
     PASSES = TR // RT  # passes over the rows
-    NV = PASSES * UJ  # values a thread loads per tile (plan.prefetch_values)
     FULLJ = M % JS == 0
     LA = -(-TR // NT)  # the tile's labels: rows per thread
-    NR = TR // G  # rows per group and tile, a multiple of 4 (plan.sums_layout)
+    # A tile is staged and walked as D parts of SP passes each: values staged as stored, one part of
+    # every pass; deviations, one part a pass (only RT rows of float64 deviations in shared memory).
+    # The registers hold the parts in flight as a queue (``D`` entries of ``EV`` values): the oldest is
+    # staged, the others move up, the newest is loaded; every index a constant, so they stay registers
+    D = PASSES if DEV else 1
+    SP = 1 if DEV else PASSES
+    EV = SP * UJ
+    NV = D * EV  # values a thread loads per tile (plan.prefetch_values)
+    NR = SP * RT // G  # rows per group and part, a multiple of 4 (plan.sums_layout)
+    NACC = LA * TCA if ASG else 1  # the assigned rows' float32 distances
     WB = max(1, int(wb))
     while NR % WB:
         WB //= 2
 
-    def km_sums(x, n, ld, p64, ctr, labels, newlab, w):
+    @inline_device
+    def assign_rows(v, smf, smx, acc, yy, labl, row0, n, zlim, ctr, flags, fslot):
+        """Pass 1 on the thread's rows (row tid + b NT of the tile at ``row0``: ``v[b M:(b + 1) M]``):
+        float32 distances to the one tile of centres, the nearest kept where the certificate holds,
+        else the row is flagged for the exact kernel; labels into ``labl`` (-1: flagged or past ``n``)."""
+        tid = cuda.threadIdx.x
+        for b in range(LA):
+            yy[b] = float32(0.0)
+            for cc in range(TCA):
+                acc[b * TCA + cc] = smf[O_CF + TCA * M + cc]
+        for j in range(M):
+            sj = ldx(smx, O_SH + j)
+            base = O_CF + j * TCA
+            for c4 in range(TCA // 4):
+                w0, w1, w2, w3 = ld4(smf, base + 4 * c4)
+                for b in range(LA):
+                    yv = float32(v[b * UJ + j] - sj)
+                    if c4 == 0:
+                        yy[b] += yv * yv
+                    o = b * TCA + 4 * c4
+                    acc[o] += yv * w0
+                    acc[o + 1] += yv * w1
+                    acc[o + 2] += yv * w2
+                    acc[o + 3] += yv * w3
+        for b in range(LA):
+            b1 = F32_INF
+            b2 = F32_INF
+            i1 = 0
+            # the lowest index wins a tie, which leaves a gap of 0 (flagged)
+            for cc in range(TCA):
+                b1, b2, i1 = merge_best(b1, b2, i1, acc[b * TCA + cc], F32_INF, cc)
+            i = row0 + tid + b * NT
+            scale = yy[b] + zlim
+            lab = -1
+            if i < n:
+                if b2 - b1 > TOLF * scale + TINY and scale < BIG:
+                    lab = i1
+                else:
+                    p = cuda.atomic.add(ctr, fslot, 1)
+                    stx(flags, p, int32(i))
+            labl[b] = lab
+
+    def km_sums(x, n, ld, p32, p64, ctr, labels, newlab, w, flags, fslot):
         smd = cuda.shared.array(0, dtype=float64)
         smx = cuda.shared.array(0, dtype=DT)
         smi = cuda.shared.array(0, dtype=int32)
+        smf = cuda.shared.array(0, dtype=float32, alignment=_SMEM_ALIGN)
         tid = cuda.threadIdx.x
         g = tid // COLS
         c = tid - g * COLS
@@ -127,12 +198,21 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         if CEN:
             for q in range(tid, KM, NT):
                 stx(smd, O_CEN + q, ldx(p64, P_C64 + q))
+        if ASG:
+            # the screen's centres (-2 (c - s) by attribute, |c - s|^2) and shift, as pass 1 stages them
+            for q in range(tid, TCA * (M + 1), NT):
+                stx(smf, O_CF + q, ldx(p32, P_CM + q) if q < TCA * M else ldx(p32, P_CC + q - TCA * M))
+            for q in range(tid, M, NT):
+                stx(smx, O_SH + q, ldx(p32, P_SH32 + q) if DT == float32 else ldx(p64, P_SH64 + q))
         if tid == 0:
             smd[O_RED] = 0.0
             smi[O_TMP] = 0
+        zlim = p32[P_ZL] if ASG else float32(0.0)
         sse_t = 0.0
         chg_t = 0
         v = cuda.local.array(NV, dtype=DT)
+        slab = cuda.local.array(D, dtype=int32)  # deviations: each queued part's row label ...
+        swt = cuda.local.array(D, dtype=float64)  # ... and weight
         labv = cuda.local.array(WB, dtype=int32)
         keep = cuda.local.array(WB, dtype=int32)
         tv = cuda.local.array(WB, dtype=float64)
@@ -140,7 +220,9 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         labl = cuda.local.array(LA, dtype=int32)
         oldl = cuda.local.array(LA, dtype=int32)
         wl = cuda.local.array(LA, dtype=float64)
-        # this thread's rows in its group (a runtime count: the walk stays a loop, not unrolled)
+        acc = cuda.local.array(NACC, dtype=float32)
+        yy = cuda.local.array(LA, dtype=float32)
+        # this thread's rows in its group and part (a runtime count: the walk stays a loop, not unrolled)
         nr = NR if g < G else 0
         so = O_S + g * KM + c  # its sums (the centres: cb)
         cb = (O_CEN if CEN else P_C64) + c
@@ -148,50 +230,91 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         first = cuda.blockIdx.x
         stride = cuda.gridDim.x
         mine = (ntiles - first + stride - 1) // stride if first < ntiles else 0
-        # Round ``it`` stages and sums tile it - 1 while the loads of tile it are in flight: they are
-        # issued before the walk and waited for only when staged, one round later (the last round's
-        # tile is past the rows: nothing is loaded)
-        for it in range(mine + 1):
-            if it > 0:
-                cuda.syncthreads()  # the last tile is summed (and, the first time, the copies are zero)
-                row0 = (first + (it - 1) * stride) * TR
-                for a in range(PASSES):
-                    sb = O_XS + (r0 + a * RT) * PITCH + j0
+        # Round ``q`` stages and sums part q - D while the loads of part q are in flight: they are
+        # issued before the walk and waited for only when staged, D rounds later (the last rounds'
+        # parts are past the rows: nothing is loaded).  Part q is pass q % D of tile q // D
+        for q in range((mine + 1) * D):
+            a = q % D
+            if q >= D:
+                cuda.syncthreads()  # the last part is summed (and, the first time, the copies are zero)
+                if a == 0:
+                    row0 = (first + (q // D - 1) * stride) * TR
+                    if ASG:
+                        assign_rows(v, smf, smx, acc, yy, labl, row0, n, zlim, ctr, flags, fslot)
+                    for b in range(LA):
+                        r = tid + b * NT
+                        if r < TR:
+                            i = row0 + r
+                            lab = labl[b]
+                            if lab >= 0:
+                                if oldl[b] != lab:
+                                    chg_t += 1
+                                    stx(labels, i, lab)
+                                # the row's count, into the copy of the group that sums it (row r: group
+                                # r % G): one atomic per row here instead of a read-modify-write per row in
+                                # the walk
+                                cuda.atomic.add(smd, O_CNT + (r % G) * K + lab, wl[b] if WEIGHTED else 1.0)
+                            if WEIGHTED and not DEV:
+                                stx(smd, O_W + r, wl[b])
+                            # deviations: a flagged row's are staged as 0, added to cluster 0
+                            stx(smi, O_LAB + r, lab if (lab >= 0 or not DEV) else 0)
+                if DEV:
+                    # the oldest part's w (x - c_lab) into the staged rows, its squares into the SSE
+                    lab = slab[0]
+                    ok = lab >= 0
+                    la = lab if ok else 0
+                    wi = swt[0] if WEIGHTED else 1.0
+                    sb = O_XS + r0 * PITCH + j0
                     for uj in range(UJ):
                         if FULLJ or int32(uj) < nj:
-                            stx(smx, sb + uj * JS, v[a * UJ + uj])
-                for a in range(LA):
-                    r = tid + a * NT
-                    if r < TR:
-                        i = row0 + r
-                        lab = labl[a]
-                        if lab >= 0:
-                            if oldl[a] != lab:
-                                chg_t += 1
-                                stx(labels, i, lab)
-                            # the row's count, into the copy of the group that sums it (row r: group r % G):
-                            # one atomic per row here instead of a read-modify-write per row in the walk
-                            cuda.atomic.add(smd, O_CNT + (r % G) * K + lab, wl[a] if WEIGHTED else 1.0)
-                        if WEIGHTED:
-                            stx(smd, O_W + r, wl[a])
-                        stx(smi, O_LAB + r, lab)
-            # the next tile's labels (pass 1's and the last step's), weights and values, into registers
-            nrow0 = (first + it * stride) * TR
-            for a in range(LA):
-                r = tid + a * NT
-                i = nrow0 + r
-                inside = r < TR and i < n
-                labl[a] = ldx(newlab, i) if inside else -1
-                oldl[a] = ldx(labels, i) if inside else -1
-                if WEIGHTED:
-                    wl[a] = ldx(w, i) if inside else 0.0
-            for a in range(PASSES):
-                i = nrow0 + r0 + a * RT
+                            jj = j0 + uj * JS
+                            cv = ldx(smd, O_CEN + la * M + jj) if CEN else ldc32(p64, la, M, P_C64 + jj)
+                            t = float64(v[uj]) - cv
+                            t = t if ok else 0.0
+                            if WEIGHTED:
+                                stx(smd, sb + uj * JS, wi * t)
+                                sse_t += wi * (t * t)
+                            else:
+                                stx(smd, sb + uj * JS, t)
+                                sse_t += t * t
+                else:
+                    for b in range(SP):
+                        sb = O_XS + (r0 + b * RT) * PITCH + j0
+                        for uj in range(UJ):
+                            if FULLJ or int32(uj) < nj:
+                                stx(smx, sb + uj * JS, v[b * UJ + uj])
+            if DEV:
+                # the queue moves up (in the first rounds too: the parts fill it from its end)
+                for e in range(NV - EV):
+                    v[e] = v[e + EV]
+                for e in range(D - 1):
+                    slab[e] = slab[e + 1]
+                    swt[e] = swt[e + 1]
+            # the next part's values (and, a tile's first, its labels: pass 1's and the last step's,
+            # and weights), into registers
+            nrow0 = (first + (q // D) * stride) * TR
+            if a == 0:
+                for b in range(LA):
+                    r = tid + b * NT
+                    i = nrow0 + r
+                    inside = r < TR and i < n
+                    if not ASG:
+                        labl[b] = ldx(newlab, i) if inside else -1
+                    oldl[b] = ldx(labels, i) if inside else -1
+                    if WEIGHTED:
+                        wl[b] = ldx(w, i) if inside else 0.0
+            for b in range(SP):
+                i = nrow0 + r0 + (a + b) * RT
                 inside = i < n
+                if DEV:
+                    slab[D - 1] = ldx(newlab, i) if inside else -1
+                    if WEIGHTED:
+                        swt[D - 1] = ldx(w, i) if inside else 0.0
                 for uj in range(UJ):
                     # attribute j0 + uj JS of row i, the index in 32 bits where the rows allow
-                    v[a * UJ + uj] = LDC(x, j0 + uj * JS, ld, i) if inside and (FULLJ or int32(uj) < nj) else DT(0.0)
-            if it > 0:
+                    v[NV - EV + b * UJ + uj] = (LDC(x, j0 + uj * JS, ld, i) if inside and (FULLJ or int32(uj) < nj)
+                                                else DT(0.0))
+            if q >= D:
                 cuda.syncthreads()
                 # WB rows per batch: labels, values and centres loaded together; rows of the batch with
                 # one cluster are added up first (into the first of them), so that the batch's sums are
@@ -199,33 +322,37 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
                 # Offsets advance by constants: the row r = g + s G is at xo + s G PITCH.  No branch on
                 # a flagged row (label -1): it adds 0 to cluster 0, straight-line code (branches per
                 # row cost more instructions than the additions, ncu: issue-bound)
-                lo = O_LAB + g
+                lo = O_LAB + a * RT + g
                 xo = O_XS + g * PITCH + c
                 wo = O_W + g
                 for s0 in range(0, nr, WB):
                     for u in range(WB):
                         lab = ldx(smi, lo + u * G)
-                        ok = lab >= 0
-                        la = lab if ok else 0
-                        labv[u] = la
-                        cv = ldx(smd, cb + la * M) if CEN else ldc32(p64, la, M, cb)
-                        t = float64(ldx(smx, xo + u * G * PITCH)) - cv
-                        t = t if ok else 0.0
-                        if WEIGHTED:
-                            # a flagged row's weight slot holds whatever its row's weight is: dropped too
-                            wi = ldx(smd, wo + u * G)
-                            wi = wi if ok else 0.0
-                            tv[u] = wi * t
-                            sse_t += wi * (t * t)
+                        if DEV:
+                            labv[u] = lab
+                            tv[u] = ldx(smd, xo + u * G * PITCH)
                         else:
-                            tv[u] = t
-                            sse_t += t * t
+                            ok = lab >= 0
+                            la = lab if ok else 0
+                            labv[u] = la
+                            cv = ldx(smd, cb + la * M) if CEN else ldc32(p64, la, M, cb)
+                            t = float64(ldx(smx, xo + u * G * PITCH)) - cv
+                            t = t if ok else 0.0
+                            if WEIGHTED:
+                                # a flagged row's weight slot holds whatever its row's weight is: dropped too
+                                wi = ldx(smd, wo + u * G)
+                                wi = wi if ok else 0.0
+                                tv[u] = wi * t
+                                sse_t += wi * (t * t)
+                            else:
+                                tv[u] = t
+                                sse_t += t * t
                     keep[0] = 1
                     for u in range(1, WB):
                         dup = 0
-                        for q in range(u):
-                            if dup == 0 and labv[q] == labv[u]:
-                                tv[q] += tv[u]
+                        for qq in range(u):
+                            if dup == 0 and labv[qq] == labv[u]:
+                                tv[qq] += tv[u]
                                 dup = 1
                         keep[u] = 1 - dup
                     for u in range(WB):
@@ -258,17 +385,18 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
 
 
 def sums_launch(limits, storage: str, weighted: bool, k: int, m: int, lay: SumsLayout, pack, x, rows: int, ld: int,
-                labels, newlab, w, stream, fast: bool, tune: dict) -> Launch:
+                labels, newlab, w, flags, fslot: int, assign_tc: int, stream, fast: bool, tune: dict) -> Launch:
     """The prepared launch of :func:`sums_kernel` for ``rows`` resident rows (``lay``: the plan's
-    :func:`.plan.sums_layout`; ``tune["sums_maxreg"]`` overrides :func:`register_cap`, ``tune["sums_wb"]``
-    the walk's batch (:data:`SUMS_WALK_BATCH`), ``tune["idx64"]``
-    forces 64-bit row indices): a persistent grid of as many blocks as the multiprocessors hold."""
-    maxreg = int(tune.get("sums_maxreg", register_cap(limits, lay)))
+    :func:`.plan.sums_layout`; ``assign_tc``: the kernel assigns the rows itself, :func:`sums_kernel`;
+    ``tune["sums_maxreg"]`` overrides :func:`register_cap`, ``tune["sums_wb"]`` the walk's batch
+    (:data:`SUMS_WALK_BATCH`), ``tune["idx64"]`` forces 64-bit row indices): a persistent grid of as
+    many blocks as the multiprocessors hold."""
+    maxreg = int(tune.get("sums_maxreg", max(register_cap(limits, lay), SUMS_ASSIGN_MAXREG if assign_tc else 0)))
     idx32 = int(m) * int(ld) < 2**31 and not tune.get("idx64")
     spec = (storage, weighted, int(k), int(m), tuple(pack.layout), tuple(lay), int(maxreg), bool(idx32),
-            int(tune.get("sums_wb", SUMS_WALK_BATCH)))
+            int(tune.get("sums_wb", SUMS_WALK_BATCH)), int(assign_tc))
     kern = sums_kernel(*spec)
-    args = (x, int(rows), int(ld), pack.dev, pack.ctr, labels, newlab, w)
+    args = (x, int(rows), int(ld), pack.p32, pack.dev, pack.ctr, labels, newlab, w, flags, int(fslot))
     kobj = compiled("sums", spec, kern, args)
     per_sm = min(limits.smem_sm // (lay.smem + 1024), 2048 // lay.nt, 32)
     if kobj is not None:
