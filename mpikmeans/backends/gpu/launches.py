@@ -93,6 +93,13 @@ class StepLaunches:
         return (bool(self.tune.get("sums_assign", True)) and plan.sums.cf >= 0 and plan.nct == 1
                 and plan.TC == round_up(k, 4))
 
+    def _sums(self, plan: Plan, pack: Pack, k: int, x, rows: int, labels, newlab, w, flags, fslot: int,
+              assign_tc: int, stream) -> Launch:
+        """The split step's sums kernel launch (:func:`.sums.sums_launch`)."""
+        return sums_launch(self.limits, self.dtype, self.rows.weighted, k, self.m, plan.sums, pack, x, rows,
+                           int(self.rows.ld), labels, newlab, w, flags, fslot, assign_tc, stream, self._fast,
+                           self.tune)
+
     def gemm_wanted(self, plan: Plan, assign: bool) -> bool:
         """Whether a step with ``plan`` takes the GEMM-shaped path (:func:`.gemm.wanted`)."""
         return gemm.wanted(plan.centres_shared, self.m, self.limits, self.tune, assign, self.rows.streaming)
@@ -109,13 +116,18 @@ class StepLaunches:
                                        self.tf32, self._bounds if keeps else None, (self._dummyi, self._dummy32))
             self.last_grid = fused.grid
             newlab, listed = fused.newlab, fused.listed
+        elif plan.mode == MODE_STEP_SPLIT and not keeps and self._sums_assign(plan, k):
+            # a split step without bounds on a shape whose sums kernel finds the labels itself: one kernel
+            # (pass 1 is neither compiled nor launched)
+            fused = gemm.Steps([self._sums(plan, pack, k, x, rows, labels, self._dummyi, w, flags, fslot, plan.TC,
+                                           stream)], 0)
+            fused.grid = self.last_grid = fused.launches[0].grid
+            newlab = listed = None
         else:
             spec = self.fused_spec(plan, pack, k)
             kern = fused_kernel(*spec)
             split = plan.mode == MODE_STEP_SPLIT
-            # a split step without bounds on a shape whose sums kernel can find the labels itself: one kernel
-            one = split and not keeps and self._sums_assign(plan, k)
-            newlab = cuda.device_array(max(1, rows), dtype=np.int32) if split and not one else None  # pass 1's
+            newlab = cuda.device_array(max(1, rows), dtype=np.int32) if split else None  # pass 1's labels
             bd = self._bounds
             tail = (bd.idx, bd.ub, bd.lb) if keeps else (self._dummyi, self._dummy32, self._dummy32)
             args = (x, int(rows), int(self.rows.ld), pack.p32, pack.dev, pack.ctr, labels, flags, w,
@@ -129,11 +141,9 @@ class StepLaunches:
             # the same kernel on the rows the bounds test listed (their count is read on the device),
             # from the row-major copy of the rows where there is one
             listed = self._listed_launch(spec, kern, kobj, args, grid, plan, pack, stream) if keeps else None
-            if split:  # then the sums kernel adds the rows pass 1 certified (or, one kernel, it finds them)
-                add = sums_launch(self.limits, self.dtype, self.rows.weighted, k, self.m, plan.sums, pack, x, rows,
-                                  int(self.rows.ld), labels, self._dummyi if one else newlab, w, flags, fslot,
-                                  plan.TC if one else 0, stream, self._fast, self.tune)
-                fused = gemm.Steps([add] if one else [fused, add], grid)
+            if split:  # then the sums kernel adds the rows pass 1 certified
+                add = self._sums(plan, pack, k, x, rows, labels, newlab, w, flags, fslot, 0, stream)
+                fused = gemm.Steps([fused, add], grid)
                 if keeps:
                     listed = gemm.Steps([listed, add], grid)
         # the bounds test writes a kept row's label into the full step's label array (``newlab``; None:
