@@ -65,9 +65,7 @@ _SIM_PROGRAM = textwrap.dedent(
             a = cpu.step(cent)
             b = gpu.step(cent)
             out["plans"].append([gpu.last_plan.mode, gpu.last_plan.R, gpu.last_plan.TC,
-                                 gpu.last_plan.nct, gpu.last_plan.centres_shared,
-                                 gpu.last_plan.sums.sub if gpu.last_plan.sums is not None else -1,
-                                 getattr(gpu, "last_kernels", 0)])
+                                 gpu.last_plan.nct, gpu.last_plan.centres_shared, gpu.last_kernels])
             flagged = gpu.last_flagged
             la, da = cpu.assign(cent)
             lb, db = gpu.assign(cent)
@@ -124,15 +122,10 @@ _SIM_PROGRAM = textwrap.dedent(
     # read from global memory, weighted
     compare("split_wb8_global_centres_weighted", xw_, cw_, weights=ww_, tune={"split": True, "sums_centres": False,
                                                                      "sums_wb": 8, "sums_assign": False}, iters=1)
-    # the staging threads stage deviations w (x - c), the walk only adds them up (forced here: by default
-    # where at most half the threads walk): three tiles of two parts over two blocks, the last tile short,
-    # weighted float32; duplicate centres (flagged rows, the exact kernel adds them) with eight groups,
-    # the centres read from global memory
-    dv = {"split": True, "sums_deviations": True}
-    ws_ = np.random.default_rng(11).uniform(0.5, 2.0, xs_.shape[0])
-    compare("split_dev_tiles_weighted_f32", xs_, cs_, dtype="float32", weights=ws_, tune=dv, iters=2)
-    compare("split_dev_duplicate_centres", x, np.vstack([c[:3], c[2:3], c[3:]]), tune=dict(dv, sums_centres=False),
-            iters=1)
+    # one kernel a full step (the sums kernel finds the labels itself): duplicate centres (flagged rows, the
+    # exact kernel adds them), eight groups, two rows a thread, the centres read from global memory
+    compare("split_one_kernel_duplicate_centres", x, np.vstack([c[:3], c[2:3], c[3:]]),
+            tune={"split": True, "sums_centres": False}, iters=1)
     # several centre tiles with padding (k=10, tiles of 4)
     x2, c2 = blobs(250, 5, 10, 2)
     compare("centre_tiles", x2, c2, tune={"TC": 4, "centres_shared": False}, iters=1)
@@ -370,22 +363,20 @@ def test_sim_split_step_matches_the_fused_one_and_cpu(sim):
     """The split full step (sums.py) against the CPU: several tiles per block, threads that only
     stage, weights; and the fused kernel's own summing pass where the split is refused."""
     for name in ("split_tiles", "split_wide_weighted_f32", "split_f64", "split_uneven_f32", "split_ties",
-                 "split_duplicate_centres_chunked", "split_wb8_global_centres_weighted", "split_dev_tiles_weighted_f32",
-                 "split_dev_duplicate_centres"):
+                 "split_duplicate_centres_chunked", "split_wb8_global_centres_weighted",
+                 "split_one_kernel_duplicate_centres"):
         rec = sim[name]
         if name.endswith("f32"):
             _assert_parity(rec, sums_tol=1e-6, exact_counts=False)
         else:  # weights' counts are float64 sums, added in another order
             _assert_parity(rec, exact_counts="weighted" not in name)
         assert {p[0] for p in rec["plans"]} == {4}, rec["plans"]
-        # deviations staged where forced (rows a part), values elsewhere (these shapes: most threads walk)
-        assert {p[5] > 0 for p in rec["plans"]} == {"_dev_" in name}, (name, rec["plans"])
         # one kernel before the exact one where the sums kernel finds the labels itself (whole rows a
-        # thread, no kept bounds), two where deviations are staged or it is told not to
-        if name in ("split_f64", "split_ties"):
-            assert {p[6] for p in rec["plans"]} == {1}, (name, rec["plans"])
-        if "_dev_" in name or name in ("split_uneven_f32", "split_wb8_global_centres_weighted"):
-            assert {p[6] for p in rec["plans"]} == {2}, (name, rec["plans"])
+        # thread, few centres, no kept bounds), else two (or told to: sums_assign false)
+        if name in ("split_f64", "split_one_kernel_duplicate_centres"):
+            assert {p[5] for p in rec["plans"]} == {1}, (name, rec["plans"])
+        if name in ("split_ties", "split_uneven_f32", "split_wb8_global_centres_weighted"):
+            assert {p[5] for p in rec["plans"]} == {2}, (name, rec["plans"])
         if "ties" in name or "duplicate" in name:  # flagged rows: the exact kernel adds them
             assert rec["steps"][0]["flagged"] > 0, rec
     rec = sim["fused_walk"]

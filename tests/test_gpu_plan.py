@@ -17,12 +17,11 @@ LIMIT = 200 * 1024  # what the backend gives a block on an H100 (smem_optin 227 
 
 
 def _regions(lay: P.SumsLayout, k: int, m: int, dsize: int, weighted: bool) -> list:
-    """(start, end) byte ranges of the layout's regions (staged deviations: ``sub`` rows of float64)."""
-    xsize, xrows = (8, lay.sub) if lay.sub else (dsize, lay.rows)
+    """(start, end) byte ranges of the layout's regions."""
     out = [(lay.sums * 8, (lay.sums + lay.groups * k * m) * 8), (lay.cnt * 8, (lay.cnt + lay.groups * k) * 8),
-           (lay.red * 8, lay.red * 8 + 8), (lay.xs * xsize, (lay.xs + xrows * lay.pitch) * xsize),
+           (lay.red * 8, lay.red * 8 + 8), (lay.xs * dsize, (lay.xs + lay.rows * lay.pitch) * dsize),
            (lay.lab * 4, (lay.lab + lay.rows) * 4), (lay.tmp * 4, lay.tmp * 4 + 4)]
-    if weighted and not lay.sub:  # deviations carry their weights
+    if weighted:
         out.append((lay.w * 8, (lay.w + lay.rows) * 8))
     if lay.cen >= 0:
         out.append((lay.cen * 8, (lay.cen + k * m) * 8))
@@ -55,18 +54,13 @@ def test_sums_layout_invariants(k, m, storage, weighted):
         assert a1 <= b0, regions  # no overlap
     assert regions[-1][1] <= lay.smem <= LIMIT and lay.smem % 16 == 0
     # the next tile a thread holds in registers while the block sums the last one
-    assert P.prefetch_values(lay.rows, m, lay.nt, lay.sub) * dsize <= P.SUMS_PREFETCH_MAX
+    assert P.prefetch_values(lay.rows, m, lay.nt) * dsize <= P.SUMS_PREFETCH_MAX
     # every value of a tile is loaded by exactly one thread
-    rt = lay.sub or min(lay.rows, lay.nt)
-    assert P.prefetch_values(lay.rows, m, lay.nt, lay.sub) * lay.nt >= lay.rows * m and lay.nt % rt == 0
-    # deviations: whole parts of whole warps of rows, each holding whole walk batches of every group;
-    # taken by default where at most half the block's threads walk
-    assert (lay.sub > 0) == (2 * lay.groups * m <= lay.nt)
-    if lay.sub:
-        assert lay.sub % 32 == 0 and lay.rows % lay.sub == 0 and lay.sub % (4 * lay.groups) == 0
+    rt = min(lay.rows, lay.nt)
+    assert P.prefetch_values(lay.rows, m, lay.nt) * lay.nt >= lay.rows * m and lay.nt % rt == 0
     # the kernel can assign the rows itself only where each thread holds whole rows of a tile
     if lay.cf >= 0:
-        assert lay.sub == 0 and lay.rows % lay.nt == 0 and lay.rows // lay.nt * P.round_up(k, 4) <= P.ASSIGN_TC_MAX
+        assert lay.rows % lay.nt == 0 and lay.rows // lay.nt * P.round_up(k, 4) <= P.ASSIGN_TC_MAX
         assert lay.cf * 4 % 16 == 0  # its 16-byte loads of four centres
 
 
@@ -88,42 +82,24 @@ def test_sums_layout_stages_the_centres_where_the_budget_allows():
 def test_sums_layout_spreads_small_shapes_over_groups():
     lay = P.sums_layout(16, 8, "float32", False, LIMIT)  # 1e8 x 8, K = 16: 1.1 KB a copy
     assert lay.groups == P.SUMS_NT // 8
-    one = P.sums_layout(50, 100, "float32", False, LIMIT, deviations=False)  # 5e6 x 100, K = 50: 40 KB a copy
+    one = P.sums_layout(50, 100, "float32", False, LIMIT)  # 5e6 x 100, K = 50: 40 KB a copy
     assert one.groups == 1 and one.rows == 64
     # float64: 16 KB staged at most, 32 rows
-    assert P.sums_layout(50, 100, "float64", False, LIMIT, deviations=False).rows == 32
-
-
-def test_sums_layout_stages_deviations_where_few_threads_walk():
-    """5e6 x 100, K = 50: 100 of 256 threads walk, so deviations are staged, 32 rows at a time (26 KB
-    of float64), 64 rows a tile in registers whatever the storage; 1e8 x 8, K = 16: every thread walks."""
-    for storage in ("float32", "float64"):
-        lay = P.sums_layout(50, 100, storage, True, LIMIT)
-        assert (lay.sub, lay.rows) == (32, 64) and lay.cen >= 0 and lay.w == lay.red  # no weights region
-        assert lay == P.sums_layout(50, 100, storage, True, LIMIT, deviations=True)
-        assert P.sums_layout(50, 100, storage, True, LIMIT, deviations=False).sub == 0
-    # at most 64 rows a group and tile, as the values' tiles; 128 where asked (four parts of 32)
-    assert P.sums_layout(50, 100, "float32", False, LIMIT, 128).rows == 128
-    assert P.sums_layout(16, 8, "float32", False, LIMIT).sub == 0
-    # forced where every thread walks: 32 groups of 8 need parts of 4 x 32 rows
-    forced = P.sums_layout(16, 8, "float32", False, LIMIT, deviations=True)
-    assert forced.sub == 128 and forced.rows % 128 == 0
-    # a part too wide for the staged budget (250 attributes: 32 x 251 x 8 = 64 KB): the values instead
-    assert P.sums_layout(40, 250, "float32", False, LIMIT, deviations=True).sub == 0
+    assert P.sums_layout(50, 100, "float64", False, LIMIT).rows == 32
 
 
 def test_sums_layout_holds_whole_rows_where_the_kernel_can_assign_them():
     """1e8 x 8, K = 16 (and 2e6 x 3, K = 7): tiles of whole rows a thread (a multiple of the block's
     threads), the screen's centres staged, so a full step can be the sums kernel alone."""
     c32 = P.sums_layout(16, 8, "float32", False, LIMIT)
-    assert (c32.rows, c32.sub) == (512, 0) and c32.cf >= 0 and c32.sh >= 0
+    assert c32.rows == 512 and c32.cf >= 0 and c32.sh >= 0
     # float64: 16 KB staged would be 128 rows; whole rows a thread take 256
     c64 = P.sums_layout(16, 8, "float64", True, LIMIT)
     assert c64.rows == P.SUMS_NT and c64.cf >= 0
     assert P.sums_layout(7, 3, "float32", False, LIMIT).cf >= 0
     # tiles of fewer rows where a thread's rows would hold more distances (48 KB staged: 1280 rows, 5 x 16)
     assert P.sums_layout(16, 8, "float32", False, LIMIT, 64, 48 * 1024).rows == 512
-    # deviations (5e6 x 100, K = 50), or more than 32 distances for one row: the labels come from pass 1
+    # more than 32 distances for one row (5e6 x 100, K = 50; K = 40): the labels come from pass 1
     assert P.sums_layout(50, 100, "float32", False, LIMIT).cf == -1
     assert P.sums_layout(40, 33, "float32", False, LIMIT).cf == -1
     assert P.sums_layout(32, 33, "float32", False, LIMIT).cf >= 0
@@ -168,8 +144,8 @@ def test_sums_register_cap_keeps_what_shared_memory_allows_resident():
     from mpikmeans.backends.gpu import sums as S
 
     h100 = SimpleNamespace(smem_sm=228 * 1024, regs_sm=65536)
-    a32 = P.sums_layout(50, 100, "float32", False, LIMIT, 32, centres=False, deviations=False)  # 53 KB: four blocks
-    a64 = P.sums_layout(50, 100, "float64", False, LIMIT, centres=False, deviations=False)  # 66 KB: three
+    a32 = P.sums_layout(50, 100, "float32", False, LIMIT, 32, centres=False)  # 53 KB: four blocks
+    a64 = P.sums_layout(50, 100, "float64", False, LIMIT, centres=False)  # 66 KB: three
     assert S.register_cap(h100, a32) == S.SUMS_MAXREG == 64
     assert S.register_cap(h100, a64) == 80  # 65536 / (3 x 256) = 85, in steps of 8
     # 64 rows with the centres staged (106 KB): two blocks, 128 registers

@@ -176,13 +176,6 @@ class SumsLayout(NamedTuple):
     ``lab``, ``tmp`` (int32); ``smem`` bytes in all; ``cen`` (float64): the K x M centres
     staged once a block, or -1 where the walk reads them from global memory.
 
-    ``sub > 0``: the staging threads stage each row's deviations ``w (x - c_lab)`` in float64
-    (and add their squares to the SSE), ``sub`` rows at a time (``xs`` then in float64 units,
-    ``sub x pitch`` of them; no ``w`` region), so the walk only adds them up: where few of the
-    block's threads walk (one copy of wide sums), the arithmetic of every value moves from the
-    walkers to all threads.  Each thread then stages rows ``t % sub`` (and holds ``rows / sub``
-    parts of the tile in registers).
-
     ``cf >= 0``: the kernel can find the rows' labels itself (one kernel a full step, no pass 1:
     :data:`ASSIGN_TC_MAX`): each thread holds whole rows (``rows`` a multiple of ``nt``), and the
     float32 screen's centres of one tile of ``round_up(k, 4)`` (``-2 (c - s)`` by attribute, then
@@ -203,14 +196,13 @@ class SumsLayout(NamedTuple):
     tmp: int
     smem: int
     cen: int = -1
-    sub: int = 0
     cf: int = -1
     sh: int = -1
 
 
 def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
                 group_rows: int = SUMS_GROUP_ROWS, stage_bytes: int = SUMS_STAGE_BYTES,
-                centres: bool = True, deviations: bool | None = None) -> SumsLayout | None:
+                centres: bool = True) -> SumsLayout | None:
     """The split sums kernel's layout for K x M, or None where it does not fit.
 
     As many copies as fill :data:`SUMS_COPIES_BYTES` (small K x M: every thread of a
@@ -223,9 +215,8 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
     this many rows per group in a tile, and about this many bytes staged.  ``centres``
     (``tune`` key ``sums_centres``): stage the K x M float64 centres in the block where the
     budget and :data:`SUMS_CENTRES_BLOCK` allow (the walk reads one per value; from global
-    memory they come from L2, as the staged tiles leave the L1 little room).  ``deviations`` (``tune``
-    key ``sums_deviations``; None: where at most half the block's threads walk): stage deviations
-    (``sub``, above) where they fit, else the values.
+    memory they come from L2, as the staged tiles leave the L1 little room).  Tiles of whole rows a
+    thread where the kernel can then find the rows' labels itself (``cf``, :data:`ASSIGN_TC_MAX`).
     """
     dsize = 8 if storage == "float64" else 4
     nt = SUMS_NT
@@ -235,22 +226,9 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
         return None
     # a power of two (it divides the block's threads), each group's rows a multiple of 4 (the walk's batches)
     groups = 1 << (max(1, min(nt // m, SUMS_COPIES_BYTES // copy)).bit_length() - 1)
-    # 32 d rows for d a divisor of nt / 32, or multiples of nt
-    shapes = [32 * d for d in range(1, nt // 32 + 1) if (nt // 32) % d == 0] + [nt * x for x in range(2, 9)]
-    if deviations is None:
-        deviations = 2 * groups * m <= nt
-    if deviations:
-        # the fewest rows a part (whole walk batches of every group), staged in float64; as many parts
-        # a tile as the registers and ``group_rows`` allow
-        sub = min((r for r in shapes if r <= nt and r % (4 * groups) == 0), default=0)
-        fits = [sub * p for p in (4, 2, 1) if sub and sub * p // groups <= max(int(group_rows), sub // groups)
-                and prefetch_values(sub * p, m, nt, sub) * dsize <= SUMS_PREFETCH_MAX]
-        if fits and sub * pitch * 8 <= SUMS_STAGE_MAX:
-            lay = _sums_regions(k, m, groups, nt, fits[0], pitch, budget, centres, weighted, 8, sub * pitch * 8, sub)
-            if lay is not None:
-                return lay
     want = groups * max(4, min(int(group_rows), int(stage_bytes) // (groups * pitch * dsize)) // 4 * 4)
-    # the fewest rows at least ``want``
+    # 32 d rows for d a divisor of nt / 32, or multiples of nt: the fewest at least ``want``
+    shapes = [32 * d for d in range(1, nt // 32 + 1) if (nt // 32) % d == 0] + [nt * x for x in range(2, 9)]
     rows = min((r for r in shapes if r >= want and r % (4 * groups) == 0), default=nt * 8)
     tca = round_up(k, 4)
     if tca <= ASSIGN_TC_MAX and nt % (4 * groups) == 0 and nt * pitch * dsize <= SUMS_STAGE_MAX:
@@ -259,40 +237,32 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
     if rows * pitch * dsize > SUMS_STAGE_MAX or prefetch_values(rows, m, nt) * dsize > SUMS_PREFETCH_MAX:
         return None
     assign = rows % nt == 0 and rows // nt * tca <= ASSIGN_TC_MAX
-    return _sums_regions(k, m, groups, nt, rows, pitch, budget, centres, weighted, dsize, rows * pitch * dsize, 0,
-                         (tca, dsize) if assign else None)
-
-
-def _sums_regions(k, m, groups, nt, rows, pitch, budget, centres, weighted, xsize, xbytes, sub, assign=None):
-    """:func:`sums_layout`'s shared-memory regions (``xbytes`` of staged rows in units of ``xsize``
-    bytes; ``assign``: (centres' tile, storage bytes) of the screen's centres), with the centres where they
-    fit, or None where the block does not fit ``budget``."""
     for cen in ([True, False] if centres else [False]):
         a = _Arena()
         sums = a.take(groups * k * m * 8)
         cnt = a.take(groups * k * 8)
-        w = a.take(rows * 8 if weighted and not sub else 0)
+        w = a.take(rows * 8 if weighted else 0)
         red = a.take(8)
-        xs = a.take(xbytes)
+        xs = a.take(rows * pitch * dsize)
         lab = a.take(rows * 4)
         tmp = a.take(4)
         cs = a.take(k * m * 8 if cen else 0)
-        cf = a.take((assign[0] * (m + 1) * 4) if assign else 0)
-        sh = a.take((m * assign[1]) if assign else 0)
+        cf = a.take(tca * (m + 1) * 4 if assign else 0)
+        sh = a.take(m * dsize if assign else 0)
         smem = a.total()
         if smem <= (min(budget, SUMS_CENTRES_BLOCK) if cen else budget):
             return SumsLayout(groups=groups, cols=m, nt=nt, rows=rows, pitch=pitch, sums=sums // 8, cnt=cnt // 8,
-                              w=w // 8, red=red // 8, xs=xs // xsize, lab=lab // 4, tmp=tmp // 4, smem=smem,
-                              cen=cs // 8 if cen else -1, sub=sub, cf=cf // 4 if assign else -1,
-                              sh=sh // assign[1] if assign else -1)
+                              w=w // 8, red=red // 8, xs=xs // dsize, lab=lab // 4, tmp=tmp // 4, smem=smem,
+                              cen=cs // 8 if cen else -1, cf=cf // 4 if assign else -1,
+                              sh=sh // dsize if assign else -1)
     return None
 
 
-def prefetch_values(rows: int, m: int, nt: int, sub: int = 0) -> int:
+def prefetch_values(rows: int, m: int, nt: int) -> int:
     """Values of a tile of ``rows`` x ``m`` that each of ``nt`` threads loads (and holds while the
     block sums the tile before): rows ``t % RT, + RT, ...`` of attributes ``t // RT, + nt / RT, ...``
-    with ``RT = min(rows, nt)``, or ``RT = sub`` where deviations are staged ``sub`` rows at a time."""
-    rt = sub or min(rows, nt)
+    with ``RT = min(rows, nt)``."""
+    rt = min(rows, nt)
     return (rows // rt) * -(-m // (nt // rt))
 
 
@@ -417,8 +387,7 @@ def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
     else:
         modes = [MODE_STEP_SHARED, MODE_STEP_GLOBAL]
         sums = (sums_layout(k, m, storage, weighted, budget, int(tune.get("sums_group_rows", SUMS_GROUP_ROWS)),
-                            int(tune.get("sums_stage_bytes", SUMS_STAGE_BYTES)), bool(tune.get("sums_centres", True)),
-                            tune.get("sums_deviations"))
+                            int(tune.get("sums_stage_bytes", SUMS_STAGE_BYTES)), bool(tune.get("sums_centres", True)))
                 if tune.get("split", split) else None)
         if sums is not None:
             modes.insert(0, MODE_STEP_SPLIT)

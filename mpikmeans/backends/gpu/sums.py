@@ -105,10 +105,9 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
     CEN = int(S.cen) >= 0  # the centres staged in shared memory
     O_CEN = max(0, int(S.cen))
     KM = K * M
-    DEV = int(S.sub) > 0  # the walk reads staged deviations (plan.SumsLayout.sub)
     TCA = int(assign_tc)  # > 0: the kernel assigns the rows (one tile of TCA centres)
     ASG = TCA > 0
-    if ASG and (DEV or int(S.cf) < 0 or TR % NT):
+    if ASG and (int(S.cf) < 0 or TR % NT):
         raise ValueError("sums_kernel: assigning needs a layout with whole rows a thread (SumsLayout.cf)")
     O_CF, O_SH = max(0, int(S.cf)), max(0, int(S.sh))
     TOLF, TINY, BIG = certificate(M)
@@ -116,21 +115,14 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
     # staging: thread t loads rows t % RT (+ RT, ... when the tile has more rows than the
     # block threads) of attributes t // RT, + JS, ...: fixed rows, so the index arithmetic
     # is a base and constant steps, and a warp reads 32 consecutive rows of one attribute
-    RT = int(S.sub) if DEV else min(TR, NT)
+    RT = min(TR, NT)
     JS = NT // RT
     UJ = -(-M // JS)  # attributes per thread and pass over the rows
     PASSES = TR // RT  # passes over the rows
+    NV = PASSES * UJ  # values a thread loads per tile (plan.prefetch_values)
     FULLJ = M % JS == 0
     LA = -(-TR // NT)  # the tile's labels: rows per thread
-    # A tile is staged and walked as D parts of SP passes each: values staged as stored, one part of
-    # every pass; deviations, one part a pass (only RT rows of float64 deviations in shared memory).
-    # The registers hold the parts in flight as a queue (``D`` entries of ``EV`` values): the oldest is
-    # staged, the others move up, the newest is loaded; every index a constant, so they stay registers
-    D = PASSES if DEV else 1
-    SP = 1 if DEV else PASSES
-    EV = SP * UJ
-    NV = D * EV  # values a thread loads per tile (plan.prefetch_values)
-    NR = SP * RT // G  # rows per group and part, a multiple of 4 (plan.sums_layout)
+    NR = TR // G  # rows per group and tile, a multiple of 4 (plan.sums_layout)
     NACC = LA * TCA if ASG else 1  # the assigned rows' float32 distances
     WB = max(1, int(wb))
     while NR % WB:
@@ -211,8 +203,6 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         sse_t = 0.0
         chg_t = 0
         v = cuda.local.array(NV, dtype=DT)
-        slab = cuda.local.array(D, dtype=int32)  # deviations: each queued part's row label ...
-        swt = cuda.local.array(D, dtype=float64)  # ... and weight
         labv = cuda.local.array(WB, dtype=int32)
         keep = cuda.local.array(WB, dtype=int32)
         tv = cuda.local.array(WB, dtype=float64)
@@ -222,7 +212,7 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         wl = cuda.local.array(LA, dtype=float64)
         acc = cuda.local.array(NACC, dtype=float32)
         yy = cuda.local.array(LA, dtype=float32)
-        # this thread's rows in its group and part (a runtime count: the walk stays a loop, not unrolled)
+        # this thread's rows in its group (a runtime count: the walk stays a loop, not unrolled)
         nr = NR if g < G else 0
         so = O_S + g * KM + c  # its sums (the centres: cb)
         cb = (O_CEN if CEN else P_C64) + c
@@ -230,91 +220,54 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         first = cuda.blockIdx.x
         stride = cuda.gridDim.x
         mine = (ntiles - first + stride - 1) // stride if first < ntiles else 0
-        # Round ``q`` stages and sums part q - D while the loads of part q are in flight: they are
-        # issued before the walk and waited for only when staged, D rounds later (the last rounds'
-        # parts are past the rows: nothing is loaded).  Part q is pass q % D of tile q // D
-        for q in range((mine + 1) * D):
-            a = q % D
-            if q >= D:
-                cuda.syncthreads()  # the last part is summed (and, the first time, the copies are zero)
-                if a == 0:
-                    row0 = (first + (q // D - 1) * stride) * TR
-                    if ASG:
-                        assign_rows(v, smf, smx, acc, yy, labl, row0, n, zlim, ctr, flags, fslot)
-                    for b in range(LA):
-                        r = tid + b * NT
-                        if r < TR:
-                            i = row0 + r
-                            lab = labl[b]
-                            if lab >= 0:
-                                if oldl[b] != lab:
-                                    chg_t += 1
-                                    stx(labels, i, lab)
-                                # the row's count, into the copy of the group that sums it (row r: group
-                                # r % G): one atomic per row here instead of a read-modify-write per row in
-                                # the walk
-                                cuda.atomic.add(smd, O_CNT + (r % G) * K + lab, wl[b] if WEIGHTED else 1.0)
-                            if WEIGHTED and not DEV:
-                                stx(smd, O_W + r, wl[b])
-                            # deviations: a flagged row's are staged as 0, added to cluster 0
-                            stx(smi, O_LAB + r, lab if (lab >= 0 or not DEV) else 0)
-                if DEV:
-                    # the oldest part's w (x - c_lab) into the staged rows, its squares into the SSE
-                    lab = slab[0]
-                    ok = lab >= 0
-                    la = lab if ok else 0
-                    wi = swt[0] if WEIGHTED else 1.0
-                    sb = O_XS + r0 * PITCH + j0
+        # Round ``it`` stages and sums tile it - 1 while the loads of tile it are in flight: they are
+        # issued before the walk and waited for only when staged, one round later (the last round's
+        # tile is past the rows: nothing is loaded)
+        for it in range(mine + 1):
+            if it > 0:
+                cuda.syncthreads()  # the last tile is summed (and, the first time, the copies are zero)
+                row0 = (first + (it - 1) * stride) * TR
+                if ASG:
+                    assign_rows(v, smf, smx, acc, yy, labl, row0, n, zlim, ctr, flags, fslot)
+                for a in range(PASSES):
+                    sb = O_XS + (r0 + a * RT) * PITCH + j0
                     for uj in range(UJ):
                         if FULLJ or int32(uj) < nj:
-                            jj = j0 + uj * JS
-                            cv = ldx(smd, O_CEN + la * M + jj) if CEN else ldc32(p64, la, M, P_C64 + jj)
-                            t = float64(v[uj]) - cv
-                            t = t if ok else 0.0
-                            if WEIGHTED:
-                                stx(smd, sb + uj * JS, wi * t)
-                                sse_t += wi * (t * t)
-                            else:
-                                stx(smd, sb + uj * JS, t)
-                                sse_t += t * t
-                else:
-                    for b in range(SP):
-                        sb = O_XS + (r0 + b * RT) * PITCH + j0
-                        for uj in range(UJ):
-                            if FULLJ or int32(uj) < nj:
-                                stx(smx, sb + uj * JS, v[b * UJ + uj])
-            if DEV:
-                # the queue moves up (in the first rounds too: the parts fill it from its end)
-                for e in range(NV - EV):
-                    v[e] = v[e + EV]
-                for e in range(D - 1):
-                    slab[e] = slab[e + 1]
-                    swt[e] = swt[e + 1]
-            # the next part's values (and, a tile's first, its labels: pass 1's and the last step's,
-            # and weights), into registers
-            nrow0 = (first + (q // D) * stride) * TR
-            if a == 0:
-                for b in range(LA):
-                    r = tid + b * NT
-                    i = nrow0 + r
-                    inside = r < TR and i < n
-                    if not ASG:
-                        labl[b] = ldx(newlab, i) if inside else -1
-                    oldl[b] = ldx(labels, i) if inside else -1
-                    if WEIGHTED:
-                        wl[b] = ldx(w, i) if inside else 0.0
-            for b in range(SP):
-                i = nrow0 + r0 + (a + b) * RT
+                            stx(smx, sb + uj * JS, v[a * UJ + uj])
+                for a in range(LA):
+                    r = tid + a * NT
+                    if r < TR:
+                        i = row0 + r
+                        lab = labl[a]
+                        if lab >= 0:
+                            if oldl[a] != lab:
+                                chg_t += 1
+                                stx(labels, i, lab)
+                            # the row's count, into the copy of the group that sums it (row r: group r % G):
+                            # one atomic per row here instead of a read-modify-write per row in the walk
+                            cuda.atomic.add(smd, O_CNT + (r % G) * K + lab, wl[a] if WEIGHTED else 1.0)
+                        if WEIGHTED:
+                            stx(smd, O_W + r, wl[a])
+                        stx(smi, O_LAB + r, lab)
+            # the next tile's labels (pass 1's, unless the kernel finds them, and the last step's), weights
+            # and values, into registers
+            nrow0 = (first + it * stride) * TR
+            for a in range(LA):
+                r = tid + a * NT
+                i = nrow0 + r
+                inside = r < TR and i < n
+                if not ASG:
+                    labl[a] = ldx(newlab, i) if inside else -1
+                oldl[a] = ldx(labels, i) if inside else -1
+                if WEIGHTED:
+                    wl[a] = ldx(w, i) if inside else 0.0
+            for a in range(PASSES):
+                i = nrow0 + r0 + a * RT
                 inside = i < n
-                if DEV:
-                    slab[D - 1] = ldx(newlab, i) if inside else -1
-                    if WEIGHTED:
-                        swt[D - 1] = ldx(w, i) if inside else 0.0
                 for uj in range(UJ):
                     # attribute j0 + uj JS of row i, the index in 32 bits where the rows allow
-                    v[NV - EV + b * UJ + uj] = (LDC(x, j0 + uj * JS, ld, i) if inside and (FULLJ or int32(uj) < nj)
-                                                else DT(0.0))
-            if q >= D:
+                    v[a * UJ + uj] = LDC(x, j0 + uj * JS, ld, i) if inside and (FULLJ or int32(uj) < nj) else DT(0.0)
+            if it > 0:
                 cuda.syncthreads()
                 # WB rows per batch: labels, values and centres loaded together; rows of the batch with
                 # one cluster are added up first (into the first of them), so that the batch's sums are
@@ -322,37 +275,33 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
                 # Offsets advance by constants: the row r = g + s G is at xo + s G PITCH.  No branch on
                 # a flagged row (label -1): it adds 0 to cluster 0, straight-line code (branches per
                 # row cost more instructions than the additions, ncu: issue-bound)
-                lo = O_LAB + a * RT + g
+                lo = O_LAB + g
                 xo = O_XS + g * PITCH + c
                 wo = O_W + g
                 for s0 in range(0, nr, WB):
                     for u in range(WB):
                         lab = ldx(smi, lo + u * G)
-                        if DEV:
-                            labv[u] = lab
-                            tv[u] = ldx(smd, xo + u * G * PITCH)
+                        ok = lab >= 0
+                        la = lab if ok else 0
+                        labv[u] = la
+                        cv = ldx(smd, cb + la * M) if CEN else ldc32(p64, la, M, cb)
+                        t = float64(ldx(smx, xo + u * G * PITCH)) - cv
+                        t = t if ok else 0.0
+                        if WEIGHTED:
+                            # a flagged row's weight slot holds whatever its row's weight is: dropped too
+                            wi = ldx(smd, wo + u * G)
+                            wi = wi if ok else 0.0
+                            tv[u] = wi * t
+                            sse_t += wi * (t * t)
                         else:
-                            ok = lab >= 0
-                            la = lab if ok else 0
-                            labv[u] = la
-                            cv = ldx(smd, cb + la * M) if CEN else ldc32(p64, la, M, cb)
-                            t = float64(ldx(smx, xo + u * G * PITCH)) - cv
-                            t = t if ok else 0.0
-                            if WEIGHTED:
-                                # a flagged row's weight slot holds whatever its row's weight is: dropped too
-                                wi = ldx(smd, wo + u * G)
-                                wi = wi if ok else 0.0
-                                tv[u] = wi * t
-                                sse_t += wi * (t * t)
-                            else:
-                                tv[u] = t
-                                sse_t += t * t
+                            tv[u] = t
+                            sse_t += t * t
                     keep[0] = 1
                     for u in range(1, WB):
                         dup = 0
-                        for qq in range(u):
-                            if dup == 0 and labv[qq] == labv[u]:
-                                tv[qq] += tv[u]
+                        for q in range(u):
+                            if dup == 0 and labv[q] == labv[u]:
+                                tv[q] += tv[u]
                                 dup = 1
                         keep[u] = 1 - dup
                     for u in range(WB):
