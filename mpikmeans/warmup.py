@@ -167,13 +167,18 @@ def gpu_warm_tune(m: int, rows: int, dtype: str, free_memory: int) -> dict:
     its full step's plan, the split step (pass 1, the sums kernel, the kept bounds' kernels) where
     its rows are resident (as :meth:`mpikmeans.backends.gpu.rows.DeviceRows.load` decides, from
     ``free_memory`` bytes) and many enough (:data:`mpikmeans.backends.gpu.plan.SPLIT_MIN_VALUES`).
-    A warm-up on its own few rows would compile the fused kernel's summing plan instead.
+    A warm-up on its own few rows would compile the fused kernel's summing plan instead.  Resident
+    rows fewer than that: the backend's own rule, which takes the split step where it is one kernel
+    (as it does for the run's rows: it does not depend on their number); streamed rows: no split.
     """
     from .backends.gpu.plan import SPLIT_MIN_VALUES
 
     row_bytes = m * (8 if dtype == "float64" else 4) + 8
     resident = rows * row_bytes <= 0.8 * free_memory
-    return {"idx64": needs_idx64(m, rows), "split": resident and m * rows >= SPLIT_MIN_VALUES}
+    tune = {"idx64": needs_idx64(m, rows)}
+    if not resident or m * rows >= SPLIT_MIN_VALUES:
+        tune["split"] = resident
+    return tune
 
 
 def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int = 0,

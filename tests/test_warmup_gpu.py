@@ -26,8 +26,9 @@ GIB = 1 << 30
 
 def test_warm_tune_takes_the_split_step_for_many_resident_rows():
     assert gpu_warm_tune(100, 5_000_000, "float64", 80 * GIB) == {"idx64": False, "split": True}
-    # few values: the fused kernel's own sums, as the run decides (plan.SPLIT_MIN_VALUES = 2**24)
-    assert gpu_warm_tune(3, 2_000_000, "float64", 80 * GIB)["split"] is False
+    # few values: the backend's own rule, as in the run (plan.SPLIT_MIN_VALUES = 2**24: the split step only
+    # where it is one kernel, else the fused kernel's own sums)
+    assert "split" not in gpu_warm_tune(3, 2_000_000, "float64", 80 * GIB)
     assert gpu_warm_tune(8, 1 << 21, "float32", 80 * GIB)["split"] is True  # exactly 2**24 values
 
 
@@ -56,6 +57,14 @@ _PROGRAM = textwrap.dedent(
         st = be._states[(8, False, False)]
         out[name] = {"mode": int(st.plan.mode), "bounds": st.bounds is not None}
         be.close()
+    # 3 attributes, 7 centres (2e6 x 3, K = 7): few rows, no bounds, whole rows a thread: one kernel
+    be = GPUBackend(dtype="float32")
+    be.tune.update(gpu_warm_tune(3, 2_000_000, "float32", be.limits.free_memory()))
+    be.load(np.random.default_rng(0).normal(size=(64, 3)))
+    be.warmup(7, 3)
+    st = be._states[(7, False, False)]
+    out["one_kernel"] = {"mode": int(st.plan.mode), "kernels": len(st.launches[0][0].launches)}
+    be.close()
     print(json.dumps(out))
     """
 )
@@ -73,6 +82,7 @@ def test_warm_up_on_few_rows_builds_the_runs_split_step_with_bounds():
 
     assert out["big"] == {"mode": MODE_STEP_SPLIT, "bounds": True}, out
     assert out["small"]["mode"] == MODE_STEP_SHARED and not out["small"]["bounds"], out
+    assert out["one_kernel"] == {"mode": MODE_STEP_SPLIT, "kernels": 1}, out
 
 
 _ASSIGN_PROGRAM = textwrap.dedent(

@@ -131,6 +131,9 @@ if HAVE_NUMBA_CUDA and not SIM:
     dmul_rn = libdevice.dmul_rn
     dadd_rn = libdevice.dadd_rn
     rint = libdevice.rint  # round half to even, as numpy.rint
+    # one instruction each (min.f32 / max.f32); a NaN operand yields the other one
+    fminf = libdevice.fminf
+    fmaxf = libdevice.fmaxf
 
 else:
 
@@ -142,6 +145,12 @@ else:
 
     def rint(x):
         return float(np.rint(x))
+
+    def fminf(x, y):
+        return x if y != y or x < y else y
+
+    def fmaxf(x, y):
+        return x if y != y or x > y else y
 
     def ld4(arr, idx):
         return arr[idx], arr[idx + 1], arr[idx + 2], arr[idx + 3]

@@ -54,7 +54,8 @@ SUMS_CENTRES_BLOCK = 113 * 1024
 #: that makes them fit)
 ASSIGN_TC_MAX = 32
 #: a full step takes the split path from this many values of rows on (N x M): below it the second
-#: launch and its barriers cost more than they save (H100, 2e6 x 3, K = 7: 0.12 -> 0.19 ms)
+#: launch and its barriers cost more than they save (H100, 2e6 x 3, K = 7: 0.12 -> 0.19 ms), unless the
+#: split step is one kernel (the backend's rule, :meth:`.backend.GPUBackend._plan`)
 SPLIT_MIN_VALUES = 1 << 24
 
 

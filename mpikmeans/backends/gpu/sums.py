@@ -37,8 +37,7 @@ import numpy as np
 
 from .compiled import compiled
 from .device import SIM, cuda, inline_device
-from .gemm import merge_best
-from .intrinsics import ld4, ldc32, ldc64, ldx, stx
+from .intrinsics import fmaxf, fminf, ld4, ldc32, ldc64, ldx, stx
 from .kernels import _SMEM_ALIGN, certificate
 from .launch import Launch, prepare
 from .plan import PackLayout, SumsLayout
@@ -156,9 +155,12 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
             b1 = F32_INF
             b2 = F32_INF
             i1 = 0
-            # the lowest index wins a tie, which leaves a gap of 0 (flagged)
+            # best, second best, and the lowest index of the best: a tie leaves a gap of 0 (flagged)
             for cc in range(TCA):
-                b1, b2, i1 = merge_best(b1, b2, i1, acc[b * TCA + cc], F32_INF, cc)
+                d = acc[b * TCA + cc]
+                i1 = cc if d < b1 else i1
+                b2 = fminf(b2, fmaxf(b1, d))
+                b1 = fminf(b1, d)
             i = row0 + tid + b * NT
             scale = yy[b] + zlim
             lab = -1
