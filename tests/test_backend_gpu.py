@@ -871,13 +871,9 @@ def test_gpu_fullstep_case_plans_match_cpu_float64(case):
     """Each of bench fullstep's cases on its own plan (and kept bounds where it keeps them), from the
     first K rows so labels keep changing: every step's sums, counts, changes and SSE, and the labels,
     as the CPU backend's in float64."""
-    from mpikmeans.backends.gpu.plan import SPLIT_MIN_VALUES, choose_plan
-
     (n_full, m, k), n = _FULLSTEP_CASES[case]
     gpu = _gpu_vs_cpu(n, m, k, iters=6, start_rows=True, seed=31)
-    lim = gpu.limits
-    full = choose_plan(k, m, "float64", False, False, min(lim.smem_optin, 200 * 1024), {}, lim.smem_sm, False,
-                       n_full * m >= SPLIT_MIN_VALUES)
+    full = gpu._plan_for(k, False, False, n_full)  # the case's own plan (its rows: the split step or not)
     plan = gpu._plan(k, False)
     assert (plan.mode, gpu.gemm_wanted(plan, False)) == (full.mode, gpu.gemm_wanted(full, False)), case
 

@@ -228,19 +228,24 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         key = (k, assign, delta)
         plan = self._plans.get(key)
         if plan is None:
-            limit = min(self.limits.smem_optin, 200 * 1024) if not SIM else 48 * 1024
-            split = not self.rows.streaming and self.n * self.m >= SPLIT_MIN_VALUES  # the split full step's rule
-            plan = choose_plan(k, self.m, self.dtype, assign, self.rows.weighted, limit, self.tune,
-                               self.limits.smem_sm, delta, split)
-            if not (split or self.rows.streaming or assign or delta or "split" in self.tune):
-                # fewer rows: the split step where it is one kernel, the sums kernel finding the labels
-                # itself (no second launch; H100, 2e6 x 3, K = 7: 0.099 against the fused kernel's 0.117 ms)
-                one = choose_plan(k, self.m, self.dtype, False, self.rows.weighted, limit, self.tune,
-                                  self.limits.smem_sm, False, True)
-                if (one.mode == MODE_STEP_SPLIT and self._sums_assign(one, k)
-                        and not bounds_wanted(self.tune.get("bounds", "auto"), k, self.m, self.dtype)):
-                    plan = one
+            plan = self._plan_for(k, assign, delta, self.n)
             self._plans[key] = plan
+        return plan
+
+    def _plan_for(self, k: int, assign: bool, delta: bool, n: int) -> Plan:
+        """The plan this backend takes for ``n`` rows of its kind (resident or streamed, dtype, weights)."""
+        limit = min(self.limits.smem_optin, 200 * 1024) if not SIM else 48 * 1024
+        split = not self.rows.streaming and n * self.m >= SPLIT_MIN_VALUES  # the split full step's rule
+        plan = choose_plan(k, self.m, self.dtype, assign, self.rows.weighted, limit, self.tune,
+                           self.limits.smem_sm, delta, split)
+        if not (split or self.rows.streaming or assign or delta or "split" in self.tune):
+            # fewer rows: the split step where it is one kernel, the sums kernel finding the labels
+            # itself (no second launch; H100, 2e6 x 3, K = 7: 0.099 against the fused kernel's 0.117 ms)
+            one = choose_plan(k, self.m, self.dtype, False, self.rows.weighted, limit, self.tune,
+                              self.limits.smem_sm, False, True)
+            if (one.mode == MODE_STEP_SPLIT and self._sums_assign(one, k)
+                    and not bounds_wanted(self.tune.get("bounds", "auto"), k, self.m, self.dtype)):
+                plan = one
         return plan
 
     def _state(self, k: int, assign: bool, delta: bool = False) -> _State:
