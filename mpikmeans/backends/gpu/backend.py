@@ -75,7 +75,9 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         dispatcher instead of the prepared launches; ``profile`` sets :attr:`profile`;
         ``delta`` ("auto", "always", "never"), see below; ``split`` (bool) and
         ``sums_maxreg``: the split full step of :mod:`.sums` (taken with resident rows
-        from :data:`.plan.SPLIT_MIN_VALUES` values on) and its sums kernel's register cap;
+        from :data:`.plan.SPLIT_MIN_VALUES` values on, or where it is one kernel) and its sums
+        kernel's register cap; ``sums_assign`` (default true): the split step as one kernel, the sums
+        kernel finding the labels itself, where its layout allows and no bounds are kept;
         ``bounds`` (true, false or the default "auto"): keep each row's bounds on the device
         (below; "auto": where :func:`.bounds.bounds_pay`); ``rowmajor`` (true, false, "auto"):
         pass 1 reads the rows the bounds test lists from a row-major copy of the rows ("auto":
@@ -90,6 +92,9 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         Rows the last step's pass 1 searched (``n`` unless the bounds test ran).
     last_bounds_tested : bool
         Whether the last step tested the kept bounds.
+    last_kernels : int
+        Kernels the last resident step launched before the exact kernel (the split step: 2, or 1
+        where the sums kernel assigns the rows itself; 0 before a step, or streamed rows).
     profile : bool
         Record :attr:`last_kernel_ms`, the kernels' time in the last step or assignment
         (CUDA events around them; two event records per step; not when streaming).

@@ -27,6 +27,13 @@ then this kernel, small enough for many resident warps:
 It also counts the changed labels and writes the new ones (pass 1 leaves ``labels``
 alone, so the exact kernel still sees a flagged row's old label) and sums
 ``w |x - c_lab|^2`` per element, the exact diff form, for the SSE.
+
+Where a thread loads whole rows (tiles of a multiple of the block's threads) and the
+centres are few (:data:`.plan.ASSIGN_TC_MAX`), the kernel can find the labels itself
+(``assign_tc``): pass 1's float32 screen and certificate on the rows in its registers, the
+rows it cannot certify listed for the exact kernel.  A full step without kept bounds is then
+this kernel alone: the rows are read once (1e8 x 8, K = 16 on the H100: 3.1 against 4.1 ms
+float32, 3.8 against 5.1 float64, ``bench/GPU_NOTES.md`` v16).
 """
 
 from __future__ import annotations
