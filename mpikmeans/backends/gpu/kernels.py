@@ -27,7 +27,7 @@ _U32 = 2.0 ** -24
 #: rows whose |y|^2 + 2 max|z|^2 exceeds this go to the exact path (float32 overflow guard).
 _BIG = 1.0e30
 #: the 16-byte centre loads need an aligned shared base (the simulator refuses the argument)
-_SMEM_ALIGN = None if SIM else 16
+SMEM_ALIGN = None if SIM else 16
 
 
 def certificate(m: int) -> tuple:
@@ -136,7 +136,7 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
         raise ValueError("fused_kernel: row-major rows only for the listed rows of a split or incremental step")
 
     def km_fused(x, n, ld, p32, p64, ctr, labels, flags, w, dist2, fslot, idx, ub, lb, gat, gslot):
-        smf = cuda.shared.array(0, dtype=float32, alignment=_SMEM_ALIGN)
+        smf = cuda.shared.array(0, dtype=float32, alignment=SMEM_ALIGN)
         smd = cuda.shared.array(0, dtype=float64)
         smi = cuda.shared.array(0, dtype=int32)
         smx = cuda.shared.array(0, dtype=DT)

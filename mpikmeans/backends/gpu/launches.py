@@ -119,9 +119,9 @@ class StepLaunches:
         elif plan.mode == MODE_STEP_SPLIT and not keeps and self._sums_assign(plan, k):
             # a split step without bounds on a shape whose sums kernel finds the labels itself: one kernel
             # (pass 1 is neither compiled nor launched)
-            fused = gemm.Steps([self._sums(plan, pack, k, x, rows, labels, self._dummyi, w, flags, fslot, plan.TC,
-                                           stream)], 0)
-            fused.grid = self.last_grid = fused.launches[0].grid
+            add = self._sums(plan, pack, k, x, rows, labels, self._dummyi, w, flags, fslot, plan.TC, stream)
+            fused = gemm.Steps([add], add.grid)
+            self.last_grid = add.grid
             newlab = listed = None
         else:
             spec = self.fused_spec(plan, pack, k)

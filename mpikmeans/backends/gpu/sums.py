@@ -45,7 +45,7 @@ import numpy as np
 from .compiled import compiled
 from .device import SIM, cuda, inline_device
 from .intrinsics import fmaxf, fminf, ld4, ldc32, ldc64, ldx, stx
-from .kernels import _SMEM_ALIGN, certificate
+from .kernels import SMEM_ALIGN, certificate
 from .launch import Launch, prepare
 from .plan import PackLayout, SumsLayout
 
@@ -183,7 +183,7 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         smd = cuda.shared.array(0, dtype=float64)
         smx = cuda.shared.array(0, dtype=DT)
         smi = cuda.shared.array(0, dtype=int32)
-        smf = cuda.shared.array(0, dtype=float32, alignment=_SMEM_ALIGN)
+        smf = cuda.shared.array(0, dtype=float32, alignment=SMEM_ALIGN)
         tid = cuda.threadIdx.x
         g = tid // COLS
         c = tid - g * COLS
