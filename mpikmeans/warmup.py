@@ -61,8 +61,10 @@ def warm_cpu(threads: int = 1) -> float:
 
 
 #: The GPU kernels of a run's shape, in parts compiled side by side: the Lloyd step's three
-#: kernel pairs (full step, final assignment, incremental step) and the initialisations' passes.
-GPU_PARTS = ("full", "assign", "delta", "init")
+#: kernel pairs (full step, final assignment, incremental step), the initialisations' passes, and
+#: the CPU kernels that sum a GPU run's fixed-point centres again (``fixed``: no GPU needed; in the
+#: rest, the longest helper of a cold run, they took about a third of it).
+GPU_PARTS = ("full", "assign", "delta", "init", "fixed")
 #: The CPU backend's kernels, in parts compiled side by side: the Lloyd step and final assignment,
 #: and the initialisations' passes.
 CPU_PARTS = ("step", "init")
@@ -76,8 +78,8 @@ def warm_rest(threads: int = 1) -> float:
     """Compile (or load) the CPU kernels every run needs besides the reader's and the backend's.
 
     The reader's small kernels, the statistics, the ``.npy`` scan, the exact
-    sums the initialisations draw with, the serial kernels, the final sums of a
-    GPU run and the writer, on tiny arrays.  A cold run starts this in a helper
+    sums the initialisations draw with, the serial kernels and the writer, on tiny
+    arrays (a GPU run's final sums: :func:`warm_fixed`).  A cold run starts this in a helper
     process (:class:`mpikmeans.runner.BackgroundCompile`) while it compiles the
     parser itself.
 
@@ -88,7 +90,6 @@ def warm_rest(threads: int = 1) -> float:
     """
     import numba
 
-    from .backends.cpu import label_sums
     from .backends.serial import SerialRows, weighted_lloyd
     from .comm import SerialComm
     from .exact import column_limb_sums, fixed_potential, scale_factors
@@ -113,13 +114,24 @@ def warm_rest(threads: int = 1) -> float:
     fault_in(x.reshape(-1), PAGE_VALUES, 1)
     SerialRows(x).assign(c)
     weighted_lloyd(x, np.ones(len(x)), c.copy(), 2)
-    label_sums(x, np.zeros(len(x), dtype=np.int32), 3)  # a GPU run's centres at its fixed point too
     tmp = tempfile.mkdtemp(prefix="mpikmeans-warmup-")
     try:
         write_arrays(SerialComm(), tmp, c, ["a", "b", "c"], np.zeros(len(x), dtype=np.int32))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return time.perf_counter() - t0
+
+
+def warm_fixed() -> None:
+    """Compile (or load) what sums a GPU run's fixed-point centres again on the CPU
+    (``lloyd._label_means``): the rows' sums by label and both of their reductions (which one a
+    call takes depends on K x M, :func:`mpikmeans.backends.cpu.partials.reduce_blocks`)."""
+    from .backends.cpu import label_sums
+    from .backends.cpu.partials import compile_reductions
+
+    x = np.random.default_rng(0).normal(size=(64, 3))
+    label_sums(x, np.zeros(len(x), dtype=np.int32), 3)
+    compile_reductions(np.zeros((2, 3, 3)), np.zeros((2, 3)), np.zeros(2), np.zeros(2, dtype=np.int64))
 
 
 def warm_cpu_backend(threads: int = 1, parts: tuple = CPU_PARTS) -> float:
@@ -197,8 +209,9 @@ def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int 
         k-means++ candidates per centre (default :func:`default_trials`).
     parts : tuple of :data:`GPU_PARTS`
         Which kernels: the Lloyd step's (``full``, ``assign``, ``delta``: see
-        :meth:`mpikmeans.backends.gpu.GPUBackend.warmup`) and the
-        initialisations' passes (``init``).
+        :meth:`mpikmeans.backends.gpu.GPUBackend.warmup`), the
+        initialisations' passes (``init``) and the fixed point's CPU sums (``fixed``,
+        :func:`warm_fixed`: no GPU context for it alone).
 
     Returns
     -------
@@ -209,6 +222,10 @@ def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int 
     from .exact import fixed_scale
 
     t0 = time.perf_counter()
+    if "fixed" in parts:
+        warm_fixed()
+    if not set(parts) - {"fixed"}:
+        return time.perf_counter() - t0
     backend = GPUBackend(device=device, dtype=dtype)
     backend.tune.update(gpu_warm_tune(m, rows, dtype, backend.limits.free_memory()))
     r = np.random.default_rng(0)
@@ -217,13 +234,6 @@ def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int 
     kinds = tuple(p for p in parts if p in backend.STEP_KINDS)
     if kinds:
         backend.warmup(k, m, kinds)
-    if "assign" in parts:
-        # the run's fixed-point centres are summed again on the CPU (lloyd._label_means), from K x M =
-        # partials.REDUCE_CHUNK on by the parallel reduction: compiled here, beside the final assignment's
-        # kernels, not by the rest (the longest helper of a cold run) nor inside the run (4 s of its Lloyd phase)
-        from .backends.cpu.partials import compile_reductions
-
-        compile_reductions(np.zeros((2, k, m)), np.zeros((2, k)), np.zeros(2), np.zeros(2, dtype=np.int64))
     if "init" in parts:
         d2 = backend.dist2_to(x[0])
         s = fixed_scale(backend.d2_max(d2, None))
@@ -246,13 +256,12 @@ def _cached(dispatcher) -> bool:
 def rest_warm() -> bool:
     """Whether the kernels :func:`warm_rest` compiles are all in Numba's cache."""
     from .backends import serial
-    from .backends.cpu import tiles
     from .exact import _column_limbs, fixed_potential
     from .io.binary import fault_in, scan_rows
     from .io.textfmt import _write_fixed
 
     kernels = [_column_limbs, fixed_potential, scan_rows, fault_in, serial._assign_serial, serial.weighted_lloyd,
-               _write_fixed, tiles._label_sums]
+               _write_fixed]
     return all(_cached(k) for k in kernels)
 
 

@@ -69,7 +69,7 @@ def test_the_cold_parts_of_a_run(monkeypatch):
         monkeypatch.setattr(cache, "gpu_shape_warm", lambda key: shape)
         cold = runner.BackgroundCompile._cold
         assert cold(data, cfg, False, 1) == ["rest"] * (not rest) + ["cpu-step", "cpu-init"] * (not cpu)
-        gpu = ["gpu-full", "gpu-assign", "gpu-delta", "gpu-init"]
+        gpu = ["gpu-full", "gpu-assign", "gpu-delta", "gpu-init", "gpu-fixed"]
         assert cold(data, cfg, True, 1) == ["rest"] * (not rest) + gpu * (not shape)
 
 

@@ -26,7 +26,8 @@ from . import _guarded, main
                    "kernels but the parser's (the run compiles it meanwhile) and the backend's, 'cpu-step' and "
                    "'cpu-init' the CPU backend's (step and assignment; initialisations), 'gpu-full', "
                    "'gpu-assign', 'gpu-delta' and 'gpu-init' the GPU kernels of the full step, the final "
-                   "assignment, the incremental step and the initialisations.")
+                   "assignment, the incremental step and the initialisations, 'gpu-fixed' the CPU kernels "
+                   "that sum a GPU run's fixed-point centres again.")
 @click.option("-q", "--quiet", is_flag=True)
 def warmup(data, k, m, gpu, dtype, rows, parts, quiet):
     """Compile (or check the caches hold) every kernel a run will need.
