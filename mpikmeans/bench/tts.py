@@ -61,7 +61,8 @@ def _run(launch: Launch, ranks: int, data: str, k: int, out: str, run_args: tupl
             "setup_parts": summary["timings"].get("setup_parts"),
             "iterations": summary["iterations"], "inertia": summary["inertia"], "backend": summary["backend"],
             "devices": summary["devices"], "dtype": summary["dtype"], "init": summary["init"],
-            "bytes_read": summary["bytes_read"], "centres": centres}
+            "bytes_read": summary["bytes_read"], "centres": centres,
+            "background_compile_s": summary.get("background_compile_s") or {}}
 
 
 def _median_run(runs: list) -> dict:
@@ -120,6 +121,8 @@ def time_to_solution(settings: TtsSettings, launch: Launch, progress: Progress =
         if s.cold:
             result["cold"] = {k: v for k, v in cold.items() if k != "centres"}
             progress(_line("cold (empty caches)", cold))
+            helpers = sorted(cold["background_compile_s"].items(), key=lambda kv: -kv[1])
+            progress("  its compiling helpers, s: " + (", ".join(f"{p} {t:.1f}" for p, t in helpers) or "none"))
         warm = [_run(run, s.ranks, arff, s.k, out, s.run_args) for _ in range(s.repeats)]
         result["warm"] = _median_run(warm)
         progress(_line("warm, ARFF", result["warm"]))
