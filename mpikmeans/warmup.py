@@ -62,8 +62,8 @@ def warm_cpu(threads: int = 1) -> float:
 
 #: The GPU kernels of a run's shape, in parts compiled side by side: the Lloyd step's three
 #: kernel pairs (full step, final assignment, incremental step), the initialisations' passes, and
-#: the CPU kernels that sum a GPU run's fixed-point centres again (``fixed``: no GPU needed; in the
-#: rest, the longest helper of a cold run, they took about a third of it).
+#: the rows' sums by label a GPU run's fixed-point centres are summed again with on the CPU (``fixed``:
+#: no GPU needed; in the rest, the longest helper of a cold run, they took about a third of it).
 GPU_PARTS = ("full", "assign", "delta", "init", "fixed")
 #: The CPU backend's kernels, in parts compiled side by side: the Lloyd step and final assignment,
 #: and the initialisations' passes.
@@ -123,15 +123,13 @@ def warm_rest(threads: int = 1) -> float:
 
 
 def warm_fixed() -> None:
-    """Compile (or load) what sums a GPU run's fixed-point centres again on the CPU
-    (``lloyd._label_means``): the rows' sums by label and both of their reductions (which one a
-    call takes depends on K x M, :func:`mpikmeans.backends.cpu.partials.reduce_blocks`)."""
+    """Compile (or load) the rows' sums by label a GPU run's fixed-point centres are summed again
+    with on the CPU (``lloyd._label_means``; their parallel reduction: the ``assign`` part of
+    :func:`warm_gpu`)."""
     from .backends.cpu import label_sums
-    from .backends.cpu.partials import compile_reductions
 
     x = np.random.default_rng(0).normal(size=(64, 3))
     label_sums(x, np.zeros(len(x), dtype=np.int32), 3)
-    compile_reductions(np.zeros((2, 3, 3)), np.zeros((2, 3)), np.zeros(2), np.zeros(2, dtype=np.int64))
 
 
 def warm_cpu_backend(threads: int = 1, parts: tuple = CPU_PARTS) -> float:
@@ -210,7 +208,7 @@ def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int 
     parts : tuple of :data:`GPU_PARTS`
         Which kernels: the Lloyd step's (``full``, ``assign``, ``delta``: see
         :meth:`mpikmeans.backends.gpu.GPUBackend.warmup`), the
-        initialisations' passes (``init``) and the fixed point's CPU sums (``fixed``,
+        initialisations' passes (``init``) and the fixed point's CPU sums by label (``fixed``,
         :func:`warm_fixed`: no GPU context for it alone).
 
     Returns
@@ -234,6 +232,14 @@ def warm_gpu(k: int, m: int, dtype: str = "float64", rows: int = 1, device: int 
     kinds = tuple(p for p in parts if p in backend.STEP_KINDS)
     if kinds:
         backend.warmup(k, m, kinds)
+    if "assign" in parts:
+        # the run's fixed-point centres are summed again on the CPU (lloyd._label_means), from K x M =
+        # partials.REDUCE_CHUNK on by the parallel reduction: compiled here, beside the final assignment's
+        # kernels, not inside the run (4 s of its Lloyd phase); with the sums by label in one helper, the two
+        # parallel kernels took it to 17-18 s, the longest of a cold run (bench/GPU_NOTES.md v16)
+        from .backends.cpu.partials import compile_reductions
+
+        compile_reductions(np.zeros((2, k, m)), np.zeros((2, k)), np.zeros(2), np.zeros(2, dtype=np.int64))
     if "init" in parts:
         d2 = backend.dist2_to(x[0])
         s = fixed_scale(backend.d2_max(d2, None))

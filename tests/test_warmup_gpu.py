@@ -117,15 +117,49 @@ _FIXED_PROGRAM = textwrap.dedent(
 
 def test_the_fixed_part_compiles_the_fixed_point_sums_without_a_gpu():
     """A GPU run's last centres are summed again on the CPU (lloyd._label_means): the rows' sums by
-    label, then from K x M = partials.REDUCE_CHUNK on the parallel reduction (the specification's example:
-    50 x 100). The warm-up's ``fixed`` part compiles both reductions and the sums, in a helper of its own
-    and with no GPU context (a cold run compiled the parallel reduction inside its Lloyd phase: 4.1 of its
-    4.3 s, bench/GPU_NOTES.md v15; in the rest, the longest helper, the sums were about a third of it)."""
+    label, compiled by the warm-up's ``fixed`` part in a helper of its own and with no GPU context (in the
+    rest, the longest helper of a cold run, they were about a third of it; their parallel reduction is the
+    assignment part's, below)."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     r = subprocess.run([sys.executable, "-c", _FIXED_PROGRAM], env=env, cwd=ROOT, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     import json
 
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["label_sums", "reductions"]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["label_sums"]
+
+
+_ASSIGN_PROGRAM = textwrap.dedent(
+    r"""
+    import json
+    from mpikmeans import warmup
+    from mpikmeans.backends.cpu import partials
+
+    shapes = []
+    real = partials.compile_reductions
+
+    def recording(part_sums, *rest):
+        shapes.append(list(part_sums.shape[1:]))
+        return real(part_sums, *rest)
+
+    partials.compile_reductions = recording
+    warmup.warm_gpu(8, 40, "float32", rows=64, parts=("assign",))
+    print(json.dumps(shapes))
+    """
+)
+
+
+def test_the_assignment_part_compiles_the_fixed_point_sums_reductions():
+    """A GPU run's last centres are summed again on the CPU (lloyd._label_means), from K x M =
+    partials.REDUCE_CHUNK on by the parallel reduction (the specification's example: 50 x 100). The
+    warm-up's assignment part compiles both reductions for the run's K x M (a cold run compiled the
+    parallel one inside its Lloyd phase: 4.1 of its 4.3 s, bench/GPU_NOTES.md v15)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    r = subprocess.run([sys.executable, "-c", _ASSIGN_PROGRAM], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [[8, 40]]
+
 
