@@ -161,5 +161,3 @@ def test_the_assignment_part_compiles_the_fixed_point_sums_reductions():
     import json
 
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [[8, 40]]
-
-
