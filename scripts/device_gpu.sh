@@ -12,6 +12,7 @@
 #   STAGES=compile COMPILE_ARGS="--gpu 50,100" bash scripts/device_gpu.sh  # every kernel's first compile
 #   STAGES=fullstep FULLSTEP_ARGS="--cases A,D" bash scripts/device_gpu.sh  # full steps against floor, PyTorch
 #   STAGES=tests,ncu GPU_TESTS_K=split NCU_KERNEL=km_sums bash scripts/device_gpu.sh  # some tests; another kernel
+#   STAGES=kernels KERNELS_ARGS="--cases D --dtype float32 --repeats 1" bash scripts/device_gpu.sh  # each step's kernels
 #
 # On the project's lent GPU machines (numpy 2.5 there breaks numba-cuda) carry a numpy
 # 2.4 wheel in .whl/ (see bench/GPU_NOTES.md); it is installed into /tmp/site first.
@@ -66,6 +67,7 @@ TTS_ARGS=${TTS_ARGS:-}                    # mpikmeans bench tts options
 STEP_ARGS=${STEP_ARGS:-}                  # mpikmeans bench step options
 COMPILE_ARGS=${COMPILE_ARGS:---gpu 50,100} # mpikmeans bench compile options
 FULLSTEP_ARGS=${FULLSTEP_ARGS:---stream 50000000x32x16 --chunk-rows 5000000}  # mpikmeans bench fullstep options
+KERNELS_ARGS=${KERNELS_ARGS:---cases D --dtype float32 --repeats 1}  # the fullstep runs whose kernels ncu times
 GPU_TESTS=${GPU_TESTS:-tests/test_backend_gpu.py tests/test_cache.py}  # the files whose gpu tests run
 GPU_TESTS_K=${GPU_TESTS_K:-}              # a pytest -k expression selecting among them
 NCU_KERNEL=${NCU_KERNEL:-km_fused}        # the kernel ncu profiles (a regex: km_fused, km_sums, ...)
@@ -118,6 +120,28 @@ if has ncu && command -v ncu >/dev/null; then
         grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Issued Ipc|No Eligible|Block Limit" \
             "$OUT/ncu_${c}_${d}.txt" | head -30
     done
+fi
+if has kernels && command -v ncu >/dev/null; then
+    # every kernel of a step, in launch order, through whole Lloyd runs: which one a step waits for
+    echo "== kernels of the steps: bench fullstep $KERNELS_ARGS"
+    ncu --clock-control none --cache-control none --kernel-name regex:km_ --metrics gpu__time_duration.sum \
+        --csv --page raw python3 -m mpikmeans bench fullstep $KERNELS_ARGS --no-torch --out /tmp/kernels_fs.json \
+        > /tmp/kernels.csv 2>&1 || rc=1
+    python3 - /tmp/kernels.csv > "$OUT/kernels.log" <<'PY'
+import csv, sys
+lines = open(sys.argv[1]).read().splitlines()
+head = [i for i, line in enumerate(lines) if line.startswith('"ID"')]
+rows = list(csv.reader(lines[head[0]:])) if head else []
+if rows:
+    h = rows[0]
+    ki, ti, gi = h.index("Kernel Name"), h.index("gpu__time_duration.sum"), h.index("Grid Size")
+    print(len(rows) - 2, "kernels (grid, ns)")
+    for r in rows[2:]:
+        print(r[ki].split("[")[0], r[gi], r[ti])
+else:
+    print("\n".join(lines[-20:]))
+PY
+    head -40 "$OUT/kernels.log"
 fi
 if has cpu; then
     echo "== CPU read / gen-data throughput"

@@ -614,6 +614,10 @@ def test_add_step_forms_raw_sums_from_deviations(k, m):
     sums = add_step(dev, counts, d_dev, d_counts, c)
     assert np.array_equal(dev, want_dev) and np.array_equal(counts, want_counts)
     assert np.array_equal(sums, want_dev + want_counts[:, None] * c)
+    # a full step's: the sums it was given, whatever was kept
+    sums = add_step(dev, counts, d_dev, d_counts, c, fresh=True)
+    assert np.array_equal(dev, d_dev) and np.array_equal(counts, d_counts)
+    assert np.array_equal(sums, d_dev + d_counts[:, None] * c)
 
 
 def test_carry_kept_moves_the_deviation_sums_and_sse_to_new_centres():
@@ -647,14 +651,16 @@ def test_kept_sums_take_turns_between_two_slots():
 
     ks = KeptSums()
     c = np.arange(12.0).reshape(3, 4)
-    a = ks.spare(c)
+    a = ks.spare(3, 4)
+    a.take(c)
     assert np.array_equal(a.centres, c) and a.centres is not c and not ks.fits(3)
     ks.last = a
-    b = ks.spare(c + 1)
+    b = ks.spare(3, 4)
+    b.take(c + 1)
     assert b is not a and np.array_equal(a.centres, c) and ks.fits(3)
     ks.last = b
-    assert ks.spare(c) is a
-    assert ks.spare(np.zeros((2, 4))).dev.shape == (2, 4) and not ks.fits(2)
+    assert ks.spare(3, 4) is a
+    assert ks.spare(2, 4).dev.shape == (2, 4) and not ks.fits(2)
     ks.forget()
     assert ks.last is None and not ks.fits(3)
 
@@ -1138,3 +1144,15 @@ def test_gemm_screen_choice_rule():
     assert next_screen(False, 0, n) and next_screen(False, 15, n)
     assert not next_screen(False, 16, n) and not next_screen(False, 27, n)  # noise 4, rows as centres
     assert next_screen(True, 16, 10) and not next_screen(True, 17, 10)  # a few rows decide nothing
+
+
+def test_exact_kernel_groups_fill_its_block():
+    """A flagged row's group of threads: whole warps, a power of two of them (the groups tile the block),
+    as many threads as centres up to the block."""
+    pytest.importorskip("numba")
+    from mpikmeans.backends.gpu.recheck import RC_WARPS, row_threads
+
+    nt = 32 * RC_WARPS
+    for k in (1, 16, 32, 33, 50, 64, 65, 100, 130, 255, 256, 257, 1000, 10**5):
+        t = row_threads(k)
+        assert t % 32 == 0 and nt % t == 0 and t >= min(k, nt) and (t == 32 or t // 2 < k), (k, t)

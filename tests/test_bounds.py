@@ -171,6 +171,18 @@ def test_centre_moves_and_bound_drops():
     assert B.centre_moves(np.zeros((1, 4)), tiny)[0] >= 2e-200  # squares underflow; the move is still bounded
 
 
+def test_centre_moves_threaded_form_is_bit_identical():
+    """From _MOVES_THREADS_MIN values the centres' moves are summed on the threads, each centre's in
+    attribute order: the same bits as one thread."""
+    r = np.random.default_rng(3)
+    old = r.normal(size=(1000, 40))
+    new = old + r.normal(size=old.shape) * 1e-3
+    assert old.size >= B._MOVES_THREADS_MIN
+    one = np.empty(len(old))
+    B._moves_one(old, new, B.bound_eps(40), one)
+    assert np.array_equal(B.centre_moves(old, new), one)
+
+
 def test_bound_eps_covers_the_rounding_of_long_rows():
     # the computed distance of m equal terms against the exact one, for the largest error it can have
     for m in (1, 16, 257, 4096):

@@ -436,17 +436,22 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             return StepResult(sums=np.zeros((k, self.m if self.m else centres.shape[1])),
                               counts=np.zeros(k), sse=0.0, changed=0)
         delta = self._next_step_incremental(k)
-        # this step's sums go to the slot the last step's are not in: those are carried over
-        # to this step's centres on the host while the kernels run
-        new = self._kept.spare(np.asarray(centres))
+        centres = np.ascontiguousarray(centres, dtype=np.float64)
+        # this step's sums go to the slot the last step's are not in; its copy of the centres is
+        # taken, and the last step's sums carried over to them, on the host while the kernels run
+        new = self._kept.spare(k, centres.shape[1])
         last = self._kept.last
-        carry = (lambda: new.carry_from(last)) if delta else None
+
+        def busy():
+            new.take(centres)
+            return new.carry_from(last) if delta else 0.0
+
         st = self._state(k, False, delta)
         bd = self._bounds if st.bounds is not None else None
         # the bounds hold for the last step's centres, which its kept sums hold
         listed = bd is not None and last is not None and bd.wanted(k)
         try:
-            res, carried = self._run(new.centres, assign=False, delta=delta, while_busy=carry,
+            res, carried = self._run(centres, assign=False, delta=delta, while_busy=busy,
                                      moves_from=last.centres if listed else None)
         except BaseException:
             if self._bounds is not None:
@@ -463,12 +468,12 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             sse = carried + res.sse
             self._delta_run += 1
         else:
-            new.clear()
             sse = res.sse
             self._delta_run = 0
         # the device sums deviations from the centres (no cancellation far from the
-        # origin, and what the carry-over above needs); the raw sums are dev + n c
-        sums = add_step(new.dev, new.counts, res.sums, res.counts, new.centres)
+        # origin, and what the carry-over above needs); the raw sums are dev + n c (a full
+        # step's are the device's alone)
+        sums = add_step(new.dev, new.counts, res.sums, res.counts, new.centres, fresh=not delta)
         new.sse = sse
         self._kept.last = new
         self._last_changed = res.changed

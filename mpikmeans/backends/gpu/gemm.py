@@ -15,7 +15,7 @@ The certificate is the fused kernel's: a row keeps its float32 winner only when 
 to the second best exceeds ``TOLF (|y|^2 + 2 max|z|^2) + tiny``, a bound on the
 float32 error of any summation order; every other row is flagged for the exact
 float64 kernel (:func:`.recheck.recheck_kernel`), so the labels are those of exact
-float64 arithmetic as on every other path.  Three launches per step:
+float64 arithmetic as on every other path.  The launches of a step:
 
 1. :func:`repack_kernel`: the step buffer's centre data (tiles of ``TC``) into the
    attribute-major layout the GEMM reads, padded to a whole centre tile;
@@ -23,8 +23,9 @@ float64 arithmetic as on every other path.  Three launches per step:
    listed for the exact kernel; in an incremental step (``delta``) a certified row
    that keeps its label needs nothing and one that changes is flagged (the exact
    kernel moves it);
-3. :func:`sums_kernel` (full steps): for every certified row, the changed count, its
-   new label, and the float64 deviation sums, count and SSE.
+3. (full steps) for every certified row, the changed count, its new label, and the float64
+   deviation sums, count and SSE: the rows grouped by label first (:mod:`.bylabel`, four
+   launches).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import functools
 
 import numpy as np
 
+from . import bylabel
 from .bounds import listed_rows, store_row_bounds, tile_row
 from .compiled import compiled
 from .device import SIM, cuda, inline_device
@@ -52,8 +54,8 @@ BK = 16
 #: rows per tile: 16 x 8 = 128 per block (NT / (BN / 8) threads along the rows, 8 rows each)
 BM = 8 * NT // (BN // 8)
 _ALIGN = None if SIM else 16  # the 16-byte shared loads need it; the simulator refuses the argument
-#: threads per block of the repack and sums kernels
-NT_SUMS = 128
+#: threads per block of the repack kernel
+NT_REPACK = 128
 #: the screen's static shared memory, bytes (two slices of rows and centres, best / second best /
 #: index per row and thread column, |y|^2 per row): more than the 48 KB every device gives a block
 SCREEN_SMEM = (2 * BK * BM + 2 * BK * BN) * 4 + (BN // 8) * BM * 12 + BM * 4
@@ -347,100 +349,6 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     return cuda.jit(km_gemm_screen, fastmath=False)
 
 
-#: rows per tile of the sums kernel, attributes per staged chunk
-SUM_ROWS = 32
-SUM_J = 64
-
-
-@functools.lru_cache(maxsize=None)
-def sums_kernel(storage: str, weighted: bool, m_c: int, pack_c: tuple):
-    """Full step: the certified rows' changed count, new labels, float64 deviation sums, counts and SSE.
-
-    Arguments: x, n, ld, p64, ctr, labels, newlab, w.  A block takes tiles of
-    ``SUM_ROWS`` rows; a chunk of ``SUM_J`` attributes of the tile is staged through
-    shared memory (coalesced reads of the column-major rows), then each warp adds its
-    rows' ``w (x - c)`` with its lanes on consecutive attributes: the float64 atomics
-    of one instruction fall on one cluster's consecutive sums (one row per thread put
-    32 clusters' sums, 32 cache lines, into every atomic instruction: 8 of a 14 ms step
-    at 3e5 x 257, K = 1000).  ``|x - c|^2`` per row gathers in shared memory.
-    """
-    M_C = int(m_c)
-    WEIGHTED = weighted
-    DT = float64 if storage == "float64" else float32
-    L = PackLayout(*pack_c)
-    P_C64, P_SUMS, P_CNT, P_SSE = int(L.p64_c64), int(L.p64_sums), int(L.p64_cnt), int(L.p64_sse)
-    I_CHG = int(L.i64_chg)
-    TR, JC = SUM_ROWS, SUM_J
-    XS = TR * JC
-    WARPS = NT_SUMS // 32
-    RPW = TR // WARPS  # rows per warp in a tile
-
-    def km_gemm_sums(x, n, ld, p64, ctr, labels, newlab, w):
-        xs = cuda.shared.array(XS, dtype=DT)
-        s2 = cuda.shared.array(TR, dtype=float64)
-        labs = cuda.shared.array(TR, dtype=int32)
-        red = cuda.shared.array(1, dtype=float64)
-        chg = cuda.shared.array(1, dtype=int32)
-        tid = cuda.threadIdx.x
-        lane = tid % 32
-        wp = tid // 32
-        if tid == 0:
-            red[0] = 0.0
-            chg[0] = 0
-        cuda.syncthreads()
-        ntiles = (n + TR - 1) // TR
-        for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
-            row0 = tile * TR
-            if tid < TR:
-                i = row0 + tid
-                lab = ldx(newlab, i) if i < n else -1
-                stx(labs, tid, lab)
-                stx(s2, tid, 0.0)
-                if lab >= 0:
-                    if ldx(labels, i) != lab:
-                        cuda.atomic.add(chg, 0, 1)
-                        stx(labels, i, lab)
-                    cuda.atomic.add(p64, P_CNT + lab, ldx(w, i) if WEIGHTED else 1.0)
-            for j0 in range(0, M_C, JC):
-                cuda.syncthreads()
-                for q in range(tid, XS, NT_SUMS):  # attribute j0 + q // TR of row q % TR
-                    jj = q // TR
-                    r = q - jj * TR
-                    i = row0 + r
-                    v = DT(0.0)
-                    if i < n and j0 + jj < M_C:
-                        v = ldx(x, (j0 + jj) * ld + i)
-                    stx(xs, q, v)
-                cuda.syncthreads()
-                for rw in range(RPW):
-                    r = wp * RPW + rw
-                    lab = ldx(labs, r)
-                    if lab >= 0:
-                        wi = ldx(w, row0 + r) if WEIGHTED else 1.0
-                        part = 0.0
-                        for jj in range(lane, JC, 32):
-                            j = j0 + jj
-                            if j < M_C:
-                                t = float64(ldx(xs, jj * TR + r)) - ldx(p64, P_C64 + lab * M_C + j)
-                                part += t * t
-                                cuda.atomic.add(p64, P_SUMS + lab * M_C + j, wi * t)
-                        cuda.atomic.add(s2, r, part)
-            cuda.syncthreads()
-            if tid < TR:
-                lab = ldx(labs, tid)
-                if lab >= 0:
-                    wi = ldx(w, row0 + tid) if WEIGHTED else 1.0
-                    cuda.atomic.add(red, 0, wi * ldx(s2, tid))
-            cuda.syncthreads()
-        if tid == 0:
-            cuda.atomic.add(p64, P_SSE, red[0])
-            cuda.atomic.add(ctr, I_CHG, int64(chg[0]))
-
-    if SIM:
-        return cuda.jit(km_gemm_sums)
-    return cuda.jit(km_gemm_sums, fastmath=False)
-
-
 class Steps:
     """The path's launches of one step, called as one (in place of the fused kernel's launch)."""
 
@@ -459,16 +367,19 @@ class Steps:
             launch()
 
 
-def step_launches(limits, storage: str, weighted: bool, m: int, ld: int, plan, pack, x, rows: int, labels, flags,
-                  w, fslot: int, stream, delta: bool, fast: bool, tf32: bool, bounds=None, dummies=None) -> Steps:
-    """The prepared launches of one step for ``rows`` rows: repack, screen and (full steps) sums.
+def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int, plan, pack, x, xr, rows: int,
+                  labels, flags, w, fslot: int, stream, delta: bool, fast: bool, tf32: bool, bounds=None,
+                  dummies=None) -> Steps:
+    """The prepared launches of one step with ``k`` centres for ``rows`` rows: repack, screen and (full
+    steps) sums.
 
     ``plan`` and ``pack``: the step's plan and step buffer (:mod:`.plan`, :class:`.launch.Pack`);
-    the screen on the tensor cores with ``tf32`` (:mod:`.tensor`), else in float32; the other
-    arguments as the fused kernel's launch takes them.  ``bounds`` (a :class:`.bounds.DeviceBounds`,
-    resident rows): the screen writes the kept bounds, and the result's ``listed`` launches
-    search only the rows the bounds test lists; else ``dummies`` (int32, float32 device arrays)
-    stand in for the bounds' arrays.
+    the screen on the tensor cores with ``tf32`` (:mod:`.tensor`), else in float32; ``xr`` the
+    rows' row-major copy (:meth:`.rows.DeviceRows.row_major`) or None, which the sums read rows
+    from where there is one; the other arguments as the fused kernel's launch takes them.
+    ``bounds`` (a :class:`.bounds.DeviceBounds`, resident rows): the screen writes the kept bounds,
+    and the result's ``listed`` launches search only the rows the bounds test lists; else
+    ``dummies`` (int32, float32 device arrays) stand in for the bounds' arrays.
     """
     kp = plan.nct * plan.TC
     kpg = padded_centres(kp)
@@ -480,7 +391,7 @@ def step_launches(limits, storage: str, weighted: bool, m: int, ld: int, plan, p
     rspec = (m, plan.TC, plan.nct, layout)
     rk = repack_kernel(*rspec)
     rargs = (pack.p32, cmg, ccg)
-    out.append(Launch(rk, compiled("gemm_repack", rspec, rk, rargs), rargs, -(-m * kpg // NT_SUMS), NT_SUMS, 0,
+    out.append(Launch(rk, compiled("gemm_repack", rspec, rk, rargs), rargs, -(-m * kpg // NT_REPACK), NT_REPACK, 0,
                       stream, fast))
     from . import tensor
 
@@ -499,12 +410,10 @@ def step_launches(limits, storage: str, weighted: bool, m: int, ld: int, plan, p
     out.append(Launch(sk, skobj, sargs, grid, NT, 0, stream, fast))
     listed = [out[0], Launch(sk, skobj, sargs[:-2] + (1, int(pack.gslot)), grid, NT, 0, stream, fast)]
     if not delta:
-        uspec = (storage, weighted, m, layout)
-        uk = sums_kernel(*uspec)
-        uargs = (x, int(rows), int(ld), pack.dev, pack.ctr, labels, newlab, w)
-        ugrid = max(1, min(-(-rows // SUM_ROWS), 2 if SIM else 8 * limits.sm_count))
-        out.append(Launch(uk, compiled("gemm_sums", uspec, uk, uargs), uargs, ugrid, NT_SUMS, 0, stream, fast))
-        listed.append(out[-1])
+        sums = bylabel.launches(limits, storage, weighted, k, m, ld, pack, x, xr, rows, labels, newlab, w, stream,
+                                fast)
+        out.extend(sums)
+        listed.extend(sums)
     steps = Steps(out, grid)
     if keeps:
         steps.listed = Steps(listed, grid)

@@ -14,6 +14,8 @@ from ...jit import njit, prange
 #: K x M from which the per-step helpers run on the rank's threads: below it, waking the
 #: threads costs more than they save (2e6 x 3, K = 7 on the H100: 0.12 -> 0.18 ms a step)
 THREADS_MIN_VALUES = 1 << 15
+#: attributes a thread sums the shift of (in centre order: the same bits on any number of threads)
+_SHIFT_BLOCK = 32
 
 
 def fill_centres(centres, f32, sh, cc, cm, c64, zl) -> None:
@@ -26,11 +28,11 @@ def fill_centres(centres, f32, sh, cc, cm, c64, zl) -> None:
     centre is not finite (every row then takes the exact path); ``c64``: the centres.
     Padding centres keep what the buffer was set up with (``cc`` infinite, ``cm`` 0).
 
-    From :data:`THREADS_MIN_VALUES` values on, the tiles of centres are filled by the
-    rank's threads side by side (K x M = 257,000 took 1.8-2.2 ms a step on one thread
-    of the H100 host, the GPU idle meanwhile); the shift adds the centres row by row,
-    each attribute's sum in centre order, and each norm is summed in attribute order:
-    the same bits on any number of threads.
+    From :data:`THREADS_MIN_VALUES` values on, the centres are filled by the rank's
+    threads side by side (K x M = 257,000 took 1.8-2.2 ms a step on one thread of the
+    H100 host, the GPU idle meanwhile; by tiles of centres, eight threads at most, 0.22
+    ms), and the shift by blocks of attributes; each attribute's shift is summed in
+    centre order, each norm in attribute order: the same bits on any number of threads.
     """
     fill = _fill_threads if centres.size >= THREADS_MIN_VALUES else _fill_one
     fill(centres, f32, sh, cc, cm, c64, zl)
@@ -39,37 +41,38 @@ def fill_centres(centres, f32, sh, cc, cm, c64, zl) -> None:
 @njit(inline="always")
 def _fill(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
     k, m = centres.shape
-    nct, _, TC = cm.shape
+    TC = cm.shape[2]
     shift = np.zeros(m)
-    for i in range(k):
-        for j in range(m):
-            shift[j] += centres[i, j]
-    for j in range(m):
-        t = shift[j] / k
-        if f32:
-            t = np.float64(np.float32(t))
-        shift[j] = t
-        sh[j] = t
-    bad = np.zeros(nct, dtype=np.int64)
-    zmax = np.zeros(nct)
-    for tile in prange(nct):
+    for b in prange((m + _SHIFT_BLOCK - 1) // _SHIFT_BLOCK):  # blocks of attributes side by side
+        j0 = b * _SHIFT_BLOCK
+        j1 = min(j0 + _SHIFT_BLOCK, m)
+        for i in range(k):  # each attribute's sum in centre order
+            for j in range(j0, j1):
+                shift[j] += centres[i, j]
+        for j in range(j0, j1):
+            t = shift[j] / k
+            if f32:
+                t = np.float64(np.float32(t))
+            shift[j] = t
+            sh[j] = t
+    norms = np.empty(k)
+    bad = np.zeros(k, dtype=np.int64)
+    for i in prange(k):
+        tile = i // TC
+        c = i - tile * TC
         nonfinite = 0
-        top = 0.0
-        for i in range(tile * TC, min(tile * TC + TC, k)):
-            c = i - tile * TC
-            norm = 0.0
-            for j in range(m):
-                v = centres[i, j]
-                c64[i, j] = v
-                nonfinite |= (v - v) != 0.0  # inf - inf and NaN - NaN are NaN
-                z = np.float32(v - shift[j])
-                norm += np.float64(z) * np.float64(z)
-                cm[tile, j, c] = z * np.float32(-2.0)
-            cc[i] = norm
-            top = max(top, norm)
-        bad[tile] = nonfinite
-        zmax[tile] = top
-    zl[0] = min(2.0 * zmax.max() * (1.0 + 1e-6), 3.0e38) if bad.sum() == 0 else np.inf
+        norm = 0.0
+        for j in range(m):
+            v = centres[i, j]
+            c64[i, j] = v
+            nonfinite |= (v - v) != 0.0  # inf - inf and NaN - NaN are NaN
+            z = np.float32(v - shift[j])
+            norm += np.float64(z) * np.float64(z)
+            cm[tile, j, c] = z * np.float32(-2.0)
+        cc[i] = norm
+        norms[i] = norm
+        bad[i] = nonfinite
+    zl[0] = min(2.0 * norms.max() * (1.0 + 1e-6), 3.0e38) if bad.sum() == 0 else np.inf
 
 
 @njit(cache=True, nogil=True)
@@ -82,39 +85,40 @@ def _fill_threads(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - comp
     _fill(centres, f32, sh, cc, cm, c64, zl)
 
 
-def add_step(dev, counts, d_dev, d_counts, centres) -> np.ndarray:
-    """``dev += d_dev``, ``counts += d_counts``; return the raw sums ``dev + counts c`` (k, m).
+def add_step(dev, counts, d_dev, d_counts, centres, fresh: bool = False) -> np.ndarray:
+    """``dev += d_dev``, ``counts += d_counts`` (``fresh``: ``dev = d_dev``, ``counts = d_counts``, a
+    full step's sums); return the raw sums ``dev + counts c`` (k, m).
 
     Clusters side by side on the rank's threads from :data:`THREADS_MIN_VALUES` on (the
     GPU waits for the next step's centres meanwhile); every element is its own
     arithmetic, so the same bits.
     """
     add = _add_threads if dev.size >= THREADS_MIN_VALUES else _add_one
-    return add(dev, counts, d_dev, d_counts, centres)
+    return add(dev, counts, d_dev, d_counts, centres, bool(fresh))
 
 
 @njit(inline="always")
-def _add(dev, counts, d_dev, d_counts, centres):  # pragma: no cover - compiled
+def _add(dev, counts, d_dev, d_counts, centres, fresh):  # pragma: no cover - compiled
     k, m = dev.shape
     sums = np.empty((k, m))
     for i in prange(k):
-        n = counts[i] + d_counts[i]
+        n = d_counts[i] if fresh else counts[i] + d_counts[i]
         counts[i] = n
         for j in range(m):
-            d = dev[i, j] + d_dev[i, j]
+            d = d_dev[i, j] if fresh else dev[i, j] + d_dev[i, j]
             dev[i, j] = d
             sums[i, j] = d + n * centres[i, j]
     return sums
 
 
 @njit(cache=True, nogil=True)
-def _add_one(dev, counts, d_dev, d_counts, centres):  # pragma: no cover - compiled
-    return _add(dev, counts, d_dev, d_counts, centres)
+def _add_one(dev, counts, d_dev, d_counts, centres, fresh):  # pragma: no cover - compiled
+    return _add(dev, counts, d_dev, d_counts, centres, fresh)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _add_threads(dev, counts, d_dev, d_counts, centres):  # pragma: no cover - compiled
-    return _add(dev, counts, d_dev, d_counts, centres)
+def _add_threads(dev, counts, d_dev, d_counts, centres, fresh):  # pragma: no cover - compiled
+    return _add(dev, counts, d_dev, d_counts, centres, fresh)
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})

@@ -29,14 +29,13 @@ class Kept:
         self.centres = np.zeros((k, m))
         self.sse = 0.0
 
+    def take(self, centres: np.ndarray) -> None:
+        """This slot's centres (k, m): a copy of ``centres``."""
+        np.copyto(self.centres, centres, casting="same_kind")
+
     def carry_from(self, old: "Kept") -> float:
         """This slot's deviation sums and counts: ``old``'s rows about this slot's centres; their SSE."""
         return old.sse + carry_kept(old.dev, old.counts, old.centres, self.centres, self.dev, self.counts)
-
-    def clear(self) -> None:
-        """No rows yet: a full step adds every row to zero sums."""
-        self.dev.fill(0.0)
-        self.counts.fill(0.0)
 
 
 class KeptSums:
@@ -50,14 +49,12 @@ class KeptSums:
         """Whether sums are kept, and for ``k`` centres."""
         return self.last is not None and self.last.counts.shape[0] == k
 
-    def spare(self, centres: np.ndarray) -> Kept:
-        """A slot other than :attr:`last`, for these centres (k, m) (copied in)."""
-        k, m = centres.shape
+    def spare(self, k: int, m: int) -> Kept:
+        """A slot other than :attr:`last`, for ``k`` centres of ``m`` attributes (the caller copies the
+        centres in: :meth:`Kept.take`)."""
         if not self._slots or self._slots[0].dev.shape != (k, m):
             self._slots = (Kept(k, m), Kept(k, m))
-        slot = self._slots[1] if self.last is self._slots[0] else self._slots[0]
-        np.copyto(slot.centres, centres, casting="same_kind")
-        return slot
+        return self._slots[1] if self.last is self._slots[0] else self._slots[0]
 
     def forget(self) -> None:
         """No sums kept: the next step is a full one."""

@@ -118,7 +118,10 @@ def fused_kernel(storage: str, R: int, TC: int, NT: int, weighted: bool, mode: i
     TOLF, TINY, BIG = certificate(M_C)
     (O_CM, O_CC, O_SH, O_SUMS, O_CNT, O_HIST, O_START, O_PERM, O_SLAB, O_LAB, O_W, O_XS, O_RED,
      O_JC, O_BRP, O_TMP) = (int(v) for v in SharedLayout(*offs_c))
-    (P_CM, P_CC, P_SH32, P_ZL, P_C64, P_SH64, P_SUMS, P_CNT, P_SSE, I_CHG) = (int(v) for v in PackLayout(*pack_c))
+    L = PackLayout(*pack_c)
+    (P_CM, P_CC, P_SH32, P_ZL, P_C64, P_SH64, P_SUMS, P_CNT, P_SSE, I_CHG) = (
+        int(v) for v in (L.p32_cm, L.p32_cc, L.p32_sh, L.p32_zl, L.p64_c64, L.p64_sh, L.p64_sums, L.p64_cnt,
+                         L.p64_sse, L.i64_chg))
     # pass-2 staging: about 16 loads in flight per thread, in batches that divide the
     # attribute chunk as evenly as possible (no all-idle tail batch)
     SJ0 = max(1, 16 // R)

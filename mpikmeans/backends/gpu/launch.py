@@ -226,6 +226,7 @@ class Pack:
         self.dev = cuda.device_array(words, dtype=np.float64)
         self.p32 = self.dev.view(np.float32)
         self.ctr = self.dev.view(np.int64)
+        self.i32 = self.dev.view(np.int32)
         self.dout = self.dev[o:]
         self.hin = pinned(words, np.float64)
         self.hin[:] = 0.0

@@ -16,7 +16,7 @@ from .device import SIM, cuda
 from .kernels import fused_kernel
 from .launch import Launch, Pack, prepare
 from .plan import MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_SPLIT, Plan, round_up
-from .recheck import RC_BLOCKS_SM, RC_WARPS, recheck_kernel
+from .recheck import RC_BLOCKS_SM, RC_WARPS, recheck_kernel, row_threads
 from .sums import sums_launch
 
 #: the row-major copy of the rows for pass 1 on listed rows is made only where it leaves this many
@@ -69,14 +69,18 @@ class StepLaunches:
             self._bounds = DeviceBounds(self.n)
         return True
 
+    def _row_major(self):
+        """The row-major copy of the rows (:meth:`.rows.DeviceRows.row_major`) where ``tune["rowmajor"]``
+        (default "auto": where the copy leaves :data:`ROWMAJOR_MARGIN` bytes free) allows, else None."""
+        want = self.tune.get("rowmajor", "auto")
+        return self.rows.row_major(ROWMAJOR_MARGIN) if want in ("auto", True) else None
+
     def _listed_launch(self, spec: tuple, kern, kobj, args: tuple, grid: int, plan: Plan, pack: Pack,
                        stream) -> Launch:
         """The fused kernel's launch on the rows the bounds test listed: compiled for the row-major
-        copy of the rows (:meth:`.rows.DeviceRows.row_major`) where ``tune["rowmajor"]`` (default
-        "auto": where the copy leaves :data:`ROWMAJOR_MARGIN` bytes free) allows, else ``kern`` itself."""
+        copy of the rows where there is one (:meth:`_row_major`), else ``kern`` itself."""
         tail = (1, int(pack.gslot))
-        want = self.tune.get("rowmajor", "auto")
-        xr = self.rows.row_major(ROWMAJOR_MARGIN) if want in ("auto", True) else None
+        xr = self._row_major()
         if xr is None:
             return Launch(kern, kobj, args[:-2] + tail, grid, plan.NT, plan.smem, stream, self._fast)
         rspec = spec + (True,)
@@ -111,8 +115,10 @@ class StepLaunches:
         lists) pair, else None."""
         keeps = not assign and self._keeps_bounds(plan, k)
         if self.gemm_wanted(plan, assign):
-            fused = gemm.step_launches(self.limits, self.dtype, self.rows.weighted, self.m, int(self.rows.ld), plan,
-                                       pack, x, rows, labels, flags, w, fslot, stream, delta, self._fast,
+            # a full step's sums read the rows from the row-major copy where there is one (:mod:`.bylabel`)
+            xr = None if delta else self._row_major()
+            fused = gemm.step_launches(self.limits, self.dtype, self.rows.weighted, k, self.m, int(self.rows.ld),
+                                       plan, pack, x, xr, rows, labels, flags, w, fslot, stream, delta, self._fast,
                                        self.tf32, self._bounds if keeps else None, (self._dummyi, self._dummy32))
             self.last_grid = fused.grid
             newlab, listed = fused.newlab, fused.listed
@@ -156,9 +162,10 @@ class StepLaunches:
         rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta)
         rk = recheck_kernel(*rspec)
         rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
-        # one warp per flagged row; with none flagged each block reads the count and returns
+        # a group of threads per flagged row; with none flagged each block reads the count and returns
+        per_block = 32 * RC_WARPS // row_threads(k)
         rgrid = 1 if SIM else max(1, min(int(self.tune.get("rc_blocks", RC_BLOCKS_SM)) * self.limits.sm_count,
-                                         -(-rows // RC_WARPS)))
+                                         -(-rows // per_block)))
         recheck = Launch(rk, compiled("recheck", rspec, rk, rargs), rargs, rgrid, 32 * RC_WARPS, 0, stream,
                          self._fast)
         self.last_fast_launch = fused.fast and recheck.fast

@@ -112,8 +112,8 @@ class SharedLayout(NamedTuple):
 
 
 class PackLayout(NamedTuple):
-    """Element offsets into the float32 (``p32_*``), float64 (``p64_*``) and int64 (``i64_*``)
-    views of a step's device buffer (see :func:`pack_layout`)."""
+    """Element offsets into the float32 (``p32_*``), float64 (``p64_*``), int64 (``i64_*``) and int32
+    (``i32_*``) views of a step's device buffer (see :func:`pack_layout`)."""
 
     p32_cm: int
     p32_cc: int
@@ -125,6 +125,7 @@ class PackLayout(NamedTuple):
     p64_cnt: int
     p64_sse: int
     i64_chg: int
+    i32_hist: int
 
 
 @dataclass(frozen=True)
@@ -436,6 +437,9 @@ def pack_layout(k: int, m: int, TC: int, nct: int, storage: str, nslots: int) ->
     zl = a.take(4)
     c64 = a.take(k * m * 8)
     sh64 = a.take(0 if f32 else m * 8)
+    # int32 per centre, zero on the device after every upload (never written on the host): the rows
+    # a step's sums group by label count into it (:mod:`.bylabel`)
+    hist = a.take(k * 4)
     out0 = a.take(0)
     sums = a.take(k * m * 8, 8)
     cnt = a.take(k * 8, 8)
@@ -443,5 +447,5 @@ def pack_layout(k: int, m: int, TC: int, nct: int, storage: str, nslots: int) ->
     ctr = a.take((2 + max(1, nslots)) * 8, 8)
     layout = PackLayout(p32_cm=cm // 4, p32_cc=cc // 4, p32_sh=sh32 // 4, p32_zl=zl // 4, p64_c64=c64 // 8,
                         p64_sh=sh64 // 8, p64_sums=sums // 8, p64_cnt=cnt // 8, p64_sse=sse // 8,
-                        i64_chg=ctr // 8)
+                        i64_chg=ctr // 8, i32_hist=hist // 4)
     return layout, out0, a.total()

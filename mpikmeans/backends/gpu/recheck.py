@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 
-from .device import cuda
+from .device import SIM, cuda
 from .intrinsics import ldx
 from .plan import PackLayout
 
@@ -19,8 +19,8 @@ if cuda is not None:
     from numba import float64, int32, int64
 
 
-#: warps per block of the exact (recheck) kernel
-RC_WARPS = 4
+#: warps per block of the exact (recheck) kernel (the simulator runs a thread per thread: fewer)
+RC_WARPS = 4 if SIM else 8
 #: ... and its blocks per multiprocessor (``tune={"rc_blocks": B}``): 4 and 8 measured within the spread
 #: of 2 on the H100 (A and D full steps, ``bench/results/fullstep_H100_2026-11-26_s11_test_recheck.log``)
 RC_BLOCKS_SM = 2
@@ -30,14 +30,28 @@ RC_BLOCKS_SM = 2
 RC_BATCH = 8
 
 
+def row_threads(k: int) -> int:
+    """Threads of the exact kernel that search one flagged row among ``k`` centres: a power of two of
+    warps (so that the groups fill the block), at least as many threads as centres, at most a block."""
+    warps = 1
+    while warps * 32 < int(k) and warps < RC_WARPS:
+        warps *= 2
+    return 32 * warps
+
+
 @functools.lru_cache(maxsize=None)
 def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: int, pack_c: tuple,
                    delta: bool = False):
-    """Exact float64 assignment of the flagged rows, one warp per row.
+    """Exact float64 assignment of the flagged rows, a group of :func:`row_threads` threads per row.
 
-    Lanes split the centres; each computes ``sum_j (x_j - c_kj)^2`` in float64 in
-    attribute order, like the CPU backend, keeping the lowest index on ties; lane 0
-    reduces over the lanes.  For a step the row is then added to the global deviation
+    The group's threads split the centres; each computes ``sum_j (x_j - c_kj)^2`` in float64
+    in attribute order, like the CPU backend, keeping the lowest index on ties; the group's
+    first thread reduces over the group.  A row's search is a chain of ``K M / T``
+    dependent loads and additions on each of its ``T`` threads: with a warp per row (``T`` =
+    32) a flagged row of 3e5 x 257, K = 1000 kept the kernel 0.8-0.9 ms however few rows
+    were flagged (``bench/results/ncu_D_steps_H100_2026-11-26_s13.log``).
+
+    For a step the row is then added to the global deviation
     sums (``x - c``), counts, SSE and change count (atomics: flagged rows are rare); with
     ``delta`` only a row whose label changed moves: ``x - c_old``, its count and its
     squared distance to the old centre leave, the same for the new one join.
@@ -48,6 +62,8 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
     none flagged every block returns at once.
     """
     NT = 32 * RC_WARPS
+    T = row_threads(k_c)
+    G = NT // T  # rows a block takes at a time
     WEIGHTED = weighted
     ASSIGN = assign
     DELTA = delta
@@ -60,11 +76,11 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
     def km_recheck(x, ld, p64, ctr, labels, flags, w, dist2, fslot):
         bd_s = cuda.shared.array(NT, dtype=float64)
         bi_s = cuda.shared.array(NT, dtype=int32)
-        old_s = cuda.shared.array(NT, dtype=int32)
-        od_s = cuda.shared.array(RC_WARPS, dtype=float64)
+        old_s = cuda.shared.array(G, dtype=int32)
+        od_s = cuda.shared.array(G, dtype=float64)
         tid = cuda.threadIdx.x
-        lane = tid % 32
-        wib = tid // 32
+        lane = tid % T  # the thread's place in its row's group
+        wib = tid // T  # the group
         m = M_C
         k = K_C
         nflag = ctr[fslot]
@@ -72,8 +88,8 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
         cv = cuda.local.array(RC_BATCH, dtype=float64)
         sse_w = 0.0
         changed_w = 0
-        step = cuda.gridDim.x * RC_WARPS
-        for base in range(cuda.blockIdx.x * RC_WARPS, nflag, step):
+        step = cuda.gridDim.x * G
+        for base in range(cuda.blockIdx.x * G, nflag, step):
             f = base + wib
             bd = F64_INF
             bi = k
@@ -81,7 +97,7 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
             if f < nflag:
                 i = flags[f]
                 old = labels[i] if DELTA else -1
-                for kk in range(lane, k, 32):
+                for kk in range(lane, k, T):
                     d = 0.0
                     cb = P_C64 + kk * m
                     for jb in range(0, m, RC_BATCH):
@@ -103,7 +119,7 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
             bi_s[tid] = bi
             cuda.syncthreads()
             if f < nflag and lane == 0:
-                for q in range(1, 32):
+                for q in range(1, T):
                     dq = bd_s[tid + q]
                     iq = bi_s[tid + q]
                     if dq < bd or (dq == bd and iq < bi):
@@ -131,17 +147,17 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
                                 cuda.atomic.add(p64, P_CNT + old, -wi)
                         else:
                             bi_s[tid] = -1  # unchanged: the kept sums and SSE hold it already
-                        old_s[tid] = old
+                        old_s[wib] = old
                     else:
                         sse_w += wi * bd
                         cuda.atomic.add(p64, P_CNT + bi, wi)
             cuda.syncthreads()
             if not ASSIGN and f < nflag:
-                lab = bi_s[wib * 32]
-                old = old_s[wib * 32] if DELTA else -1
+                lab = bi_s[wib * T]
+                old = old_s[wib] if DELTA else -1
                 wi = w[i] if WEIGHTED else 1.0
                 if lab >= 0:
-                    for j in range(lane, m, 32):
+                    for j in range(lane, m, T):
                         v = float64(ldx(x, j * ld + i))
                         cuda.atomic.add(p64, P_SUMS + lab * m + j, wi * (v - ldx(p64, P_C64 + lab * m + j)))
                         if old >= 0:
