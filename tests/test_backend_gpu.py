@@ -598,6 +598,14 @@ def test_fill_centres_is_bit_identical_to_the_numpy_form(f32, k, m, TC):
     c[1, 2] = np.nan  # a non-finite centre sends every row to the exact kernel
     fill_centres(c, f32, sh, cc, cm, c64, zl)
     assert zl[0] == np.inf
+    # where the device makes the rest (the GEMM path): the same shift, the centres copied
+    from mpikmeans.backends.gpu.hostk import fill_shift
+
+    c[1, 2] = 0.5
+    fill_centres(c, f32, sh, cc, cm, c64, zl)
+    sh2, c2 = np.zeros_like(sh), np.zeros_like(c64)
+    fill_shift(c, f32, sh2, c2)
+    assert np.array_equal(sh2, sh) and np.array_equal(c2, c)
 
 
 @pytest.mark.parametrize("k,m", [(6, 4), (300, 200)])

@@ -1,7 +1,7 @@
 """Where the GEMM path's full step goes (issue 16): each launch of one step timed with CUDA events.
 
 A D-shaped backend (3e5 x 257, K = 1000, noisy blobs as ``bench fullstep``), one step to
-build the launches, then each launch of the step (repack, screen, sums, recheck) timed
+build the launches, then each launch of the step (centre data, screen, sums, recheck) timed
 alone, the whole step, and the prototype screen (gemm_pass1.py) on the same rows.
 
     python3 bench/experiments/gemm_step_parts.py [N M K NOISE DTYPE]
@@ -49,7 +49,8 @@ def main():
     st = be._state(k, False, False)
     steps, recheck = st.launches[0]
     parts = {}
-    names = ["repack", "screen", "sums"]
+    # the centre data, the screen, then the sums by label (:mod:`mpikmeans.backends.gpu.bylabel`)
+    names = ["prep", "screen", "sums_count", "sums_offsets", "sums_place", "sums_walk"]
     for name, launch in zip(names, steps.launches):
         parts[name] = ev_ms(launch)
     parts["recheck"] = ev_ms(recheck)

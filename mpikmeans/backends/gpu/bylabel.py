@@ -50,7 +50,7 @@ if cuda is not None:
 #: threads a block of the row kernels (count, place)
 NT_ROWS = 32 if SIM else 256
 #: threads of the one-block prefix sum
-NT_SCAN = 32 if SIM else 1024
+NT_SCAN = 8 if SIM else 1024
 #: places a block of the walk takes at a time (staged in shared memory)
 SEG = 16 if SIM else 256
 #: rows of one cluster a thread loads before adding them (their loads in flight together)

@@ -17,8 +17,9 @@ float32 error of any summation order; every other row is flagged for the exact
 float64 kernel (:func:`.recheck.recheck_kernel`), so the labels are those of exact
 float64 arithmetic as on every other path.  The launches of a step:
 
-1. :func:`repack_kernel`: the step buffer's centre data (tiles of ``TC``) into the
-   attribute-major layout the GEMM reads, padded to a whole centre tile;
+1. :func:`prep_kernel`: the screen's centre data (``-2 z`` attribute-major, padded to a
+   whole centre tile, their norms and the certificate's bound) from the step buffer's
+   centres and shift, which are all the host fills for this path;
 2. :func:`screen_kernel`: certified labels into ``newlab`` (-1: flagged), flagged rows
    listed for the exact kernel; in an incremental step (``delta``) a certified row
    that keeps its label needs nothing and one that changes is flagged (the exact
@@ -54,8 +55,6 @@ BK = 16
 #: rows per tile: 16 x 8 = 128 per block (NT / (BN / 8) threads along the rows, 8 rows each)
 BM = 8 * NT // (BN // 8)
 _ALIGN = None if SIM else 16  # the 16-byte shared loads need it; the simulator refuses the argument
-#: threads per block of the repack kernel
-NT_REPACK = 128
 #: the screen's static shared memory, bytes (two slices of rows and centres, best / second best /
 #: index per row and thread column, |y|^2 per row): more than the 48 KB every device gives a block
 SCREEN_SMEM = (2 * BK * BM + 2 * BK * BN) * 4 + (BN // 8) * BM * 12 + BM * 4
@@ -90,33 +89,68 @@ def padded_centres(kp: int) -> int:
     return -(-kp // BN) * BN
 
 
+#: centres and attribute lanes of a block of the prep kernel (the simulator runs a thread per thread:
+#: fewer, and one block)
+PREP_C, PREP_J = (16, 2) if SIM else (32, 8)
+
+
 @functools.lru_cache(maxsize=None)
-def repack_kernel(m_c: int, tc_c: int, nct_c: int, pack_c: tuple):
-    """``cmg[j * kpg + c] = -2 z[c, j]`` and ``ccg[c] = |z_c|^2`` from the step buffer (padding: 0, +inf).
+def prep_kernel(storage: str, k_c: int, m_c: int, kpg_c: int, pack_c: tuple):
+    """The screen's centre data, made on the device from the step buffer's centres and shift.
 
-    Arguments: p32 (the step buffer's float32 view), cmg (m * kpg,), ccg (kpg,).
+    ``cmg[j * kpg + c] = -2 z[c, j]`` with ``z = float32(c - s)``, ``ccg[c] = |z_c|^2`` (padding
+    centres: 0 and +inf) and the certificate's bound ``zl`` = twice the largest ``|z|^2`` (+inf
+    where a centre is not finite), all as :func:`.hostk.fill_centres` computes them on the host for
+    the other paths; the bound by an atomic maximum from the zero the step's upload leaves.  A
+    block takes :data:`PREP_C` centres, each with :data:`PREP_J` threads on its attributes (the host's
+    fill of 1000 x 257 centres took 0.25-0.4 ms a step, its tiles then repacked on the device).
+
+    Arguments: p32, p64 (the step buffer's float32 and float64 views), cmg (m * kpg,), ccg (kpg,).
     """
-    M_C, TC, NCT = int(m_c), int(tc_c), int(nct_c)
-    KP = NCT * TC
-    KPG = padded_centres(KP)
+    F32 = storage == "float32"
+    K_C, M_C, KPG = int(k_c), int(m_c), int(kpg_c)
     L = PackLayout(*pack_c)
-    P_CM, P_CC = int(L.p32_cm), int(L.p32_cc)
+    P_C64, P_SH32, P_SH64, P_ZL = int(L.p64_c64), int(L.p32_sh), int(L.p64_sh), int(L.p32_zl)
     INF = np.float32(np.inf)
+    TWO = np.float32(-2.0)
 
-    def km_gemm_repack(p32, cmg, ccg):
-        q = cuda.grid(1)
-        if q < M_C * KPG:
-            j = q // KPG
-            c = q - j * KPG
-            v = float32(0.0)
-            if c < KP:
-                t = c // TC
-                v = ldx(p32, P_CM + t * M_C * TC + j * TC + (c - t * TC))
-            stx(cmg, q, v)
-        if q < KPG:
-            stx(ccg, q, ldx(p32, P_CC + q) if q < KP else INF)
+    def km_gemm_prep(p32, p64, cmg, ccg):
+        part = cuda.shared.array((PREP_J, PREP_C), dtype=float64)
+        bad = cuda.shared.array((PREP_J, PREP_C), dtype=int32)
+        tx = cuda.threadIdx.x % PREP_C
+        ty = cuda.threadIdx.x // PREP_C
+        for cb in range(cuda.blockIdx.x, KPG // PREP_C, cuda.gridDim.x):
+            c = cb * PREP_C + tx
+            norm = 0.0
+            nonfinite = 0
+            for j in range(ty, M_C, PREP_J):
+                z = float32(0.0)
+                if c < K_C:
+                    v = ldx(p64, P_C64 + c * M_C + j)
+                    s = float64(ldx(p32, P_SH32 + j)) if F32 else ldx(p64, P_SH64 + j)
+                    if v - v != 0.0:  # inf - inf and NaN - NaN are NaN
+                        nonfinite = 1
+                    z = float32(v - s)
+                    norm += float64(z) * float64(z)
+                stx(cmg, j * KPG + c, z * TWO)
+            cuda.syncthreads()  # the last round's sums are read
+            part[ty, tx] = norm
+            bad[ty, tx] = nonfinite
+            cuda.syncthreads()
+            if ty == 0:
+                if c < K_C:
+                    tot = 0.0
+                    nb = 0
+                    for q in range(PREP_J):
+                        tot += part[q, tx]
+                        nb += bad[q, tx]
+                    stx(ccg, c, float32(tot))
+                    zc = INF if nb != 0 else float32(min(2.0 * tot * (1.0 + 1e-6), 3.0e38))
+                    cuda.atomic.max(p32, P_ZL, zc)
+                else:
+                    stx(ccg, c, INF)
 
-    return cuda.jit(km_gemm_repack)
+    return cuda.jit(km_gemm_prep)
 
 
 def _merge_best(m1, m2, mi, o1, o2, oi):  # pragma: no cover - compiled
@@ -242,7 +276,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     """Certified float32 nearest centre of every row, a register-blocked GEMM (see the module docstring).
 
     Arguments: x (m * ld,), n, ld, p32, p64 (step buffer views), cmg, ccg (from
-    :func:`repack_kernel`), ctr, labels, newlab (n,), flags, fslot, then idx, ub, lb, gat,
+    :func:`prep_kernel`), ctr, labels, newlab (n,), flags, fslot, then idx, ub, lb, gat,
     gslot as :func:`.kernels.fused_kernel` takes them (``bounds``: kept bounds written, and
     with ``gat`` only the listed rows searched).  ``newlab[i]``: the certified label, or -1
     (flagged, or in a ``delta`` step unchanged).
@@ -370,8 +404,8 @@ class Steps:
 def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int, plan, pack, x, xr, rows: int,
                   labels, flags, w, fslot: int, stream, delta: bool, fast: bool, tf32: bool, bounds=None,
                   dummies=None) -> Steps:
-    """The prepared launches of one step with ``k`` centres for ``rows`` rows: repack, screen and (full
-    steps) sums.
+    """The prepared launches of one step with ``k`` centres for ``rows`` rows: the centre data, screen
+    and (full steps) sums.
 
     ``plan`` and ``pack``: the step's plan and step buffer (:mod:`.plan`, :class:`.launch.Pack`);
     the screen on the tensor cores with ``tf32`` (:mod:`.tensor`), else in float32; ``xr`` the
@@ -388,11 +422,12 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
     ccg = cuda.device_array(kpg, dtype=np.float32)
     newlab = cuda.device_array(max(1, rows), dtype=np.int32)
     out = []
-    rspec = (m, plan.TC, plan.nct, layout)
-    rk = repack_kernel(*rspec)
-    rargs = (pack.p32, cmg, ccg)
-    out.append(Launch(rk, compiled("gemm_repack", rspec, rk, rargs), rargs, -(-m * kpg // NT_REPACK), NT_REPACK, 0,
-                      stream, fast))
+    pack.on_device = True  # the host fills the centres and the shift alone
+    rspec = (storage, int(k), m, kpg, layout)
+    rk = prep_kernel(*rspec)
+    rargs = (pack.p32, pack.dev, cmg, ccg)
+    out.append(Launch(rk, compiled("gemm_prep", rspec, rk, rargs), rargs, 1 if SIM else kpg // PREP_C,
+                      PREP_C * PREP_J, 0, stream, fast))
     from . import tensor
 
     keeps = bounds is not None

@@ -39,9 +39,9 @@ def fill_centres(centres, f32, sh, cc, cm, c64, zl) -> None:
 
 
 @njit(inline="always")
-def _fill(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
+def _shift(centres, f32, sh):  # pragma: no cover - compiled
+    """The centres' mean into ``sh`` (rounded to float32 first where ``f32``); returned as float64."""
     k, m = centres.shape
-    TC = cm.shape[2]
     shift = np.zeros(m)
     for b in prange((m + _SHIFT_BLOCK - 1) // _SHIFT_BLOCK):  # blocks of attributes side by side
         j0 = b * _SHIFT_BLOCK
@@ -55,6 +55,14 @@ def _fill(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
                 t = np.float64(np.float32(t))
             shift[j] = t
             sh[j] = t
+    return shift
+
+
+@njit(inline="always")
+def _fill(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
+    k, m = centres.shape
+    TC = cm.shape[2]
+    shift = _shift(centres, f32, sh)
     norms = np.empty(k)
     bad = np.zeros(k, dtype=np.int64)
     for i in prange(k):
@@ -73,6 +81,32 @@ def _fill(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
         norms[i] = norm
         bad[i] = nonfinite
     zl[0] = min(2.0 * norms.max() * (1.0 + 1e-6), 3.0e38) if bad.sum() == 0 else np.inf
+
+
+def fill_shift(centres, f32, sh, c64) -> None:
+    """The step buffer's centre data where the device makes the rest (:func:`.gemm.prep_kernel`): the
+    shift ``sh`` as :func:`fill_centres` computes it, and the centres into ``c64``."""
+    fill = _shift_threads if centres.size >= THREADS_MIN_VALUES else _shift_one
+    fill(centres, f32, sh, c64)
+
+
+@njit(inline="always")
+def _shift_copy(centres, f32, sh, c64):  # pragma: no cover - compiled
+    _shift(centres, f32, sh)
+    k, m = centres.shape
+    for i in prange(k):
+        for j in range(m):
+            c64[i, j] = centres[i, j]
+
+
+@njit(cache=True, nogil=True)
+def _shift_one(centres, f32, sh, c64):  # pragma: no cover - compiled
+    _shift_copy(centres, f32, sh, c64)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _shift_threads(centres, f32, sh, c64):  # pragma: no cover - compiled
+    _shift_copy(centres, f32, sh, c64)
 
 
 @njit(cache=True, nogil=True)

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from .device import SIM, cuda
-from .hostk import fill_centres
+from .hostk import fill_centres, fill_shift
 from .plan import pack_layout
 
 log = logging.getLogger("mpikmeans.backends.gpu")
@@ -218,6 +218,10 @@ class Pack:
     def __init__(self, k: int, m: int, TC: int, nct: int, storage: str, nslots: int):
         self.k, self.m, self.TC, self.nct = k, m, TC, nct
         self.f32 = storage == "float32"
+        #: whether the kernels make the centre data the screen reads (the tiles, norms and their bound)
+        #: from the centres and the shift on the device (:func:`.gemm.prep_kernel`); the upload then
+        #: zeroes the bound, which the device's atomic maximum starts from
+        self.on_device = False
         self.layout, self.out0, self.total = pack_layout(k, m, TC, nct, storage, nslots)
         L = self.layout
         words = self.total // 8
@@ -258,9 +262,13 @@ class Pack:
             self._d2h = cub.cuMemcpyDtoHAsync
 
     def fill(self, centres: np.ndarray) -> None:
-        """Write this step's centre data into the pinned input buffer (host only)."""
-        fill_centres(np.ascontiguousarray(centres, dtype=np.float64), self.f32, self.sh, self.cc, self.cm,
-                      self.c64, self.zl)
+        """Write this step's centre data into the pinned input buffer (host only): all of it, or where
+        :attr:`on_device` the shift and the centres alone."""
+        c = np.ascontiguousarray(centres, dtype=np.float64)
+        if self.on_device:
+            fill_shift(c, self.f32, self.sh, self.c64)
+        else:
+            fill_centres(c, self.f32, self.sh, self.cc, self.cm, self.c64, self.zl)
 
     def upload(self) -> None:
         """Inputs and zeroed outputs to the device: one asynchronous copy."""
