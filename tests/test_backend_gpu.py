@@ -170,6 +170,9 @@ _SIM_PROGRAM = textwrap.dedent(
     # far from the origin (1e4, unit spread): the carried-over SSE and sums keep their digits
     x7, _c7 = blobs(300, 5, 12, 8, offset=1.0e4)
     compare("delta_offset", x7, x7[:12].copy(), tune=always, iters=5)
+    # the exact kernel's groups of two warps a flagged row (one warp by default in the simulator): moved
+    # rows in incremental steps, and ties in a full step
+    compare("delta_offset_groups", x7, x7[:12].copy(), tune=dict(always, rc_threads=64), iters=3)
     compare("delta_weighted_is_full", x6, c6, weights=w6, tune=always, iters=2)
     # the GEMM-shaped screen (gemm.py), forced on small shapes: one attribute slice, three
     # (m=33, the last one short), two centre tiles (k=130), weights and float32, exact
@@ -178,9 +181,13 @@ _SIM_PROGRAM = textwrap.dedent(
     compare("gemm_f64", x, c, tune=g, iters=2)
     compare("gemm_f32_weighted", x, c, dtype="float32", weights=w, tune=g, iters=1)
     compare("gemm_wide_ties", x4, np.vstack([c4, c4[:1]]), tune=g, iters=1)
+    compare("gemm_wide_ties_groups", x4, np.vstack([c4, c4[:1]]), tune=dict(g, rc_threads=128), iters=1)
     x8, c8 = blobs(260, 3, 130, 9)
     compare("gemm_centre_tiles", x8, c8, tune=g, iters=1)
     compare("gemm_delta", x6, x6[:40].copy(), tune=dict(g, delta="always"), iters=3)
+    # the sums by label reading the rows from the column-major store (no row-major copy), weighted
+    w5 = np.random.default_rng(5).uniform(0.5, 2.0, x5.shape[0])
+    compare("gemm_colmajor_weighted", x5, c5, weights=w5, tune=dict(g, rowmajor=False), iters=1)
     # the same on the tensor cores (tensor.py; the simulator emulates the warp's product, slowly:
     # two row tiles, one of them short)
     t = {"gemm": True, "tf32": True}
@@ -350,6 +357,19 @@ def test_sim_gemm_screen_matches_cpu(sim, screen, case):
         assert first["tf32"] is (first["flagged"] <= TF32_FLAG_LIMIT * rec["n"] + TF32_FLAG_SLACK), rec
         if case == "wide_ties":
             assert first["tf32"] is False, rec
+
+
+def test_sim_exact_kernel_groups_of_several_warps(sim):
+    """Flagged rows searched by groups of 64 and 128 threads: moved rows (incremental steps) and ties."""
+    _assert_parity(sim["delta_offset_groups"])
+    ties = sim["gemm_wide_ties_groups"]
+    _assert_parity(ties)
+    assert ties["steps"][0]["flagged"] > 0, ties
+
+
+def test_sim_gemm_sums_from_the_column_major_rows(sim):
+    """The GEMM path's sums by label where there is no row-major copy of the rows: the same sums."""
+    _assert_parity(sim["gemm_colmajor_weighted"], exact_counts=False)
 
 
 def test_sim_float64_matches_cpu(sim):
@@ -1160,7 +1180,25 @@ def test_exact_kernel_groups_fill_its_block():
     pytest.importorskip("numba")
     from mpikmeans.backends.gpu.recheck import RC_WARPS, row_threads
 
+    from mpikmeans.backends.gpu.device import SIM
+
     nt = 32 * RC_WARPS
     for k in (1, 16, 32, 33, 50, 64, 65, 100, 130, 255, 256, 257, 1000, 10**5):
         t = row_threads(k)
-        assert t % 32 == 0 and nt % t == 0 and t >= min(k, nt) and (t == 32 or t // 2 < k), (k, t)
+        assert t % 32 == 0 and nt % t == 0 and (t == 32 or t // 2 < k), (k, t)
+        assert t >= min(k, nt) or SIM, (k, t)
+    assert row_threads(1000, {"rc_threads": 64}) == 64
+    for bad in (16, 48, 2 * nt):
+        with pytest.raises(ValueError, match="rc_threads"):
+            row_threads(10, {"rc_threads": bad})
+
+
+def test_sums_by_label_walk_threads():
+    """The walk's block: whole warps, at most WALK_NT_MAX, the attributes in as few passes as that allows."""
+    pytest.importorskip("numba")
+    from mpikmeans.backends.gpu.bylabel import WALK_NT_MAX, walk_threads
+
+    for m in (1, 3, 32, 33, 257, 512, 513, 600, 1100, 5000):
+        t = walk_threads(m)
+        passes = -(-m // t)
+        assert t % 32 == 0 and t <= WALK_NT_MAX and passes == -(-m // WALK_NT_MAX), (m, t)

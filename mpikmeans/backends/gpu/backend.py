@@ -80,11 +80,12 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         kernel finding the labels itself, where its layout allows and no bounds are kept;
         ``bounds`` (true, false or the default "auto"): keep each row's bounds on the device
         (below; "auto": where :func:`.bounds.bounds_pay`); ``rowmajor`` (true, false, "auto"):
-        pass 1 reads the rows the bounds test lists from a row-major copy of the rows ("auto":
-        where it leaves :data:`.launches.ROWMAJOR_MARGIN` free); ``sums_centres``, ``sums_wb``,
-        ``sums_group_rows``, ``sums_stage_bytes``: the sums kernel's layout (:mod:`.sums`);
-        ``bounds_rpt``: rows a thread of the bounds test; ``rc_blocks``: the exact kernel's blocks
-        a multiprocessor.
+        pass 1 reads the rows the bounds test lists, and the GEMM path's sums by label all rows,
+        from a row-major copy of the rows ("auto": where it leaves :data:`.launches.ROWMAJOR_MARGIN`
+        free); ``sums_centres``, ``sums_wb``, ``sums_group_rows``, ``sums_stage_bytes``: the sums
+        kernel's layout (:mod:`.sums`); ``bounds_rpt``: rows a thread of the bounds test;
+        ``rc_blocks``: the exact kernel's blocks a multiprocessor; ``rc_threads``: its threads a
+        flagged row (:func:`.recheck.row_threads`).
 
     Attributes
     ----------

@@ -42,7 +42,7 @@ from .device import SIM, cuda
 from .intrinsics import ldx, stx
 from .launch import Launch
 from .compiled import compiled
-from .plan import PackLayout
+from .plan import PackLayout, round_up
 
 if cuda is not None:
     from numba import float32, float64, int32, int64
@@ -63,7 +63,7 @@ def walk_threads(m: int) -> int:
     """Threads a block of the walk for rows of ``m`` attributes: the attributes in as few passes of at
     most :data:`WALK_NT_MAX` as they need, rounded up to whole warps."""
     passes = -(-m // WALK_NT_MAX)
-    return -(-(-(-m // passes)) // 32) * 32
+    return round_up(-(-m // passes), 32)
 
 
 @functools.lru_cache(maxsize=None)

@@ -159,11 +159,12 @@ class StepLaunches:
             rpt = int(self.tune.get("bounds_rpt", TEST_RPT))
             bounds = (self._bounds.test_launch(labels, k, pack, newlab, self._dummyi, self.limits, stream,
                                                self._fast, rpt), listed)
-        rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta)
+        group = row_threads(k, self.tune)
+        rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta, group)
         rk = recheck_kernel(*rspec)
         rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
         # a group of threads per flagged row; with none flagged each block reads the count and returns
-        per_block = 32 * RC_WARPS // row_threads(k)
+        per_block = 32 * RC_WARPS // group
         rgrid = 1 if SIM else max(1, min(int(self.tune.get("rc_blocks", RC_BLOCKS_SM)) * self.limits.sm_count,
                                          -(-rows // per_block)))
         recheck = Launch(rk, compiled("recheck", rspec, rk, rargs), rargs, rgrid, 32 * RC_WARPS, 0, stream,

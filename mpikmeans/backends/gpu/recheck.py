@@ -30,19 +30,31 @@ RC_BLOCKS_SM = 2
 RC_BATCH = 8
 
 
-def row_threads(k: int) -> int:
+#: the simulator's groups are one warp unless ``tune={"rc_threads": T}`` asks for more (a thread per thread:
+#: larger groups took its scenarios' flagged rows a third longer; one scenario tests them)
+SIM_ROW_THREADS = 32
+
+
+def row_threads(k: int, tune: dict | None = None) -> int:
     """Threads of the exact kernel that search one flagged row among ``k`` centres: a power of two of
-    warps (so that the groups fill the block), at least as many threads as centres, at most a block."""
+    warps (so that the groups fill the block), at least as many threads as centres, at most a block
+    (:data:`SIM_ROW_THREADS` under the simulator); ``tune["rc_threads"]`` chooses instead."""
+    forced = (tune or {}).get("rc_threads")
+    if forced is not None:
+        t = int(forced)
+        if t < 32 or t > 32 * RC_WARPS or t & (t - 1):
+            raise ValueError(f"rc_threads must be a power of two from 32 to {32 * RC_WARPS}, not {forced!r}")
+        return t
     warps = 1
     while warps * 32 < int(k) and warps < RC_WARPS:
         warps *= 2
-    return 32 * warps
+    return min(32 * warps, SIM_ROW_THREADS) if SIM else 32 * warps
 
 
 @functools.lru_cache(maxsize=None)
 def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: int, pack_c: tuple,
-                   delta: bool = False):
-    """Exact float64 assignment of the flagged rows, a group of :func:`row_threads` threads per row.
+                   delta: bool = False, threads: int = 32):
+    """Exact float64 assignment of the flagged rows, a group of ``threads`` (:func:`row_threads`) per row.
 
     The group's threads split the centres; each computes ``sum_j (x_j - c_kj)^2`` in float64
     in attribute order, like the CPU backend, keeping the lowest index on ties; the group's
@@ -62,7 +74,7 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
     none flagged every block returns at once.
     """
     NT = 32 * RC_WARPS
-    T = row_threads(k_c)
+    T = int(threads)
     G = NT // T  # rows a block takes at a time
     WEIGHTED = weighted
     ASSIGN = assign
