@@ -267,7 +267,8 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             self._dummy32 = cuda.device_array(1, dtype=np.float32)
             self._dummyi = cuda.device_array(1, dtype=np.int32)
         if not rows.streaming:
-            pack = Pack(k, self.m, plan.TC, plan.nct, self.dtype, 1)
+            # the GEMM path makes the screen's centre data on the device (:func:`.gemm.prep_kernel`)
+            pack = Pack(k, self.m, plan.TC, plan.nct, self.dtype, 1, on_device=self.gemm_wanted(plan, assign))
             if assign:
                 if self._alabels is None:
                     self._alabels = cuda.device_array(self.n, dtype=np.int32)

@@ -42,7 +42,7 @@ from .device import SIM, cuda, inline_device
 from .intrinsics import ld4, ldx, stx
 from .kernels import certificate
 from .launch import Launch
-from .plan import PackLayout
+from .plan import ZL_CAP, ZL_MARGIN, PackLayout
 
 if cuda is not None:
     from numba import float32, float64, int32, int64
@@ -145,7 +145,7 @@ def prep_kernel(storage: str, k_c: int, m_c: int, kpg_c: int, pack_c: tuple):
                         tot += part[q, tx]
                         nb += bad[q, tx]
                     stx(ccg, c, float32(tot))
-                    zc = INF if nb != 0 else float32(min(2.0 * tot * (1.0 + 1e-6), 3.0e38))
+                    zc = INF if nb != 0 else float32(min(2.0 * tot * (1.0 + ZL_MARGIN), ZL_CAP))
                     cuda.atomic.max(p32, P_ZL, zc)
                 else:
                     stx(ccg, c, INF)
@@ -422,7 +422,9 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
     ccg = cuda.device_array(kpg, dtype=np.float32)
     newlab = cuda.device_array(max(1, rows), dtype=np.int32)
     out = []
-    pack.on_device = True  # the host fills the centres and the shift alone
+    if not pack.on_device:
+        raise ValueError("gemm.step_launches: the step buffer must leave the centre data to the device "
+                         "(Pack on_device)")
     rspec = (storage, int(k), m, kpg, layout)
     rk = prep_kernel(*rspec)
     rargs = (pack.p32, pack.dev, cmg, ccg)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from ...jit import njit, prange
+from .plan import ZL_CAP, ZL_MARGIN
 
 
 #: K x M from which the per-step helpers run on the rank's threads: below it, waking the
@@ -80,7 +81,7 @@ def _fill(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
         cc[i] = norm
         norms[i] = norm
         bad[i] = nonfinite
-    zl[0] = min(2.0 * norms.max() * (1.0 + 1e-6), 3.0e38) if bad.sum() == 0 else np.inf
+    zl[0] = min(2.0 * norms.max() * (1.0 + ZL_MARGIN), ZL_CAP) if bad.sum() == 0 else np.inf
 
 
 def fill_shift(centres, f32, sh, c64) -> None:

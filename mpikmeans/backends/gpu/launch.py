@@ -215,14 +215,15 @@ class Pack:
     default stream, so a step synchronises once.
     """
 
-    def __init__(self, k: int, m: int, TC: int, nct: int, storage: str, nslots: int):
+    def __init__(self, k: int, m: int, TC: int, nct: int, storage: str, nslots: int, on_device: bool = False):
         self.k, self.m, self.TC, self.nct = k, m, TC, nct
         self.f32 = storage == "float32"
         #: whether the kernels make the centre data the screen reads (the tiles, norms and their bound)
-        #: from the centres and the shift on the device (:func:`.gemm.prep_kernel`); the upload then
-        #: zeroes the bound, which the device's atomic maximum starts from
-        self.on_device = False
-        self.layout, self.out0, self.total = pack_layout(k, m, TC, nct, storage, nslots)
+        #: from the centres and the shift on the device (:func:`.gemm.prep_kernel`): the buffer has no
+        #: tiles and norms then, and the upload zeroes the bound, which the device's atomic maximum
+        #: starts from
+        self.on_device = bool(on_device)
+        self.layout, self.out0, self.total = pack_layout(k, m, TC, nct, storage, nslots, not self.on_device)
         L = self.layout
         words = self.total // 8
         o = self.out0 // 8
@@ -237,9 +238,11 @@ class Pack:
         self.hout = pinned(words - o, np.float64)
         h32 = self.hin.view(np.float32)
         kp = nct * TC
-        self.cm = h32[L.p32_cm: L.p32_cm + kp * m].reshape(nct, m, TC)
-        self.cc = h32[L.p32_cc: L.p32_cc + kp]
-        self.cc[:] = np.inf  # padding centres never win
+        self.cm = self.cc = None  # where the device makes them, the buffer has neither
+        if not self.on_device:
+            self.cm = h32[L.p32_cm: L.p32_cm + kp * m].reshape(nct, m, TC)
+            self.cc = h32[L.p32_cc: L.p32_cc + kp]
+            self.cc[:] = np.inf  # padding centres never win
         self.sh = h32[L.p32_sh: L.p32_sh + m] if self.f32 else self.hin[L.p64_sh: L.p64_sh + m]
         self.zl = h32[L.p32_zl: L.p32_zl + 1]
         self.c64 = self.hin[L.p64_c64: L.p64_c64 + k * m].reshape(k, m)

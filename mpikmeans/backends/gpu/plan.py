@@ -53,6 +53,11 @@ SUMS_CENTRES_BLOCK = 113 * 1024
 #: (``round_up(k, 4)``) are at most this many float32 distances in registers (tiles of fewer rows where
 #: that makes them fit)
 ASSIGN_TC_MAX = 32
+#: the certificate's bound on the centres, ``zl``: twice the largest ``|z|^2`` times ``1 + ZL_MARGIN`` (the
+#: float32 rounding of the norms), at most ``ZL_CAP`` (float32 stays finite); made on the host
+#: (:func:`.hostk.fill_centres`) or on the device (:func:`.gemm.prep_kernel`)
+ZL_MARGIN = 1e-6
+ZL_CAP = 3.0e38
 #: a full step takes the split path from this many values of rows on (N x M): below it the second
 #: launch and its barriers cost more than they save (H100, 2e6 x 3, K = 7: 0.12 -> 0.19 ms), unless the
 #: split step is one kernel (the backend's rule, :meth:`.backend.GPUBackend._plan`)
@@ -409,13 +414,15 @@ def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
     return Plan(mode, R, TC, NT, nct, False, offs, smem, maxreg)
 
 
-def pack_layout(k: int, m: int, TC: int, nct: int, storage: str, nslots: int) -> tuple[PackLayout, int, int]:
+def pack_layout(k: int, m: int, TC: int, nct: int, storage: str, nslots: int,
+                tiles: bool = True) -> tuple[PackLayout, int, int]:
     """Layout of the per-step device buffer: inputs (centre data) first, then outputs.
 
     One allocation holds everything a step moves between host and device, so a step
     is one host-to-device copy (the inputs, and zeros for the outputs) and one
-    device-to-host copy (the outputs).  The kernels get three views of it (float32,
-    float64, int64) and compile-time offsets into them.
+    device-to-host copy (the outputs).  The kernels get four views of it (float32,
+    float64, int64, int32) and compile-time offsets into them.  ``tiles`` false: no centre
+    tiles and norms (the GEMM path makes its own on the device, :func:`.gemm.prep_kernel`).
 
     Returns
     -------
@@ -431,8 +438,9 @@ def pack_layout(k: int, m: int, TC: int, nct: int, storage: str, nslots: int) ->
     kp = nct * TC
     f32 = storage == "float32"
     a = _Arena()
-    cm = a.take(kp * m * 4)  # 16-byte aligned: read with 16-byte vector loads
-    cc = a.take(kp * 4)
+    # the centre tiles and norms (none where the device makes them: ``tiles`` false)
+    cm = a.take(kp * m * 4 if tiles else 0)  # 16-byte aligned: read with 16-byte vector loads
+    cc = a.take(kp * 4 if tiles else 0)
     sh32 = a.take(m * 4 if f32 else 0)
     zl = a.take(4)
     c64 = a.take(k * m * 8)
