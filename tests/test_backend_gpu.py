@@ -44,11 +44,11 @@ _SIM_PROGRAM = textwrap.dedent(
     PART, PARTS = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (0, 1)
     _count = [0]
 
-    def blobs(n, m, k, seed, offset=0.0):
+    def blobs(n, m, k, seed, offset=0.0, noise=1.0):
         r = np.random.default_rng(seed)
         c = r.uniform(-10, 10, size=(k, m)) + offset
         lab = r.integers(0, k, n)
-        x = c[lab] + r.normal(size=(n, m))
+        x = c[lab] + noise * r.normal(size=(n, m))
         start = c + r.normal(scale=0.7, size=c.shape)
         return x, start
 
@@ -182,8 +182,10 @@ _SIM_PROGRAM = textwrap.dedent(
     compare("gemm_f32_weighted", x, c, dtype="float32", weights=w, tune=g, iters=1)
     compare("gemm_wide_ties", x4, np.vstack([c4, c4[:1]]), tune=g, iters=1)
     compare("gemm_wide_ties_groups", x4, np.vstack([c4, c4[:1]]), tune=dict(g, rc_threads=128), iters=1)
-    x8, c8 = blobs(260, 3, 130, 9)
-    compare("gemm_centre_tiles", x8, c8, tune=g, iters=1)
+    # two centre tiles, with kept bounds: the screen of every row (two row tiles), then of the 52 rows the
+    # bounds test lists (one row tile: its two centre tiles on the simulator's two blocks, centre_groups)
+    x8, c8 = blobs(200, 3, 129, 9, noise=0.5)
+    compare("gemm_centre_tiles", x8, c8, tune=dict(g, bounds=True, delta="never"), iters=3)
     compare("gemm_delta", x6, x6[:40].copy(), tune=dict(g, delta="always"), iters=3)
     # the sums by label reading the rows from the column-major store (no row-major copy), weighted
     w5 = np.random.default_rng(5).uniform(0.5, 2.0, x5.shape[0])
@@ -357,6 +359,18 @@ def test_sim_gemm_screen_matches_cpu(sim, screen, case):
         assert first["tf32"] is (first["flagged"] <= TF32_FLAG_LIMIT * rec["n"] + TF32_FLAG_SLACK), rec
         if case == "wide_ties":
             assert first["tf32"] is False, rec
+
+
+def test_sim_gemm_screen_in_centre_groups(sim):
+    """The listed rows' screen split into groups of centre tiles (gemm.centre_groups): the last step's
+    one row tile of listed rows on the simulator's two blocks, one centre tile each, the CPU's results."""
+    from mpikmeans.backends.gpu.gemm import BM, _centre_groups
+
+    rec = sim["gemm_centre_tiles"]
+    _assert_parity(rec)
+    last = rec["steps"][-1]
+    assert last["tested"] and 0 < last["searched"] <= BM, rec["steps"]
+    assert _centre_groups(1, 2, 8, 2, 2) == 2
 
 
 def test_sim_exact_kernel_groups_of_several_warps(sim):
@@ -1172,6 +1186,24 @@ def test_gemm_screen_choice_rule():
     assert next_screen(False, 0, n) and next_screen(False, 15, n)
     assert not next_screen(False, 16, n) and not next_screen(False, 27, n)  # noise 4, rows as centres
     assert next_screen(True, 16, 10) and not next_screen(True, 17, 10)  # a few rows decide nothing
+
+
+def test_gemm_screen_splits_the_centre_tiles_of_few_row_tiles():
+    """D's shape (8 centre tiles, 264 blocks): a late step's one listed row tile goes to 8 blocks; 300 row
+    tiles (two waves unsplit) in groups of 4 (five waves of 2 centre tiles); a full step's 2344 row tiles,
+    one wave or less, and one centre tile are never split; the scratch's units and the most groups
+    bound it; the fewest groups win a tie."""
+    from mpikmeans.backends.gpu.gemm import _centre_groups as groups
+
+    ucap = 2 * 264 * 8
+    assert groups(1, 264, ucap, 8, 8) == 8
+    assert groups(33, 264, ucap, 8, 8) == 8  # 264 units: one wave of one centre tile each
+    assert groups(300, 264, ucap, 8, 8) == 4
+    assert groups(235, 264, ucap, 8, 8) == 1 and groups(264, 264, ucap, 8, 8) == 1
+    assert groups(2344, 264, ucap, 8, 8) == 1
+    assert groups(1, 264, ucap, 1, 1) == 1 and groups(1, 264, 0, 8, 8) == 1
+    assert groups(1, 264, ucap, 8, 3) == 3 and groups(300, 264, 900, 8, 8) == 2
+    assert groups(3, 2, 8, 2, 2) == 2  # the simulator's scenario gemm_centre_tiles: 3 row tiles on 2 blocks
 
 
 def test_exact_kernel_groups_fill_its_block():

@@ -85,7 +85,8 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         free); ``sums_centres``, ``sums_wb``, ``sums_group_rows``, ``sums_stage_bytes``: the sums
         kernel's layout (:mod:`.sums`); ``bounds_rpt``: rows a thread of the bounds test;
         ``rc_blocks``: the exact kernel's blocks a multiprocessor; ``rc_threads``: its threads a
-        flagged row (:func:`.recheck.row_threads`).
+        flagged row (:func:`.recheck.row_threads`); ``centre_groups`` (default true): the GEMM path's
+        float32 screen splits the centre tiles of few row tiles over its blocks (:func:`.gemm.centre_groups`).
 
     Attributes
     ----------

@@ -55,6 +55,10 @@ BK = 16
 #: rows per tile: 16 x 8 = 128 per block (NT / (BN / 8) threads along the rows, 8 rows each)
 BM = 8 * NT // (BN // 8)
 _ALIGN = None if SIM else 16  # the 16-byte shared loads need it; the simulator refuses the argument
+#: the screen's register cap: two blocks of NT threads a multiprocessor (65,536 registers); the
+#: centre groups' bookkeeping took it from 128 to 149-154 registers uncapped, one block, and the
+#: full step's screen 5.4 -> 6.7 ms on the H100
+MAXREG = 65536 // (2 * NT)
 #: the screen's static shared memory, bytes (two slices of rows and centres, best / second best /
 #: index per row and thread column, |y|^2 per row): more than the 48 KB every device gives a block
 SCREEN_SMEM = (2 * BK * BM + 2 * BK * BN) * 4 + (BN // 8) * BM * 12 + BM * 4
@@ -168,15 +172,45 @@ def _merge_best(m1, m2, mi, o1, o2, oi):  # pragma: no cover - compiled
 merge_best = inline_device(_merge_best)
 
 
+def _centre_groups(ntiles, grid, ucap, nct, gmax):
+    """Into how many groups of centre tiles the screen splits each row tile (1: not split).
+
+    A block searches a row tile against all ``nct`` centre tiles; with fewer row tiles than the
+    grid's blocks (the rows the bounds test lists in a late step: one tile of 64 rows took 0.41 ms
+    of D's step on one block of 264) most of the device waits.  Split into ``g`` groups, the
+    ``ntiles * g`` units go round the ``grid`` blocks in ``ceil(ntiles g / grid)`` waves of
+    ``ceil(nct / g)`` centre tiles each, plus about a quarter of a centre tile a unit (its rows'
+    merge and verdicts): the least such cost wins, the fewest groups on a tie, at most ``gmax``
+    groups and ``ucap`` units (the merge's scratch).  Pure integer arithmetic: the kernel and the
+    tests call the same function.
+    """
+    best = 1
+    cost = (ntiles + grid - 1) // grid * (4 * nct + 1)
+    for g in range(2, gmax + 1):
+        if ntiles * g > ucap:
+            break
+        c = (ntiles * g + grid - 1) // grid * (4 * ((nct + g - 1) // g) + 1)
+        if c < cost:
+            best = g
+            cost = c
+    return best
+
+
+centre_groups = inline_device(_centre_groups)
+
+
 @functools.lru_cache(maxsize=None)
-def slice_loads(storage: str, m_c: int, kpg_c: int, pack_c: tuple):
+def slice_loads(storage: str, m_c: int, kpg_c: int, pack_c: tuple, rowmajor: bool = False):
     """The device function that loads a screen's next slice into registers (both screens stage alike).
 
     ``loads(x, ld, i, p32, p64, cmg, j0, ct, xk, ck, cr, px, pc)``: attributes ``j0 + xk +
     q NT/BM`` of row ``i`` less the shift (float32) into ``px`` (``BK BM / NT``), attributes ``j0 +
     ck + q NT/BN`` of centre ``ct BN + cr`` of the GEMM layout ``cmg`` into ``pc`` (``BK BN /
-    NT``); zeros past the last attribute.
+    NT``); zeros past the last attribute.  The rows column-major (``x[j ld + i]``), or with
+    ``rowmajor`` the row-major copy (``x[i ld + j]``, ``ld = m``): the rows the bounds test lists are
+    scattered, and column-major each of their values is a 32-byte sector of its own.
     """
+    ROWMAJOR = bool(rowmajor)
     SH32 = storage == "float32"
     M_C, KPG = int(m_c), int(kpg_c)
     L = PackLayout(*pack_c)
@@ -189,10 +223,11 @@ def slice_loads(storage: str, m_c: int, kpg_c: int, pack_c: tuple):
             j = j0 + xk + q * XSTEP
             v = float32(0.0)
             if j < M_C:
+                at = i * ld + j if ROWMAJOR else j * ld + i
                 if SH32:
-                    v = ldx(x, j * ld + i) - ldx(p32, P_SH32 + j)
+                    v = ldx(x, at) - ldx(p32, P_SH32 + j)
                 else:
-                    v = float32(ldx(x, j * ld + i) - ldx(p64, P_SH64 + j))
+                    v = float32(ldx(x, at) - ldx(p64, P_SH64 + j))
             px[q] = v
         for q in range(CQ):
             j = j0 + ck + q * CSTEP
@@ -272,14 +307,25 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool, bounds: bool = False)
 
 
 @functools.lru_cache(maxsize=None)
-def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool, bounds: bool = False):
+def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool, bounds: bool = False,
+                  rowmajor: bool = False, groups: bool = False):
     """Certified float32 nearest centre of every row, a register-blocked GEMM (see the module docstring).
 
     Arguments: x (m * ld,), n, ld, p32, p64 (step buffer views), cmg, ccg (from
     :func:`prep_kernel`), ctr, labels, newlab (n,), flags, fslot, then idx, ub, lb, gat,
     gslot as :func:`.kernels.fused_kernel` takes them (``bounds``: kept bounds written, and
-    with ``gat`` only the listed rows searched).  ``newlab[i]``: the certified label, or -1
-    (flagged, or in a ``delta`` step unchanged).
+    with ``gat`` only the listed rows searched), then the split's scratch: gb1, gb2 (float32),
+    gbi (int32), each ``ucap * BM``, tcount (int32, ``ucap // 2 + 1``, zero between launches),
+    ucap.  ``newlab[i]``: the certified label, or -1 (flagged, or in a ``delta`` step unchanged).
+    ``rowmajor``: ``x`` is the row-major copy of the rows, ``ld = m`` (:func:`slice_loads`).
+
+    With ``groups`` (the launch on the rows the bounds test lists) and fewer row tiles than
+    blocks, each row tile's centre tiles are split into groups (:func:`centre_groups`), a unit
+    of work each: a unit writes each row's best, second best
+    and best centre of its centres to the scratch, and the tile's last unit to finish (a
+    counter a tile, which it sets back to zero) merges them and gives the verdicts.  The
+    candidates merge as the slots of one block do (lowest value, then lowest index; the second
+    best the least of the rest): the same labels and flags whatever the split.
     """
     M_C, KPG = int(m_c), int(kpg_c)
     DELTA = delta
@@ -296,16 +342,21 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     XSTEP, CSTEP = NT // BM, NT // BN
     BOUNDS = bool(bounds)
     verdicts = row_verdicts(TX, *certificate(M_C), DELTA, BOUNDS)  # the fused kernel's certificate, the same rows flagged
-    loads = slice_loads(storage, M_C, KPG, pack_c)
+    loads = slice_loads(storage, M_C, KPG, pack_c, rowmajor)
     INF = np.float32(np.inf)
+    GMAX = min(NCT, TX)  # a unit's candidates take one slot of the merging block
+    GROUPS = bool(groups)
+    ZERO = np.float32(0.0)
 
-    def km_gemm_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot, idx, ub, lb, gat, gslot):
+    def km_gemm_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot, idx, ub, lb, gat, gslot,
+                       gb1, gb2, gbi, tcount, ucap):
         xs = cuda.shared.array(XS2, dtype=float32, alignment=_ALIGN)
         cs = cuda.shared.array(CS2, dtype=float32, alignment=_ALIGN)
         sb1 = cuda.shared.array(MN, dtype=float32)
         sb2 = cuda.shared.array(MN, dtype=float32)
         si1 = cuda.shared.array(MN, dtype=int32)
         syy = cuda.shared.array(BM, dtype=float32)
+        last = cuda.shared.array(1, dtype=int32)
         tid = cuda.threadIdx.x
         tx = tid % TX
         ty = tid // TX
@@ -321,7 +372,11 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
         zlim = p32[P_ZL]
         nrow = listed_rows(n, ctr, gat, gslot)
         ntiles = (nrow + BM - 1) // BM
-        for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
+        ng = centre_groups(ntiles, cuda.gridDim.x, ucap, NCT, GMAX) if GROUPS else 1
+        for unit in range(cuda.blockIdx.x, ntiles * ng, cuda.gridDim.x):
+            tile = unit // ng
+            grp = unit - tile * ng
+            ct0 = grp * NCT // ng
             row0 = tile * BM
             for r in range(8):
                 rr = ty * 4 + r if r < 4 else HM + ty * 4 + r - 4
@@ -330,7 +385,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                 stx(si1, tx * BM + rr, 0)
             i = tile_row(row0 + xr, nrow, idx, gat)
             yp = float32(0.0)
-            for ct in range(NCT):
+            for ct in range(ct0, (grp + 1) * NCT // ng):
                 for q in range(64):
                     acc[q] = float32(0.0)
                 for st in range(NST + 1):
@@ -353,7 +408,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                         bc = (st & 1) * CSN
                         for q in range(XQ):
                             stx(xs, bx + (xk + q * XSTEP) * BM + xr, px[q])
-                            if ct == 0:
+                            if ct == ct0:
                                 yp += px[q] * px[q]
                         for q in range(CQ):
                             stx(cs, bc + (ck + q * CSTEP) * BN + cr, pc[q])
@@ -375,12 +430,48 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                     stx(sb1, tx * BM + rr, m1)
                     stx(sb2, tx * BM + rr, m2)
                     stx(si1, tx * BM + rr, mi)
-            verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb, gat)
+            if ng == 1:
+                verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb,
+                         gat)
+            else:
+                cuda.syncthreads()  # every thread's slots written
+                if tid < BM:  # this unit's candidates of each row, from its slots
+                    m1 = ldx(sb1, tid)
+                    m2 = ldx(sb2, tid)
+                    mi = ldx(si1, tid)
+                    for t in range(1, TX):
+                        m1, m2, mi = merge_best(m1, m2, mi, ldx(sb1, t * BM + tid), ldx(sb2, t * BM + tid),
+                                                ldx(si1, t * BM + tid))
+                    stx(gb1, unit * BM + tid, m1)
+                    stx(gb2, unit * BM + tid, m2)
+                    stx(gbi, unit * BM + tid, mi)
+                cuda.threadfence()  # the candidates are seen before the count that says they are there
+                cuda.syncthreads()
+                if tid == 0:
+                    done = cuda.atomic.add(tcount, tile, 1)
+                    last[0] = 1 if done == ng - 1 else 0
+                    if done == ng - 1:
+                        tcount[tile] = 0  # ready for the next launch
+                cuda.syncthreads()
+                if last[0] != 0:
+                    if tid < BM:  # every unit's candidates as the slots (read through L2: atomics)
+                        for t in range(TX):
+                            u = tile * ng + t
+                            if t < ng:
+                                stx(sb1, t * BM + tid, cuda.atomic.add(gb1, u * BM + tid, ZERO))
+                                stx(sb2, t * BM + tid, cuda.atomic.add(gb2, u * BM + tid, ZERO))
+                                stx(si1, t * BM + tid, cuda.atomic.add(gbi, u * BM + tid, 0))
+                            else:
+                                stx(sb1, t * BM + tid, INF)
+                                stx(sb2, t * BM + tid, INF)
+                                stx(si1, t * BM + tid, 0)
+                    verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub,
+                             lb, gat)
             cuda.syncthreads()
 
     if SIM:
         return cuda.jit(km_gemm_screen)
-    return cuda.jit(km_gemm_screen, fastmath=False)
+    return cuda.jit(km_gemm_screen, fastmath=False, max_registers=MAXREG)
 
 
 class Steps:
@@ -401,19 +492,34 @@ class Steps:
             launch()
 
 
+def split_scratch(grid: int, kpg: int, groups: bool = True) -> tuple:
+    """The float32 screen's scratch for ``grid`` blocks and ``kpg`` centre slots: ``(gb1, gb2, gbi, tcount,
+    ucap)`` (see :func:`screen_kernel`): room for two waves of units of the most groups (D: 6.5 MB), none
+    where not ``groups`` (the screen then never splits)."""
+    ucap = 2 * int(grid) * min(kpg // BN, BN // 8)
+    if ucap < 2 or not groups:  # one centre tile: never split
+        ucap = 0
+    units = max(1, ucap) * BM
+    return (cuda.device_array(units, dtype=np.float32), cuda.device_array(units, dtype=np.float32),
+            cuda.device_array(units, dtype=np.int32), cuda.to_device(np.zeros(ucap // 2 + 1, dtype=np.int32)), ucap)
+
+
 def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int, plan, pack, x, xr, rows: int,
                   labels, flags, w, fslot: int, stream, delta: bool, fast: bool, tf32: bool, bounds=None,
-                  dummies=None) -> Steps:
+                  dummies=None, groups: bool = True) -> Steps:
     """The prepared launches of one step with ``k`` centres for ``rows`` rows: the centre data, screen
     and (full steps) sums.
 
     ``plan`` and ``pack``: the step's plan and step buffer (:mod:`.plan`, :class:`.launch.Pack`);
     the screen on the tensor cores with ``tf32`` (:mod:`.tensor`), else in float32; ``xr`` the
-    rows' row-major copy (:meth:`.rows.DeviceRows.row_major`) or None, which the sums read rows
-    from where there is one; the other arguments as the fused kernel's launch takes them.
+    rows' row-major copy (:meth:`.rows.DeviceRows.row_major`) or None, which a full step's sums and
+    the screen of the listed rows read rows from where there is one; the other arguments as the
+    fused kernel's launch takes them.
     ``bounds`` (a :class:`.bounds.DeviceBounds`, resident rows): the screen writes the kept bounds,
     and the result's ``listed`` launches search only the rows the bounds test lists; else
-    ``dummies`` (int32, float32 device arrays) stand in for the bounds' arrays.
+    ``dummies`` (int32, float32 device arrays) stand in for the bounds' arrays.  ``groups``: the float32
+    screen of the listed rows may split the centre tiles of few row tiles over the blocks
+    (:func:`centre_groups`; ``tune={"centre_groups": False}`` keeps a row tile on one block).
     """
     kp = plan.nct * plan.TC
     kpg = padded_centres(kp)
@@ -434,23 +540,37 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
 
     keeps = bounds is not None
     sspec = (storage, m, kpg, layout, delta, keeps)
-    sk = (tensor.screen_kernel if tf32 else screen_kernel)(*sspec)
+    factory = tensor.screen_kernel if tf32 else screen_kernel
+    sk = factory(*sspec)
     tail = (bounds.idx, bounds.ub, bounds.lb) if keeps else (dummies[0], dummies[1], dummies[1])
-    sargs = (x, int(rows), int(ld), pack.p32, pack.dev, cmg, ccg, pack.ctr, labels, newlab, flags, int(fslot),
-             *tail, 0, int(pack.gslot))
     # two blocks per multiprocessor where their shared memory fits (about 120 registers each)
     smem = tensor.SCREEN_SMEM if tf32 else SCREEN_SMEM
     per_sm = 2 if limits.smem_sm >= 2 * (smem + 1024) else 1
     grid = max(1, min(-(-rows // BM), 2 if SIM else per_sm * limits.sm_count))
+    head = (x, int(rows), int(ld), pack.p32, pack.dev, cmg, ccg, pack.ctr, labels, newlab, flags, int(fslot), *tail)
+    # the float32 screen of the listed rows splits the centre tiles of few row tiles over the blocks
+    groups = bool(groups) and keeps and not tf32
+    split = () if tf32 else split_scratch(grid, kpg, groups)
+    sargs = head + (0, int(pack.gslot)) + split
     name = "tf32_screen" if tf32 else "gemm_screen"
     skobj = compiled(name, sspec, sk, sargs)
     out.append(Launch(sk, skobj, sargs, grid, NT, 0, stream, fast))
-    listed = [out[0], Launch(sk, skobj, sargs[:-2] + (1, int(pack.gslot)), grid, NT, 0, stream, fast)]
+    listed = None
+    if keeps:
+        # the listed rows from the row-major copy where there is one, in centre groups
+        extra = (xr is not None,) + (() if tf32 else (groups,))
+        lk, lobj = sk, skobj
+        largs = ((xr, int(rows), int(m)) + head[3:] if xr is not None else head) + (1, int(pack.gslot)) + split
+        if any(extra):
+            lk = factory(*sspec, *extra)
+            lobj = compiled(name, sspec + extra, lk, largs)
+        listed = [out[0], Launch(lk, lobj, largs, grid, NT, 0, stream, fast)]
     if not delta:
         sums = bylabel.launches(limits, storage, weighted, k, m, ld, pack, x, xr, rows, labels, newlab, w, stream,
                                 fast)
         out.extend(sums)
-        listed.extend(sums)
+        if keeps:
+            listed.extend(sums)
     steps = Steps(out, grid)
     if keeps:
         steps.listed = Steps(listed, grid)

@@ -115,11 +115,13 @@ class StepLaunches:
         lists) pair, else None."""
         keeps = not assign and self._keeps_bounds(plan, k)
         if self.gemm_wanted(plan, assign):
-            # a full step's sums read the rows from the row-major copy where there is one (:mod:`.bylabel`)
-            xr = None if delta else self._row_major()
+            # a full step's sums (:mod:`.bylabel`) and the screen of the rows the bounds test lists read the
+            # rows from the row-major copy where there is one
+            xr = self._row_major() if keeps or not delta else None
             fused = gemm.step_launches(self.limits, self.dtype, self.rows.weighted, k, self.m, int(self.rows.ld),
                                        plan, pack, x, xr, rows, labels, flags, w, fslot, stream, delta, self._fast,
-                                       self.tf32, self._bounds if keeps else None, (self._dummyi, self._dummy32))
+                                       self.tf32, self._bounds if keeps else None, (self._dummyi, self._dummy32),
+                                       bool(self.tune.get("centre_groups", True)))
             self.last_grid = fused.grid
             newlab, listed = fused.newlab, fused.listed
         elif plan.mode == MODE_STEP_SPLIT and not keeps and self._sums_assign(plan, k):

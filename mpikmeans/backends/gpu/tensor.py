@@ -182,9 +182,10 @@ else:
 
 
 @functools.lru_cache(maxsize=None)
-def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool, bounds: bool = False):
+def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool, bounds: bool = False,
+                  rowmajor: bool = False):
     """Certified nearest centre of every row on the tensor cores: :func:`.gemm.screen_kernel`'s
-    arguments and results (see the module docstring)."""
+    arguments and results but the split's scratch (see the module docstring)."""
     M_C, KPG = int(m_c), int(kpg_c)
     L = PackLayout(*pack_c)
     P_ZL = int(L.p32_zl)
@@ -197,7 +198,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     SB = SLOTS * BM
     SCR = _SCRATCH
     verdicts = row_verdicts(SLOTS, *certificate(M_C), bool(delta), bool(bounds))
-    loads = slice_loads(storage, M_C, KPG, pack_c)
+    loads = slice_loads(storage, M_C, KPG, pack_c, rowmajor)
     INF = np.float32(np.inf)
 
     def km_tf32_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot, idx, ub, lb, gat, gslot):
