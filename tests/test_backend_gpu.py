@@ -268,6 +268,25 @@ _SIM_PROGRAM = textwrap.dedent(
                   and float(np.abs(a.sums - b.sums).max()) <= 1e-12 * float(np.abs(a.sums).max()))
     print(json.dumps({"name": "k_change", "ok": ok, "states": len(g2._states)}), flush=True)
 
+    # the GEMM path's shift made on the device (gemm.shift_kernel): the host fill's bits
+    from numba import cuda
+    from mpikmeans.backends.gpu import gemm as GM
+    from mpikmeans.backends.gpu.launch import Pack
+    shifts = []
+    for dt in ("float64", "float32"):
+        cs = np.random.default_rng(3).normal(size=(37, 5)) * 10 + 3
+        pk = Pack(37, 5, 64, 1, dt, 1, on_device=True)
+        pk.fill(cs)
+        pk.upload()
+        GM.shift_kernel(dt, 37, 5, tuple(pk.layout))[1, GM.SHIFT_NT](pk.p32, pk.dev)
+        host = Pack(37, 5, 64, 1, dt, 1)
+        host.fill(cs)
+        lay = pk.layout
+        got = (pk.p32.copy_to_host()[lay.p32_sh: lay.p32_sh + 5] if dt == "float32"
+               else pk.dev.copy_to_host()[lay.p64_sh: lay.p64_sh + 5])
+        shifts.append(bool(np.array_equal(got, host.sh)) and bool(np.array_equal(pk.c64, cs)))
+    print(json.dumps({"name": "device_shift", "equal": shifts}), flush=True)
+
     # zero-row rank
     g = G.GPUBackend()
     g.load(np.empty((0, 6)))
@@ -359,6 +378,12 @@ def test_sim_gemm_screen_matches_cpu(sim, screen, case):
         assert first["tf32"] is (first["flagged"] <= TF32_FLAG_LIMIT * rec["n"] + TF32_FLAG_SLACK), rec
         if case == "wide_ties":
             assert first["tf32"] is False, rec
+
+
+def test_sim_gemm_shift_made_on_the_device_has_the_host_fills_bits(sim):
+    """The GEMM path's shift (gemm.shift_kernel): each attribute's mean in centre order, float32-rounded for
+    float32 rows, bit for bit the host fill's; the host copies the centres alone."""
+    assert sim["device_shift"]["equal"] == [True, True]
 
 
 def test_sim_gemm_screen_in_centre_groups(sim):
@@ -632,14 +657,13 @@ def test_fill_centres_is_bit_identical_to_the_numpy_form(f32, k, m, TC):
     c[1, 2] = np.nan  # a non-finite centre sends every row to the exact kernel
     fill_centres(c, f32, sh, cc, cm, c64, zl)
     assert zl[0] == np.inf
-    # where the device makes the rest (the GEMM path): the same shift, the centres copied
-    from mpikmeans.backends.gpu.hostk import fill_shift
+    # where the device makes the rest (the GEMM path): the centres copied (the device's shift: the
+    # simulator's scenario device_shift)
+    from mpikmeans.backends.gpu.hostk import copy_centres
 
-    c[1, 2] = 0.5
-    fill_centres(c, f32, sh, cc, cm, c64, zl)
-    sh2, c2 = np.zeros_like(sh), np.zeros_like(c64)
-    fill_shift(c, f32, sh2, c2)
-    assert np.array_equal(sh2, sh) and np.array_equal(c2, c)
+    c2 = np.zeros_like(c64)
+    copy_centres(c, c2)
+    assert np.array_equal(c2, c, equal_nan=True)
 
 
 @pytest.mark.parametrize("k,m", [(6, 4), (300, 200)])

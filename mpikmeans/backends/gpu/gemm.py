@@ -17,9 +17,9 @@ float32 error of any summation order; every other row is flagged for the exact
 float64 kernel (:func:`.recheck.recheck_kernel`), so the labels are those of exact
 float64 arithmetic as on every other path.  The launches of a step:
 
-1. :func:`prep_kernel`: the screen's centre data (``-2 z`` attribute-major, padded to a
-   whole centre tile, their norms and the certificate's bound) from the step buffer's
-   centres and shift, which are all the host fills for this path;
+1. :func:`shift_kernel` and :func:`prep_kernel`: the shift (the centres' mean) and the screen's
+   centre data (``-2 z`` attribute-major, padded to a whole centre tile, their norms and the
+   certificate's bound) from the step buffer's centres, which are all the host fills for this path;
 2. :func:`screen_kernel`: certified labels into ``newlab`` (-1: flagged), flagged rows
    listed for the exact kernel; in an incremental step (``delta``) a certified row
    that keeps its label needs nothing and one that changes is flagged (the exact
@@ -96,6 +96,39 @@ def padded_centres(kp: int) -> int:
 #: centres and attribute lanes of a block of the prep kernel (the simulator runs a thread per thread:
 #: fewer, and one block)
 PREP_C, PREP_J = (16, 2) if SIM else (32, 8)
+#: attributes (threads) a block of the shift kernel
+SHIFT_NT = 32 if SIM else 128
+
+
+@functools.lru_cache(maxsize=None)
+def shift_kernel(storage: str, k_c: int, m_c: int, pack_c: tuple):
+    """The shift ``s``, the mean of the centres, made on the device from the step buffer's centres.
+
+    A thread an attribute sums its centres' values in centre order and divides by ``k``, rounding to
+    float32 for float32 rows: the bits :func:`.hostk.fill_centres` gives (the host's shift and copy of
+    the centres took 0.23-0.26 ms of D's step on the H100 host; the copy alone is left to it).
+    Labels do not depend on the shift (the certificates hold for any), only which rows are flagged.
+
+    Arguments: p32, p64 (the step buffer's float32 and float64 views).
+    """
+    F32 = storage == "float32"
+    K_C, M_C = int(k_c), int(m_c)
+    L = PackLayout(*pack_c)
+    P_C64, P_SH32, P_SH64 = int(L.p64_c64), int(L.p32_sh), int(L.p64_sh)
+
+    def km_gemm_shift(p32, p64):
+        j = cuda.blockIdx.x * SHIFT_NT + cuda.threadIdx.x
+        if j < M_C:
+            t = 0.0
+            for c in range(K_C):
+                t += ldx(p64, P_C64 + c * M_C + j)
+            t = t / K_C
+            if F32:
+                stx(p32, P_SH32 + j, float32(t))
+            else:
+                stx(p64, P_SH64 + j, t)
+
+    return cuda.jit(km_gemm_shift)
 
 
 @functools.lru_cache(maxsize=None)
@@ -507,8 +540,8 @@ def split_scratch(grid: int, kpg: int, groups: bool = True) -> tuple:
 def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int, plan, pack, x, xr, rows: int,
                   labels, flags, w, fslot: int, stream, delta: bool, fast: bool, tf32: bool, bounds=None,
                   dummies=None, groups: bool = True) -> Steps:
-    """The prepared launches of one step with ``k`` centres for ``rows`` rows: the centre data, screen
-    and (full steps) sums.
+    """The prepared launches of one step with ``k`` centres for ``rows`` rows: the shift and centre data,
+    screen and (full steps) sums.
 
     ``plan`` and ``pack``: the step's plan and step buffer (:mod:`.plan`, :class:`.launch.Pack`);
     the screen on the tensor cores with ``tf32`` (:mod:`.tensor`), else in float32; ``xr`` the
@@ -531,6 +564,11 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
     if not pack.on_device:
         raise ValueError("gemm.step_launches: the step buffer must leave the centre data to the device "
                          "(Pack on_device)")
+    hspec = (storage, int(k), m, layout)
+    hk = shift_kernel(*hspec)
+    hargs = (pack.p32, pack.dev)
+    out.append(Launch(hk, compiled("gemm_shift", hspec, hk, hargs), hargs, -(-m // SHIFT_NT), SHIFT_NT, 0, stream,
+                      fast))
     rspec = (storage, int(k), m, kpg, layout)
     rk = prep_kernel(*rspec)
     rargs = (pack.p32, pack.dev, cmg, ccg)
@@ -564,7 +602,7 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
         if any(extra):
             lk = factory(*sspec, *extra)
             lobj = compiled(name, sspec + extra, lk, largs)
-        listed = [out[0], Launch(lk, lobj, largs, grid, NT, 0, stream, fast)]
+        listed = out[:2] + [Launch(lk, lobj, largs, grid, NT, 0, stream, fast)]
     if not delta:
         sums = bylabel.launches(limits, storage, weighted, k, m, ld, pack, x, xr, rows, labels, newlab, w, stream,
                                 fast)

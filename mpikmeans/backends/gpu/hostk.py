@@ -84,16 +84,16 @@ def _fill(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
     zl[0] = min(2.0 * norms.max() * (1.0 + ZL_MARGIN), ZL_CAP) if bad.sum() == 0 else np.inf
 
 
-def fill_shift(centres, f32, sh, c64) -> None:
-    """The step buffer's centre data where the device makes the rest (:func:`.gemm.prep_kernel`): the
-    shift ``sh`` as :func:`fill_centres` computes it, and the centres into ``c64``."""
-    fill = _shift_threads if centres.size >= THREADS_MIN_VALUES else _shift_one
-    fill(centres, f32, sh, c64)
+def copy_centres(centres, c64) -> None:
+    """The centres into the step buffer ``c64`` where the device makes the rest of its centre data
+    (:func:`.gemm.shift_kernel`, :func:`.gemm.prep_kernel`): on the rank's threads from
+    :data:`THREADS_MIN_VALUES` values."""
+    copy = _copy_threads if centres.size >= THREADS_MIN_VALUES else _copy_one
+    copy(centres, c64)
 
 
 @njit(inline="always")
-def _shift_copy(centres, f32, sh, c64):  # pragma: no cover - compiled
-    _shift(centres, f32, sh)
+def _copy(centres, c64):  # pragma: no cover - compiled
     k, m = centres.shape
     for i in prange(k):
         for j in range(m):
@@ -101,13 +101,13 @@ def _shift_copy(centres, f32, sh, c64):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _shift_one(centres, f32, sh, c64):  # pragma: no cover - compiled
-    _shift_copy(centres, f32, sh, c64)
+def _copy_one(centres, c64):  # pragma: no cover - compiled
+    _copy(centres, c64)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _shift_threads(centres, f32, sh, c64):  # pragma: no cover - compiled
-    _shift_copy(centres, f32, sh, c64)
+def _copy_threads(centres, c64):  # pragma: no cover - compiled
+    _copy(centres, c64)
 
 
 @njit(cache=True, nogil=True)

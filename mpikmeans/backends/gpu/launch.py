@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from .device import SIM, cuda
-from .hostk import fill_centres, fill_shift
+from .hostk import copy_centres, fill_centres
 from .plan import pack_layout
 
 log = logging.getLogger("mpikmeans.backends.gpu")
@@ -219,7 +219,8 @@ class Pack:
         self.k, self.m, self.TC, self.nct = k, m, TC, nct
         self.f32 = storage == "float32"
         #: whether the kernels make the centre data the screen reads (the tiles, norms and their bound)
-        #: from the centres and the shift on the device (:func:`.gemm.prep_kernel`): the buffer has no
+        #: and the shift from the centres on the device (:func:`.gemm.shift_kernel`, :func:`.gemm.prep_kernel`):
+        #: the host copies the centres alone, the buffer has no
         #: tiles and norms then, and the upload zeroes the bound, which the device's atomic maximum
         #: starts from
         self.on_device = bool(on_device)
@@ -266,10 +267,10 @@ class Pack:
 
     def fill(self, centres: np.ndarray) -> None:
         """Write this step's centre data into the pinned input buffer (host only): all of it, or where
-        :attr:`on_device` the shift and the centres alone."""
+        :attr:`on_device` the centres alone."""
         c = np.ascontiguousarray(centres, dtype=np.float64)
         if self.on_device:
-            fill_shift(c, self.f32, self.sh, self.c64)
+            copy_centres(c, self.c64)
         else:
             fill_centres(c, self.f32, self.sh, self.cc, self.cm, self.c64, self.zl)
 
