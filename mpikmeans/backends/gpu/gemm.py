@@ -354,11 +354,11 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
 
     With ``groups`` (the launch on the rows the bounds test lists) and fewer row tiles than
     blocks, each row tile's centre tiles are split into groups (:func:`centre_groups`), a unit
-    of work each: a unit writes each row's best, second best
-    and best centre of its centres to the scratch, and the tile's last unit to finish (a
-    counter a tile, which it sets back to zero) merges them and gives the verdicts.  The
-    candidates merge as the slots of one block do (lowest value, then lowest index; the second
-    best the least of the rest): the same labels and flags whatever the split.
+    of work each: a unit writes each row's best, second best and best centre among its
+    centres to the scratch, and the tile's last unit to finish (a counter a tile, which it
+    sets back to zero) merges them and gives the verdicts.  The candidates merge as the slots
+    of one block do (lowest value, then lowest index; the second best the least of the rest):
+    the same labels and flags whatever the split.
     """
     M_C, KPG = int(m_c), int(kpg_c)
     DELTA = delta
@@ -581,7 +581,7 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
     factory = tensor.screen_kernel if tf32 else screen_kernel
     sk = factory(*sspec)
     tail = (bounds.idx, bounds.ub, bounds.lb) if keeps else (dummies[0], dummies[1], dummies[1])
-    # two blocks per multiprocessor where their shared memory fits (about 120 registers each)
+    # two blocks per multiprocessor where their shared memory fits (at most 128 registers each)
     smem = tensor.SCREEN_SMEM if tf32 else SCREEN_SMEM
     per_sm = 2 if limits.smem_sm >= 2 * (smem + 1024) else 1
     grid = max(1, min(-(-rows // BM), 2 if SIM else per_sm * limits.sm_count))
