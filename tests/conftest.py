@@ -131,7 +131,6 @@ def small_x(small_file):
     return run_ranks(1, lambda comm: read_arff(str(small_file), comm))[0].x
 
 
-
 #: pytest's time limit of a test that sets up tests/test_backend_gpu.py's simulator fixture (every
 #: scenario once, two processes side by side: 222-235 s on a 2-core machine, near the suite's 300 s
 #: limit; the fixture's own processes stop at 600 s)

@@ -269,7 +269,6 @@ _SIM_PROGRAM = textwrap.dedent(
     print(json.dumps({"name": "k_change", "ok": ok, "states": len(g2._states)}), flush=True)
 
     # the GEMM path's shift made on the device (gemm.shift_kernel): the host fill's bits
-    from numba import cuda
     from mpikmeans.backends.gpu import gemm as GM
     from mpikmeans.backends.gpu.launch import Pack
     shifts = []
@@ -1214,9 +1213,9 @@ def test_gemm_screen_choice_rule():
 
 def test_gemm_screen_splits_the_centre_tiles_of_few_row_tiles():
     """D's shape (8 centre tiles, 264 blocks): a late step's one listed row tile goes to 8 blocks; 300 row
-    tiles (two waves unsplit) in groups of 4 (five waves of 2 centre tiles); a full step's 2344 row tiles,
-    one wave or less, and one centre tile are never split; the scratch's units and the most groups
-    bound it; the fewest groups win a tie."""
+    tiles (two waves unsplit) in groups of 4 (five waves of 2 centre tiles); 235 or 264 row tiles (one
+    wave), a full step's 2344 and one centre tile are never split; the scratch's units and the most groups
+    bound the split; the fewest groups win a tie."""
     from mpikmeans.backends.gpu.gemm import _centre_groups as groups
 
     ucap = 2 * 264 * 8
@@ -1227,7 +1226,7 @@ def test_gemm_screen_splits_the_centre_tiles_of_few_row_tiles():
     assert groups(2344, 264, ucap, 8, 8) == 1
     assert groups(1, 264, ucap, 1, 1) == 1 and groups(1, 264, 0, 8, 8) == 1
     assert groups(1, 264, ucap, 8, 3) == 3 and groups(300, 264, 900, 8, 8) == 2
-    assert groups(3, 2, 8, 2, 2) == 2  # the simulator's scenario gemm_centre_tiles: 3 row tiles on 2 blocks
+    assert groups(3, 2, 8, 2, 2) == 2  # three row tiles, two blocks: three waves of one centre tile, not two of two
 
 
 def test_exact_kernel_groups_fill_its_block():
