@@ -43,7 +43,7 @@ _KERNEL_MARKERS = (b"njit", b"numba.jit")
 #: Modules whose code is compiled into the GPU kernels (their store's keys hold these sources' hash).
 GPU_SOURCES = tuple(os.path.join(_PACKAGE, "backends", "gpu", f)
                     for f in ("intrinsics.py", "kernels.py", "recheck.py", "rows.py", "initk.py", "gemm.py", "sums.py",
-                              "bylabel.py", "bounds.py", "tensor.py"))
+                              "bylabel.py", "bounds.py", "tensor.py", "gemmcentres.py", "plan.py"))
 
 
 def cache_root() -> str:

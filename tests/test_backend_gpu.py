@@ -268,8 +268,8 @@ _SIM_PROGRAM = textwrap.dedent(
                   and float(np.abs(a.sums - b.sums).max()) <= 1e-12 * float(np.abs(a.sums).max()))
     print(json.dumps({"name": "k_change", "ok": ok, "states": len(g2._states)}), flush=True)
 
-    # the GEMM path's shift made on the device (gemm.shift_kernel): the host fill's bits
-    from mpikmeans.backends.gpu import gemm as GM
+    # the GEMM path's shift made on the device (gemmcentres.shift_kernel): the host fill's bits
+    from mpikmeans.backends.gpu import gemmcentres as GM
     from mpikmeans.backends.gpu.launch import Pack
     shifts = []
     for dt in ("float64", "float32"):
@@ -380,7 +380,7 @@ def test_sim_gemm_screen_matches_cpu(sim, screen, case):
 
 
 def test_sim_gemm_shift_made_on_the_device_has_the_host_fills_bits(sim):
-    """The GEMM path's shift (gemm.shift_kernel): each attribute's mean in centre order, float32-rounded for
+    """The GEMM path's shift (gemmcentres.shift_kernel): each attribute's mean in centre order, float32-rounded for
     float32 rows, bit for bit the host fill's; the host copies the centres alone."""
     assert sim["device_shift"]["equal"] == [True, True]
 

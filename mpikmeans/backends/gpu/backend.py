@@ -268,7 +268,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             self._dummy32 = cuda.device_array(1, dtype=np.float32)
             self._dummyi = cuda.device_array(1, dtype=np.int32)
         if not rows.streaming:
-            # the GEMM path makes the screen's centre data on the device (:func:`.gemm.prep_kernel`)
+            # the GEMM path makes the screen's centre data on the device (:mod:`.gemmcentres`)
             pack = Pack(k, self.m, plan.TC, plan.nct, self.dtype, 1, on_device=self.gemm_wanted(plan, assign))
             if assign:
                 if self._alabels is None:

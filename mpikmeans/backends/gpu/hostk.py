@@ -86,7 +86,7 @@ def _fill(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - compiled
 
 def copy_centres(centres, c64) -> None:
     """The centres into the step buffer ``c64`` where the device makes the rest of its centre data
-    (:func:`.gemm.shift_kernel`, :func:`.gemm.prep_kernel`): on the rank's threads from
+    (:func:`.gemmcentres.shift_kernel`, :func:`.gemmcentres.prep_kernel`): on the rank's threads from
     :data:`THREADS_MIN_VALUES` values."""
     copy = _copy_threads if centres.size >= THREADS_MIN_VALUES else _copy_one
     copy(centres, c64)

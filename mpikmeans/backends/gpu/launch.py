@@ -219,7 +219,7 @@ class Pack:
         self.k, self.m, self.TC, self.nct = k, m, TC, nct
         self.f32 = storage == "float32"
         #: whether the kernels make the centre data the screen reads (the tiles, norms and their bound)
-        #: and the shift from the centres on the device (:func:`.gemm.shift_kernel`, :func:`.gemm.prep_kernel`):
+        #: and the shift from the centres on the device (:mod:`.gemmcentres`):
         #: the host copies the centres alone, the buffer has no
         #: tiles and norms then, and the upload zeroes the bound, which the device's atomic maximum
         #: starts from

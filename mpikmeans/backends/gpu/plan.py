@@ -55,7 +55,7 @@ SUMS_CENTRES_BLOCK = 113 * 1024
 ASSIGN_TC_MAX = 32
 #: the certificate's bound on the centres, ``zl``: twice the largest ``|z|^2`` times ``1 + ZL_MARGIN`` (the
 #: float32 rounding of the norms), at most ``ZL_CAP`` (float32 stays finite); made on the host
-#: (:func:`.hostk.fill_centres`) or on the device (:func:`.gemm.prep_kernel`)
+#: (:func:`.hostk.fill_centres`) or on the device (:func:`.gemmcentres.prep_kernel`)
 ZL_MARGIN = 1e-6
 ZL_CAP = 3.0e38
 #: a full step takes the split path from this many values of rows on (N x M): below it the second
@@ -422,7 +422,7 @@ def pack_layout(k: int, m: int, TC: int, nct: int, storage: str, nslots: int,
     is one host-to-device copy (the inputs, and zeros for the outputs) and one
     device-to-host copy (the outputs).  The kernels get four views of it (float32,
     float64, int64, int32) and compile-time offsets into them.  ``tiles`` false: no centre
-    tiles and norms (the GEMM path makes its own on the device, :func:`.gemm.prep_kernel`).
+    tiles and norms (the GEMM path makes its own on the device, :func:`.gemmcentres.prep_kernel`).
 
     Returns
     -------

@@ -1,0 +1,118 @@
+"""The GEMM path's centre data, made on the device from the step buffer's centres.
+
+Where a step takes the GEMM-shaped path (:mod:`.gemm`), the host copies the centres into the
+step buffer and nothing else (:func:`.hostk.copy_centres`); two small kernels make the rest
+before the screen: the shift (the centres' mean) and the screen's layout of the centres
+(``-2 z`` attribute-major, padded to whole centre tiles, their norms and the certificate's
+bound), as :func:`.hostk.fill_centres` makes them on the host for the other paths.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .device import SIM, cuda
+from .intrinsics import ldx, stx
+from .plan import ZL_CAP, ZL_MARGIN, PackLayout
+
+if cuda is not None:
+    from numba import float32, float64, int32
+
+
+#: centres and attribute lanes of a block of the prep kernel (the simulator runs a thread per thread:
+#: fewer, and one block)
+PREP_C, PREP_J = (16, 2) if SIM else (32, 8)
+#: attributes (threads) a block of the shift kernel
+SHIFT_NT = 32 if SIM else 128
+
+
+@functools.lru_cache(maxsize=None)
+def shift_kernel(storage: str, k_c: int, m_c: int, pack_c: tuple):
+    """The shift ``s``, the mean of the centres, made on the device from the step buffer's centres.
+
+    A thread an attribute sums its centres' values in centre order and divides by ``k``, rounding to
+    float32 for float32 rows: the bits :func:`.hostk.fill_centres` gives (the host's shift and copy of
+    the centres took 0.23-0.26 ms of D's step on the H100 host; the copy alone is left to it).
+    Labels do not depend on the shift (the certificates hold for any), only which rows are flagged.
+
+    Arguments: p32, p64 (the step buffer's float32 and float64 views).
+    """
+    F32 = storage == "float32"
+    K_C, M_C = int(k_c), int(m_c)
+    L = PackLayout(*pack_c)
+    P_C64, P_SH32, P_SH64 = int(L.p64_c64), int(L.p32_sh), int(L.p64_sh)
+
+    def km_gemm_shift(p32, p64):
+        j = cuda.blockIdx.x * SHIFT_NT + cuda.threadIdx.x
+        if j < M_C:
+            t = 0.0
+            for c in range(K_C):
+                t += ldx(p64, P_C64 + c * M_C + j)
+            t = t / K_C
+            if F32:
+                stx(p32, P_SH32 + j, float32(t))
+            else:
+                stx(p64, P_SH64 + j, t)
+
+    return cuda.jit(km_gemm_shift)
+
+
+@functools.lru_cache(maxsize=None)
+def prep_kernel(storage: str, k_c: int, m_c: int, kpg_c: int, pack_c: tuple):
+    """The screen's centre data, made on the device from the step buffer's centres and shift.
+
+    ``cmg[j * kpg + c] = -2 z[c, j]`` with ``z = float32(c - s)``, ``ccg[c] = |z_c|^2`` (padding
+    centres: 0 and +inf) and the certificate's bound ``zl`` = twice the largest ``|z|^2`` (+inf
+    where a centre is not finite), all as :func:`.hostk.fill_centres` computes them on the host for
+    the other paths; the bound by an atomic maximum from the zero the step's upload leaves.  A
+    block takes :data:`PREP_C` centres, each with :data:`PREP_J` threads on its attributes (the host's
+    fill of 1000 x 257 centres took 0.25-0.4 ms a step, its tiles then repacked on the device).
+
+    Arguments: p32, p64 (the step buffer's float32 and float64 views), cmg (m * kpg,), ccg (kpg,).
+    """
+    F32 = storage == "float32"
+    K_C, M_C, KPG = int(k_c), int(m_c), int(kpg_c)
+    L = PackLayout(*pack_c)
+    P_C64, P_SH32, P_SH64, P_ZL = int(L.p64_c64), int(L.p32_sh), int(L.p64_sh), int(L.p32_zl)
+    INF = np.float32(np.inf)
+    TWO = np.float32(-2.0)
+
+    def km_gemm_prep(p32, p64, cmg, ccg):
+        part = cuda.shared.array((PREP_J, PREP_C), dtype=float64)
+        bad = cuda.shared.array((PREP_J, PREP_C), dtype=int32)
+        tx = cuda.threadIdx.x % PREP_C
+        ty = cuda.threadIdx.x // PREP_C
+        for cb in range(cuda.blockIdx.x, KPG // PREP_C, cuda.gridDim.x):
+            c = cb * PREP_C + tx
+            norm = 0.0
+            nonfinite = 0
+            for j in range(ty, M_C, PREP_J):
+                z = float32(0.0)
+                if c < K_C:
+                    v = ldx(p64, P_C64 + c * M_C + j)
+                    s = float64(ldx(p32, P_SH32 + j)) if F32 else ldx(p64, P_SH64 + j)
+                    if v - v != 0.0:  # inf - inf and NaN - NaN are NaN
+                        nonfinite = 1
+                    z = float32(v - s)
+                    norm += float64(z) * float64(z)
+                stx(cmg, j * KPG + c, z * TWO)
+            cuda.syncthreads()  # the last round's sums are read
+            part[ty, tx] = norm
+            bad[ty, tx] = nonfinite
+            cuda.syncthreads()
+            if ty == 0:
+                if c < K_C:
+                    tot = 0.0
+                    nb = 0
+                    for q in range(PREP_J):
+                        tot += part[q, tx]
+                        nb += bad[q, tx]
+                    stx(ccg, c, float32(tot))
+                    zc = INF if nb != 0 else float32(min(2.0 * tot * (1.0 + ZL_MARGIN), ZL_CAP))
+                    cuda.atomic.max(p32, P_ZL, zc)
+                else:
+                    stx(ccg, c, INF)
+
+    return cuda.jit(km_gemm_prep)
