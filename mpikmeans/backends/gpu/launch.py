@@ -218,11 +218,10 @@ class Pack:
     def __init__(self, k: int, m: int, TC: int, nct: int, storage: str, nslots: int, on_device: bool = False):
         self.k, self.m, self.TC, self.nct = k, m, TC, nct
         self.f32 = storage == "float32"
-        #: whether the kernels make the centre data the screen reads (the tiles, norms and their bound)
-        #: and the shift from the centres on the device (:mod:`.gemmcentres`):
-        #: the host copies the centres alone, the buffer has no
-        #: tiles and norms then, and the upload zeroes the bound, which the device's atomic maximum
-        #: starts from
+        #: whether the kernels make the shift and the centre data the screen reads (the tiles, norms and
+        #: their bound) from the centres on the device (:mod:`.gemmcentres`): the host copies the centres
+        #: alone, the buffer has no tiles and norms, and the upload zeroes the bound, which the device's
+        #: atomic maximum starts from
         self.on_device = bool(on_device)
         self.layout, self.out0, self.total = pack_layout(k, m, TC, nct, storage, nslots, not self.on_device)
         L = self.layout
