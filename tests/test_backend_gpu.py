@@ -286,6 +286,46 @@ _SIM_PROGRAM = textwrap.dedent(
         shifts.append(bool(np.array_equal(got, host.sh)) and bool(np.array_equal(pk.c64, cs)))
     print(json.dumps({"name": "device_shift", "equal": shifts}), flush=True)
 
+    # the centres' moves and the bounds' drops made on the device (bounds.moves_kernel, drops_kernel) against
+    # the CPU bounds' centre_moves and bound_drops: a spread of moves, two equal largest, K = 1, moves that are
+    # not finite, and several blocks with rows longer than a warp
+    from numba import cuda as SC
+    from mpikmeans.backends.gpu import bounds as GB
+    from mpikmeans.backends.cpu.bounds import _LOWER_MIN, bound_drops, bound_eps, centre_moves
+    rm = np.random.default_rng(0)
+    o6 = rm.normal(size=(6, 9))
+    mcases = [(o6, o6 + rm.normal(scale=[[0.1], [2.0], [0.3], [0.0], [1.5], [0.2]], size=o6.shape)),
+              (np.zeros((3, 2)), np.array([[3.0, 4.0], [0.0, 5.0], [0.0, 0.0]])),
+              (np.zeros((1, 2)), np.array([[3.0, 4.0]])),
+              (np.zeros((3, 2)), np.array([[1.0, 0.0], [np.nan, 0.0], [0.0, 1e308]])),
+              (rm.normal(size=(9, 70)), rm.normal(size=(9, 70)))]
+    mrecs = []
+    for old, new in mcases:
+        km_, mm_ = new.shape
+        want = centre_moves(old, new)
+        rec = {}
+        for test in (1, 0):
+            mvd = SC.to_device(np.full(2 * km_, -1.0))
+            prev = SC.to_device(old.ravel().copy())
+            p64 = SC.to_device(np.concatenate([[7.0, 7.0], new.ravel()]))  # the centres from offset 2
+            GB.moves_kernel()[-(-km_ // (GB.MOVES_NT // 32)), GB.MOVES_NT](
+                p64, 2, prev, mvd, km_, mm_, bound_eps(mm_), np.sqrt(mm_) * 2.0 ** -500, test)
+            if test:
+                GB.drops_kernel()[1, GB.MOVES_NT](mvd, km_, _LOWER_MIN)
+            got = mvd.copy_to_host()
+            kept = bool(np.array_equal(prev.copy_to_host(), new.ravel(), equal_nan=True))
+            if test:
+                fin = np.isfinite(want)
+                rec.update(moves_close=bool(np.array_equal(np.isfinite(got[:km_]), fin)
+                                            and np.allclose(got[:km_][fin], want[fin], rtol=1e-14, atol=0)),
+                           moves_upper=[float(v) for v in got[:km_] - np.sqrt(((new - old) ** 2).sum(1))],
+                           drops_equal=bool(np.array_equal(got[km_:], bound_drops(got[:km_]))),
+                           drops=[float(v) for v in got[km_:]], kept=kept)
+            else:
+                rec.update(copy_only_untouched=bool((got == -1.0).all()), copy_only_kept=kept)
+        mrecs.append(rec)
+    print(json.dumps({"name": "device_moves", "cases": mrecs}), flush=True)
+
     # zero-row rank
     g = G.GPUBackend()
     g.load(np.empty((0, 6)))
@@ -383,6 +423,22 @@ def test_sim_gemm_shift_made_on_the_device_has_the_host_fills_bits(sim):
     """The GEMM path's shift (gemmcentres.shift_kernel): each attribute's mean in centre order, float32-rounded for
     float32 rows, bit for bit the host fill's; the host copies the centres alone."""
     assert sim["device_shift"]["equal"] == [True, True]
+
+
+def test_sim_moves_and_drops_made_on_the_device_are_the_cpu_bounds(sim):
+    """The centres' moves (bounds.moves_kernel): the CPU bounds' centre_moves up to the order of the additions
+    (an upper bound on the exact move, infinite where it is not finite), the drops (drops_kernel) bound_drops'
+    of them (two equal largest moves see each other, K = 1 only the 1e-140); every launch leaves this step's
+    centres kept on the device, the copy-only launch touching no move."""
+    cases = sim["device_moves"]["cases"]
+    assert len(cases) == 5
+    for rec in cases:
+        assert rec["moves_close"] and rec["drops_equal"] and rec["kept"], rec
+        assert rec["copy_only_untouched"] and rec["copy_only_kept"], rec
+        assert all(v >= 0.0 or v != v for v in rec["moves_upper"]), rec  # NaN: the move that is not finite
+    assert cases[1]["drops"][0] >= 5.0 and cases[1]["drops"][1] >= 5.0  # two equal largest: each sees the other
+    assert cases[2]["drops"] == [1e-140]  # K = 1: no other centre
+    assert all(v == float("inf") for v in cases[3]["drops"])  # another centre moved without bound
 
 
 def test_sim_gemm_screen_in_centre_groups(sim):
@@ -676,11 +732,14 @@ def test_add_step_forms_raw_sums_from_deviations(k, m):
     dev, d_dev, c = r.normal(size=(3, k, m))
     counts, d_counts = r.integers(0, 50, size=(2, k)).astype(np.float64)
     want_dev, want_counts = dev + d_dev, counts + d_counts
-    sums = add_step(dev, counts, d_dev, d_counts, c)
+    out = np.full((k, m), np.nan)
+    sums = add_step(dev, counts, d_dev, d_counts, c, out)
+    assert sums is out  # into the caller's buffer, nothing allocated
     assert np.array_equal(dev, want_dev) and np.array_equal(counts, want_counts)
     assert np.array_equal(sums, want_dev + want_counts[:, None] * c)
     # a full step's: the sums it was given, whatever was kept
-    sums = add_step(dev, counts, d_dev, d_counts, c, fresh=True)
+    sums = add_step(dev, counts, d_dev, d_counts, c, out, fresh=True)
+    assert sums is out
     assert np.array_equal(dev, d_dev) and np.array_equal(counts, d_counts)
     assert np.array_equal(sums, d_dev + d_counts[:, None] * c)
 

@@ -50,14 +50,15 @@ def main() -> None:
     sh, cc, cm = np.zeros(m, np.float32), np.zeros(nct * a.tc, np.float32), np.zeros((nct, m, a.tc), np.float32)
     c64, zl = np.zeros((k, m)), np.zeros(1, np.float32)
     dev, counts = np.zeros((k, m)), np.ones(k)
+    out = np.empty((k, m))
     d_dev, d_counts = rng.normal(size=(k, m)), np.ones(k)
     kept = KeptSums()
     parts = {
         "fill_centres": lambda: fill_centres(new, f32, sh, cc, cm, c64, zl),
         "moves_and_others": lambda: moves_and_others(old, new),
         "kept centres copied (overlapped)": lambda: kept.spare(k, m).take(new),
-        "add_step": lambda: add_step(dev, counts, d_dev, d_counts, new),
-        "add_step fresh": lambda: add_step(dev, counts, d_dev, d_counts, new, True),
+        "add_step": lambda: add_step(dev, counts, d_dev, d_counts, new, out),
+        "add_step fresh": lambda: add_step(dev, counts, d_dev, d_counts, new, out, True),
         "carry_kept": lambda: carry_kept(dev, counts, old, new, np.empty((k, m)), np.empty(k)),
     }
     import numba

@@ -24,6 +24,7 @@ as ``5000000x100x50``.  Needs PyTorch and a CUDA GPU.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import json
@@ -197,21 +198,30 @@ def lloyd_run(torch, be, start: np.ndarray, iters: int) -> dict:
             "delta_median_ms": statistics.median(inc) if inc else nan}
 
 
-def host_breakdown(be, start: np.ndarray, steps: int = 100) -> dict:
-    """Microseconds per step of each host-side part of ``GPUBackend.step``.
+#: the host-side parts :func:`host_timers` times, in a step's order
+HOST_PARTS = ("fill", "upload", "launch", "download", "take", "sync", "add")
 
-    Wraps this backend's step buffers, prepared launches and the synchronisation
-    (``cu().cuStreamSynchronize`` in :mod:`mpikmeans.backends.gpu.backend`) in
-    timers (well under a microsecond each): ``fill`` (centre data into the pinned
-    buffer), ``upload``, ``launch`` (both kernels), ``download`` (the asynchronous
-    copies issued), ``sync`` (waiting for the GPU), ``rest`` (the incremental
-    policy, carrying the kept sums over, the result), and ``total``.  ``total -
-    sync`` is host time.  Everything is unwrapped again afterwards, so later
-    timings carry no timers.
+
+@contextlib.contextmanager
+def host_timers(be):
+    """Time the host-side parts of ``be``'s steps while the context is open; yields the seconds per part.
+
+    Wraps this backend's step buffers, prepared launches, the kept centres' copy, the sums'
+    addition and the synchronisation (``cu().cuStreamSynchronize`` in
+    :mod:`mpikmeans.backends.gpu.backend`) in timers (well under a microsecond each), the
+    parts of :data:`HOST_PARTS`: ``fill`` (centre data into the pinned buffer), ``upload``,
+    ``launch`` (every kernel launch: the step's, the centres' moves and the bounds test, the
+    listed rows'), ``download``
+    (the asynchronous copies issued), ``take`` (the kept copy of the centres, while the
+    kernels run), ``sync`` (waiting for the GPU), ``add`` (the step's sums into the kept
+    ones: :func:`~mpikmeans.backends.gpu.hostk.add_step`).  The states for the step's ``k``
+    must exist (one step before).  Everything is unwrapped on exit, so later timings carry
+    no timers.
     """
     import mpikmeans.backends.gpu.backend as backend_module
+    from mpikmeans.backends.gpu.kept import Kept
 
-    acc = dict.fromkeys(("fill", "upload", "launch", "download", "sync"), 0.0)
+    acc = dict.fromkeys(HOST_PARTS, 0.0)
 
     def timed(name, fn):
         def wrapper(*a, **kw):
@@ -221,27 +231,40 @@ def host_breakdown(be, start: np.ndarray, steps: int = 100) -> dict:
             return out
         return wrapper
 
-    be.step(start)  # the state for this k exists from here on
     states = list(be._states.values())
-    launches = [st.launches for st in states]
+    saved_launches = [(st.launches, st.bounds) for st in states]
     for st in states:
         for name in ("fill", "upload", "download"):
             setattr(st.pack, name, timed(name, getattr(st.pack, name)))
         st.launches = [(timed("launch", f), timed("launch", r)) for f, r in st.launches]
-    saved = backend_module.cu
-    proxy = types.SimpleNamespace(cuStreamSynchronize=timed("sync", saved().cuStreamSynchronize))
+        if st.bounds is not None:
+            st.bounds = tuple(timed("launch", b) for b in st.bounds)
+    saved_cu, saved_add, saved_take = backend_module.cu, backend_module.add_step, Kept.take
+    proxy = types.SimpleNamespace(cuStreamSynchronize=timed("sync", saved_cu().cuStreamSynchronize))
     backend_module.cu = lambda: proxy
+    backend_module.add_step = timed("add", saved_add)
+    Kept.take = timed("take", saved_take)
     try:
+        yield acc
+    finally:
+        backend_module.cu, backend_module.add_step, Kept.take = saved_cu, saved_add, saved_take
+        for st, (launches, bounds) in zip(states, saved_launches):
+            for name in ("fill", "upload", "download"):
+                delattr(st.pack, name)  # the instance attribute hid the method
+            st.launches, st.bounds = launches, bounds
+
+
+def host_breakdown(be, start: np.ndarray, steps: int = 100) -> dict:
+    """Microseconds per step of each host-side part of ``GPUBackend.step`` (:func:`host_timers`), at
+    fixed centres ``start``: the parts of :data:`HOST_PARTS`, ``total`` and ``rest`` (the step's own
+    Python: the incremental policy, carrying the kept sums over, the result).  ``total - sync`` is
+    host time."""
+    be.step(start)  # the state for this k exists from here on
+    with host_timers(be) as acc:
         t0 = time.perf_counter()
         for _ in range(steps):
             be.step(start)
         total = time.perf_counter() - t0
-    finally:
-        backend_module.cu = saved
-        for st, original in zip(states, launches):
-            for name in ("fill", "upload", "download"):
-                delattr(st.pack, name)  # the instance attribute hid the method
-            st.launches = original
     out = {k: 1e6 * v / steps for k, v in acc.items()}
     out["total"] = 1e6 * total / steps
     out["rest"] = out["total"] - sum(v for k, v in out.items() if k != "total")

@@ -17,7 +17,7 @@ import numpy as np
 from .. import Backend, BackendInfo, BackendUnavailable, StepResult
 from ...cache import gpu_shape_key, mark_gpu_shape_warm
 from . import tensor
-from .bounds import bounds_wanted, moves_and_others
+from .bounds import bounds_wanted
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
 from .hostk import add_step, carry_kept
 from .initpasses import DeviceInitPasses
@@ -50,7 +50,8 @@ class _State:
     plan: Plan
     pack: Pack
     launches: list  # [(fused, recheck)] per chunk (one when resident)
-    bounds: tuple | None = None  # (bounds test, fused on the listed rows) where the plan keeps bounds
+    # where the plan keeps bounds: (the moves and the bounds test, fused on the listed rows, the centres kept alone)
+    bounds: tuple | None = None
 
 
 class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
@@ -302,16 +303,17 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         return st
 
     # ------------------------------------------------------------------ one step on the device
-    def _run(self, centres: np.ndarray, assign: bool, delta: bool = False, while_busy=None, moves_from=None):
+    def _run(self, centres: np.ndarray, assign: bool, delta: bool = False, while_busy=None, test: bool = False):
         """One step (or assignment) on the device.
 
         Host work per call, once the state for this k exists: fill the pinned input
         buffer; one asynchronous copy in (centre data and zeroed outputs); the fused
         and recheck launches (per chunk when streaming); one asynchronous copy out of
         sums, counts, SSE and counters; ``while_busy()`` if given (host work that then
-        overlaps the kernels); one synchronisation.  ``moves_from``: the centres the kept
-        bounds hold for; then the centres' moves from them (computed while the step buffer is
-        copied), the bounds test, and pass 1 on the rows it lists.
+        overlaps the kernels); one synchronisation.  ``test``: the kept bounds hold; the centres'
+        moves from those they hold for, the bounds test and pass 1 on the rows it lists, all on the
+        device.  Where the state keeps bounds, the device keeps this step's centres for the next
+        step's moves (:meth:`.bounds.DeviceBounds.moves_launch`).
 
         Returns
         -------
@@ -329,10 +331,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         pack = st.pack
         pack.fill(centres)
         pack.upload()
-        listed = moves_from is not None
-        if listed:
-            self._bounds.fill_moves(moves_from, centres)
-            self._bounds.upload_moves(k)
+        listed = bool(test)
         labels_out = dist_out = None
         if assign:
             labels_out = np.empty(n, dtype=np.int32)
@@ -348,9 +347,11 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             if profile:
                 self._events[0].record()
             if listed:
-                st.bounds[0]()
+                st.bounds[0]()  # the moves, the test
                 st.bounds[1]()
             else:
+                if st.bounds is not None:
+                    st.bounds[2]()  # the centres the bounds this step writes will hold for
                 fused()
             recheck()
             if profile:
@@ -390,9 +391,8 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             st = self._state(k, False)
             zeros = np.zeros((k, self.m))
             st.pack.fill(zeros)  # overwritten by every step's fill
-            add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros)
+            add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros, zeros.copy())
             carry_kept(zeros, np.zeros(k), zeros, zeros, zeros.copy(), np.zeros(k))
-            moves_and_others(zeros, zeros)  # the moves' margin is a compiled helper (cached on disk)
             if self._tf32_allowed and not self.tf32 and self.gemm_wanted(self._plan(k, False), False):
                 self._warm_tf32(k, "delta" in kinds and self._delta_allowed())
         if "assign" in kinds:
@@ -433,7 +433,12 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         return drift_bounded and few_changed and self._moving_costs_less(k)
 
     def step(self, centres: np.ndarray) -> StepResult:
-        """One Lloyd step on the device (see :meth:`Backend.step`), incremental where it pays."""
+        """One Lloyd step on the device (see :meth:`Backend.step`), incremental where it pays.
+
+        The returned ``sums`` array is the backend's own buffer (the step's kept slot, :mod:`.kept`):
+        valid until the next step but one, as the Lloyd loop uses it (copied into its reduction
+        buffer at once); a fresh K x M array every step cost its page faults every other step.
+        """
         k = centres.shape[0]
         if self.n == 0:
             return StepResult(sums=np.zeros((k, self.m if self.m else centres.shape[1])),
@@ -454,8 +459,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         # the bounds hold for the last step's centres, which its kept sums hold
         listed = bd is not None and last is not None and bd.wanted(k)
         try:
-            res, carried = self._run(centres, assign=False, delta=delta, while_busy=busy,
-                                     moves_from=last.centres if listed else None)
+            res, carried = self._run(centres, assign=False, delta=delta, while_busy=busy, test=listed)
         except BaseException:
             if self._bounds is not None:
                 self._bounds.invalidate()
@@ -476,7 +480,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         # the device sums deviations from the centres (no cancellation far from the
         # origin, and what the carry-over above needs); the raw sums are dev + n c (a full
         # step's are the device's alone)
-        sums = add_step(new.dev, new.counts, res.sums, res.counts, new.centres, fresh=not delta)
+        sums = add_step(new.dev, new.counts, res.sums, res.counts, new.centres, new.sums, fresh=not delta)
         new.sse = sse
         self._kept.last = new
         self._last_changed = res.changed

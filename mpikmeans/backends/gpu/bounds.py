@@ -10,7 +10,7 @@ SDM 2010), each row keeps two numbers from the step that last searched it:
 * ``lb``, a lower bound on its distance to every other centre,
 
 both float32, ``ub`` rounded up and ``lb`` down.  When the centres move by at most
-``delta_j`` (:func:`moves_and_others`), the triangle inequality gives ``ub + delta_a``
+``delta_j`` (:func:`moves_kernel`, on the device), the triangle inequality gives ``ub + delta_a``
 and ``lb - max_{j != a} delta_j`` as the new bounds, and a row whose new upper bound is
 below its new lower bound, by a relative margin :data:`MARGIN`, keeps ``a``: the test
 kernel (:func:`test_kernel`) writes its new bounds and, in a full step, its label for
@@ -25,7 +25,10 @@ Rigour, so that a kept row has the label of the exact float64 kernels:
   of two estimates and of ``|y|^2``; its bounds are ``sqrt(|y|^2 + b1 + 1.5 tol)`` and
   ``sqrt(|y|^2 + b2 - 1.5 tol)`` computed in float64 (:func:`row_bounds`), a row it
   does not certify gets ``ub = inf``, ``lb = 0`` (searched at the next step);
-* a move is ``centre_moves``' rigorous upper bound (the CPU backend's);
+* a move is a rigorous upper bound, as the CPU backend's ``centre_moves``: the square root of the
+  float64 sum of squared differences (any order: its relative error is under ``(m + 2) u``) times
+  ``1 + 4 (m + 4) u``, plus what attributes below float64's normal range can add; made on the device
+  from the centres the bounds hold for, which it keeps (:func:`moves_kernel`);
 * ``MARGIN = 2^-20`` relative on either side covers the float64 arithmetic of the test
   and the exact kernels' own rounding (``(m + 3) 2^-53`` relative: far smaller for any
   M that fits a device), so ``fl(d_a) < fl(d_j)`` for every other ``j`` (no tie passes);
@@ -45,9 +48,10 @@ import math
 
 import numpy as np
 
-from ..cpu.bounds import bound_drops, centre_moves
+from ..cpu.bounds import _LOWER_MIN, _SUBNORMAL_MOVE, bound_eps
 from .device import SIM, cuda, inline_device
 from .intrinsics import ldx, stx
+from .launch import Launch, Steps
 
 if cuda is not None:
     from numba import float32, float64, int32, int64
@@ -68,23 +72,109 @@ TEST_NT = 32 if SIM else 256
 TEST_RPT = 4
 
 
-def moves_and_others(old: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """How far each centre moved and the most any other centre moved.
+#: threads a block of the moves kernel (a warp a centre) and of the drops kernel
+MOVES_NT = 64 if SIM else 256
 
-    Parameters
-    ----------
-    old, new : ndarray, shape (k, m), float64
 
-    Returns
-    -------
-    ndarray, shape (2 k,), float64
-        ``[delta_0 .. delta_{k-1}, max_{j != 0} delta_j .. max_{j != k-1} delta_j]``, rigorous
-        upper bounds (``inf`` where a move is not finite), the second half as the CPU's bounds
-        drop (:func:`~mpikmeans.backends.cpu.bounds.bound_drops`: a further ``1e-140``; that alone
-        for K = 1).
+@functools.lru_cache(maxsize=None)
+def moves_kernel():
+    """Build the centres' moves (one compile: nothing is specialised).
+
+    Kernel arguments: ``p64`` float64, the step buffer, whose centres (k, m) start at ``c0``;
+    ``prev`` float64 (k m,), the centres the bounds hold for; ``mv`` float64 (2k,); ``k``, ``m``;
+    ``eps`` and ``floor`` (the CPU bounds' margin ``4 (m + 4) u`` and ``sqrt(m) 2^-500``); ``test``.
+    Where ``test``, ``mv[i]`` becomes an upper bound on how far centre ``i`` moved from ``prev``:
+    ``sqrt(s) (1 + eps) + floor`` with ``s`` the float64 sum of squared differences (a warp a centre,
+    its lanes' partial sums added in lane order; ``inf`` where that is not finite), as the CPU
+    backend's ``centre_moves`` but in another order of the additions, which its margin covers.  In
+    every case ``prev`` then takes this step's centres: the bounds the step writes hold for them.
+    The moves took the H100 host 0.15-0.2 ms a step at K x M = 257,000 (the GPU idle meanwhile,
+    ``bench/experiments/host_profile.py``).
     """
-    d = centre_moves(old, new)
-    return np.concatenate([d, bound_drops(d)])
+    NT = MOVES_NT
+    W = NT // 32
+    F64_INF = np.float64(np.inf)
+
+    def km_moves(p64, c0, prev, mv, k, m, eps, floor, test):
+        part = cuda.shared.array(NT, dtype=float64)
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        i = cuda.blockIdx.x * W + tid // 32
+        s = 0.0
+        if i < k:
+            base = i * m
+            for j in range(lane, m, 32):
+                c = p64[c0 + base + j]
+                if test != 0:
+                    d = c - prev[base + j]
+                    s += d * d
+                prev[base + j] = c
+        part[tid] = s
+        cuda.syncthreads()
+        if test != 0 and lane == 0 and i < k:
+            t = 0.0
+            for q in range(32):
+                t += part[tid + q]
+            v = math.sqrt(t) * (1.0 + eps) + floor
+            mv[i] = v if v - v == 0.0 else F64_INF  # inf - inf and NaN - NaN are NaN
+
+    return cuda.jit(km_moves)
+
+
+@functools.lru_cache(maxsize=None)
+def drops_kernel():
+    """Build the bounds' drops, one block: ``mv[k + a]`` becomes the largest of ``mv[j]``, ``j != a``,
+    plus ``lower_min`` (``lower_min`` alone for K = 1), as the CPU backend's ``bound_drops``.
+
+    Kernel arguments: ``mv`` float64 (2k,), its first half the moves (:func:`moves_kernel`); ``k``;
+    ``lower_min``.  The largest move and its lowest index, then the largest of the others, by
+    reductions in shared memory.
+    """
+    NT = MOVES_NT
+
+    def km_drops(mv, k, lower_min):
+        top = cuda.shared.array(NT, dtype=float64)
+        at = cuda.shared.array(NT, dtype=int64)
+        tid = cuda.threadIdx.x
+        best = -1.0
+        bi = k
+        for i in range(tid, k, NT):
+            v = mv[i]
+            if v > best:
+                best = v
+                bi = i
+        top[tid] = best
+        at[tid] = bi
+        cuda.syncthreads()
+        h = NT // 2
+        while h > 0:
+            if tid < h:
+                v, i = top[tid + h], at[tid + h]
+                if v > top[tid] or (v == top[tid] and i < at[tid]):
+                    top[tid] = v
+                    at[tid] = i
+            cuda.syncthreads()
+            h //= 2
+        first = top[0]
+        which = at[0]
+        cuda.syncthreads()
+        second = 0.0  # K = 1: no other centre (every move is at least 0)
+        for i in range(tid, k, NT):
+            if i != which:
+                second = max(second, mv[i])
+        top[tid] = second
+        cuda.syncthreads()
+        h = NT // 2
+        while h > 0:
+            if tid < h:
+                top[tid] = max(top[tid], top[tid + h])
+            cuda.syncthreads()
+            h //= 2
+        second = top[0]
+        for a in range(tid, k, NT):
+            mv[k + a] = (second if a == which else first) + lower_min
+
+    return cuda.jit(km_drops)
 
 
 @inline_device
@@ -132,7 +222,8 @@ def test_kernel(rpt: int = TEST_RPT):
     """Build the bounds test for ``rpt`` rows a thread (one compile: nothing else is specialised).
 
     Kernel arguments: ``labels`` int32 (n,); ``ub``, ``lb`` float32 (n,), updated for kept
-    rows; ``mv`` float64 (2k,) from :func:`moves_and_others`; ``n``, ``k`` int64; ``idx``
+    rows; ``mv`` float64 (2k,): each centre's move (:func:`moves_kernel`), then the most the others
+    moved (:func:`drops_kernel`); ``n``, ``k`` int64; ``idx``
     int32 (n,), the failed rows in row order; ``ctr`` int64 and ``gslot``: ``ctr[gslot]``
     counts them (zero on entry); ``newlab`` int32 (n,): a kept row's label where
     ``write_new`` (the split full step's input to the summing kernel).
@@ -256,7 +347,7 @@ class DeviceBounds:
         self.idx = cuda.device_array(max(1, self.n), dtype=np.int32)
         self.k = None
         self.skip_next = False
-        self._mv = {}  # k -> (pinned host, device) move buffers
+        self._mv = {}  # (k, m) -> the device's moves and kept centres (moves_buffers)
 
     def invalidate(self) -> None:
         """Nothing kept holds any more (labels reset, rows reloaded, a step that wrote no bounds)."""
@@ -271,51 +362,51 @@ class DeviceBounds:
         """Whether the next step with ``k`` centres should test the bounds (they hold, no back-off)."""
         return self.holds_for(k) and not self.skip_next
 
-    def test_launch(self, labels, k: int, pack, newlab, dummy_i32, limits, stream, fast: bool,
-                    rpt: int = TEST_RPT):
-        """The prepared bounds test of a state with ``k`` centres and step buffer ``pack`` (a
-        :class:`.launch.Pack`); ``newlab``: the full step's label array, or None (incremental: the
-        int32 ``dummy_i32`` stands in); ``rpt`` rows a thread (``tune={"bounds_rpt": R}``)."""
+    def test_launch(self, labels, k: int, m: int, pack, newlab, dummy_i32, limits, stream, fast: bool,
+                    rpt: int = TEST_RPT) -> Steps:
+        """The prepared bounds test of a state with ``k`` centres of ``m`` attributes and step buffer
+        ``pack`` (a :class:`.launch.Pack`), after the centres' moves from those the bounds hold for
+        (:func:`moves_kernel`, :func:`drops_kernel`); ``newlab``: the full step's label array, or None
+        (incremental: the int32 ``dummy_i32`` stands in); ``rpt`` rows a thread (``tune={"bounds_rpt": R}``)."""
         from .compiled import compiled
-        from .launch import Launch
 
         rpt = max(1, min(int(rpt), 32))  # the failed rows of a thread are bits of one int32
         kern = test_kernel(rpt)
-        _, dmv = self.moves_buffer(k)
+        dmv, _ = self.moves_buffers(k, m)
         write = newlab is not None
         args = (labels, self.ub, self.lb, dmv, int(self.n), int(k), self.idx, pack.ctr, int(pack.gslot),
                 newlab if write else dummy_i32, int(write))
         tiles = -(-self.n // (TEST_NT * rpt))
         grid = max(1, min(tiles, 2 if SIM else 8 * limits.sm_count))
-        return Launch(kern, compiled("bounds_test", (rpt,), kern, args), args, grid, TEST_NT, 0, stream, fast)
+        dk = drops_kernel()
+        dargs = (dmv, int(k), float(_LOWER_MIN))
+        drops = Launch(dk, compiled("bounds_drops", (), dk, dargs), dargs, 1, MOVES_NT, 0, stream, fast)
+        test = Launch(kern, compiled("bounds_test", (rpt,), kern, args), args, grid, TEST_NT, 0, stream, fast)
+        return Steps([self.moves_launch(k, m, pack, stream, fast, True), drops, test], grid)
 
-    def moves_buffer(self, k: int):
-        """The pinned host and device (2k,) float64 buffers of the moves for ``k`` centres."""
-        buf = self._mv.get(k)
+    def moves_launch(self, k: int, m: int, pack, stream, fast: bool, test: bool) -> Launch:
+        """The prepared :func:`moves_kernel` of a state with ``k`` centres and step buffer ``pack``: the
+        moves where ``test``, and in either case the kept centres set to the step's (every step that
+        writes bounds launches it)."""
+        from .compiled import compiled
+
+        kern = moves_kernel()
+        dmv, prev = self.moves_buffers(k, m)
+        m = int(m)
+        args = (pack.dev, int(pack.layout.p64_c64), prev, dmv, int(k), m, float(bound_eps(m)),
+                float(math.sqrt(m) * _SUBNORMAL_MOVE), int(test))
+        w = MOVES_NT // 32
+        return Launch(kern, compiled("bounds_moves", (), kern, args), args, -(-int(k) // w), MOVES_NT, 0, stream,
+                      fast)
+
+    def moves_buffers(self, k: int, m: int):
+        """The device buffers of ``k`` centres of ``m`` attributes: the moves float64 (2k,) and the centres
+        the bounds hold for, float64 (k m,)."""
+        buf = self._mv.get((k, m))
         if buf is None:
-            from .launch import pinned
-
-            buf = (pinned(2 * k, np.float64), cuda.device_array(2 * k, dtype=np.float64))
-            self._mv[k] = buf
+            buf = (cuda.device_array(2 * k, dtype=np.float64), cuda.device_array(max(1, k * m), dtype=np.float64))
+            self._mv[(k, m)] = buf
         return buf
-
-    def fill_moves(self, old: np.ndarray, new: np.ndarray) -> None:
-        """Write the moves from the centres the bounds hold for, ``old``, to ``new`` into the pinned buffer."""
-        host, _ = self.moves_buffer(new.shape[0])
-        host[:] = moves_and_others(old, new)
-
-    def upload_moves(self, k: int) -> None:
-        """The moves to the device, asynchronously on the default stream."""
-        host, dev = self.moves_buffer(k)
-        if SIM:
-            dev.copy_to_device(host)
-            return
-        from numba.cuda.cudadrv.driver import device_pointer
-
-        from .launch import cu, cucheck
-
-        cucheck(cu().cuMemcpyHtoDAsync(int(device_pointer(dev)), int(host.ctypes.data), host.nbytes, 0),
-                "cuMemcpyHtoDAsync")
 
     def kept(self, k: int, searched: int, tested: bool, changed: int = 0) -> None:
         """A step with ``k`` centres wrote every row's bounds (``searched`` rows by pass 1, ``changed``

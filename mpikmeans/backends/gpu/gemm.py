@@ -42,7 +42,7 @@ from .device import SIM, cuda, inline_device
 from .gemmcentres import PREP_C, PREP_J, SHIFT_NT, prep_kernel, shift_kernel
 from .intrinsics import ld4, ldx, stx
 from .kernels import certificate
-from .launch import Launch
+from .launch import Launch, Steps
 from .plan import PackLayout
 
 if cuda is not None:
@@ -409,24 +409,6 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     if SIM:
         return cuda.jit(km_gemm_screen)
     return cuda.jit(km_gemm_screen, fastmath=False, max_registers=MAXREG)
-
-
-class Steps:
-    """The path's launches of one step, called as one (in place of the fused kernel's launch)."""
-
-    def __init__(self, launches: list, grid: int):
-        self.launches = launches
-        self.grid = grid
-        self.fast = all(launch.fast for launch in launches)
-        #: the same step's launches with the screen on the rows the bounds test lists, and the
-        #: screen's label array the test writes kept rows' labels into (full steps); see
-        #: :func:`step_launches`
-        self.listed = None
-        self.newlab = None
-
-    def __call__(self) -> None:
-        for launch in self.launches:
-            launch()
 
 
 def split_scratch(grid: int, kpg: int, groups: bool = True) -> tuple:

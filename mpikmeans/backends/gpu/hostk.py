@@ -120,22 +120,26 @@ def _fill_threads(centres, f32, sh, cc, cm, c64, zl):  # pragma: no cover - comp
     _fill(centres, f32, sh, cc, cm, c64, zl)
 
 
-def add_step(dev, counts, d_dev, d_counts, centres, fresh: bool = False) -> np.ndarray:
+def add_step(dev, counts, d_dev, d_counts, centres, out, fresh: bool = False) -> np.ndarray:
     """``dev += d_dev``, ``counts += d_counts`` (``fresh``: ``dev = d_dev``, ``counts = d_counts``, a
-    full step's sums); return the raw sums ``dev + counts c`` (k, m).
+    full step's sums); the raw sums ``dev + counts c`` into ``out`` (k, m), which is returned.
 
+    ``out`` is a buffer the caller keeps from step to step: a K x M array made afresh every step
+    had its pages faulted in again every other step (glibc hands the freed block back to the
+    system): 0.3 ms of D's 1.3 ms late steps on the H100 host every other step, where the same
+    sums into a kept buffer take 0.07 (``bench/experiments/host_profile.py``).
     Clusters side by side on the rank's threads from :data:`THREADS_MIN_VALUES` on (the
     GPU waits for the next step's centres meanwhile); every element is its own
     arithmetic, so the same bits.
     """
     add = _add_threads if dev.size >= THREADS_MIN_VALUES else _add_one
-    return add(dev, counts, d_dev, d_counts, centres, bool(fresh))
+    add(dev, counts, d_dev, d_counts, centres, out, bool(fresh))
+    return out
 
 
 @njit(inline="always")
-def _add(dev, counts, d_dev, d_counts, centres, fresh):  # pragma: no cover - compiled
+def _add(dev, counts, d_dev, d_counts, centres, sums, fresh):  # pragma: no cover - compiled
     k, m = dev.shape
-    sums = np.empty((k, m))
     for i in prange(k):
         n = d_counts[i] if fresh else counts[i] + d_counts[i]
         counts[i] = n
@@ -143,17 +147,16 @@ def _add(dev, counts, d_dev, d_counts, centres, fresh):  # pragma: no cover - co
             d = d_dev[i, j] if fresh else dev[i, j] + d_dev[i, j]
             dev[i, j] = d
             sums[i, j] = d + n * centres[i, j]
-    return sums
 
 
 @njit(cache=True, nogil=True)
-def _add_one(dev, counts, d_dev, d_counts, centres, fresh):  # pragma: no cover - compiled
-    return _add(dev, counts, d_dev, d_counts, centres, fresh)
+def _add_one(dev, counts, d_dev, d_counts, centres, sums, fresh):  # pragma: no cover - compiled
+    _add(dev, counts, d_dev, d_counts, centres, sums, fresh)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _add_threads(dev, counts, d_dev, d_counts, centres, fresh):  # pragma: no cover - compiled
-    return _add(dev, counts, d_dev, d_counts, centres, fresh)
+def _add_threads(dev, counts, d_dev, d_counts, centres, sums, fresh):  # pragma: no cover - compiled
+    _add(dev, counts, d_dev, d_counts, centres, sums, fresh)
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})

@@ -19,15 +19,17 @@ from .hostk import carry_kept
 
 
 class Kept:
-    """One step's kept sums: ``dev`` (k, m), ``counts`` (k,), ``centres`` (k, m), float64, and ``sse``."""
+    """One step's kept sums: ``dev`` (k, m), ``counts`` (k,), ``centres`` (k, m), float64, and ``sse``;
+    ``sums`` (k, m), the raw sums that step returned (:func:`.hostk.add_step`'s buffer)."""
 
-    __slots__ = ("dev", "counts", "centres", "sse")
+    __slots__ = ("dev", "counts", "centres", "sse", "sums")
 
     def __init__(self, k: int, m: int):
         self.dev = np.zeros((k, m))
         self.counts = np.zeros(k)
         self.centres = np.zeros((k, m))
         self.sse = 0.0
+        self.sums = np.zeros((k, m))
 
     def take(self, centres: np.ndarray) -> None:
         """This slot's centres (k, m): a copy of ``centres``."""

@@ -198,6 +198,25 @@ class Launch:
             launch_once(self.kern, self.compiled, self.args, self.grid, self.block, self.stream, self.smem)
 
 
+class Steps:
+    """Launches called as one, in order (a step's kernels in place of the fused kernel's launch; the
+    bounds test after the centres' moves)."""
+
+    def __init__(self, launches: list, grid: int):
+        self.launches = launches
+        self.grid = grid
+        self.fast = all(launch.fast for launch in launches)
+        #: the same step's launches with the screen on the rows the bounds test lists, and the
+        #: screen's label array the test writes kept rows' labels into (full steps); see
+        #: :func:`.gemm.step_launches`
+        self.listed = None
+        self.newlab = None
+
+    def __call__(self) -> None:
+        for launch in self.launches:
+            launch()
+
+
 def pinned(n: int, dtype) -> np.ndarray:
     try:
         return cuda.pinned_array(n, dtype=dtype)

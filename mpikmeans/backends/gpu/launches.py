@@ -14,7 +14,7 @@ from .bounds import ROW_BYTES, TEST_RPT, DeviceBounds, bounds_wanted
 from .compiled import compiled
 from .device import SIM, cuda
 from .kernels import fused_kernel
-from .launch import Launch, Pack, prepare
+from .launch import Launch, Pack, Steps, prepare
 from .plan import MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_SPLIT, Plan, round_up
 from .recheck import RC_BLOCKS_SM, RC_WARPS, recheck_kernel, row_threads
 from .sums import sums_launch
@@ -111,8 +111,8 @@ class StepLaunches:
     def _launches(self, plan: Plan, pack: Pack, k: int, assign: bool, x, rows: int, labels, flags, w,
                   dist2, fslot: int, stream, delta: bool = False):
         """The prepared (fused, recheck) pair for one block of rows (``fused``: the GEMM path's launches
-        where :meth:`gemm_wanted`), and where the plan keeps bounds the (bounds test, fused on the rows it
-        lists) pair, else None."""
+        where :meth:`gemm_wanted`), and where the plan keeps bounds the (centres' moves and bounds test, fused
+        on the rows it lists, the centres kept for the next step's moves alone) triple, else None."""
         keeps = not assign and self._keeps_bounds(plan, k)
         if self.gemm_wanted(plan, assign):
             # a full step's sums (:mod:`.bylabel`) and the screen of the rows the bounds test lists read the
@@ -128,7 +128,7 @@ class StepLaunches:
             # a split step without bounds on a shape whose sums kernel finds the labels itself: one kernel
             # (pass 1 is neither compiled nor launched)
             add = self._sums(plan, pack, k, x, rows, labels, self._dummyi, w, flags, fslot, plan.TC, stream)
-            fused = gemm.Steps([add], add.grid)
+            fused = Steps([add], add.grid)
             self.last_grid = add.grid
             newlab = listed = None
         else:
@@ -151,16 +151,17 @@ class StepLaunches:
             listed = self._listed_launch(spec, kern, kobj, args, grid, plan, pack, stream) if keeps else None
             if split:  # then the sums kernel adds the rows pass 1 certified
                 add = self._sums(plan, pack, k, x, rows, labels, newlab, w, flags, fslot, 0, stream)
-                fused = gemm.Steps([fused, add], grid)
+                fused = Steps([fused, add], grid)
                 if keeps:
-                    listed = gemm.Steps([listed, add], grid)
+                    listed = Steps([listed, add], grid)
         # the bounds test writes a kept row's label into the full step's label array (``newlab``; None:
         # an incremental step), then pass 1 runs on the rows it lists
         bounds = None
         if keeps:
             rpt = int(self.tune.get("bounds_rpt", TEST_RPT))
-            bounds = (self._bounds.test_launch(labels, k, pack, newlab, self._dummyi, self.limits, stream,
-                                               self._fast, rpt), listed)
+            bd = self._bounds
+            bounds = (bd.test_launch(labels, k, self.m, pack, newlab, self._dummyi, self.limits, stream, self._fast,
+                                     rpt), listed, bd.moves_launch(k, self.m, pack, stream, self._fast, False))
         group = row_threads(k, self.tune)
         rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta, group)
         rk = recheck_kernel(*rspec)
