@@ -109,6 +109,20 @@ def _merge_best(m1, m2, mi, o1, o2, oi):  # pragma: no cover - compiled
 merge_best = inline_device(_merge_best)
 
 
+def _merge_slots(sb1, sb2, si1, slots, r):  # pragma: no cover - compiled
+    """Row ``r``'s best, second best and best centre over its ``slots`` slots of a screen's block (slot
+    ``t`` at ``t * BM + r`` of ``sb1``, ``sb2``, ``si1``), merged in slot order by :func:`merge_best`."""
+    m1 = ldx(sb1, r)
+    m2 = ldx(sb2, r)
+    mi = ldx(si1, r)
+    for t in range(1, slots):
+        m1, m2, mi = merge_best(m1, m2, mi, ldx(sb1, t * BM + r), ldx(sb2, t * BM + r), ldx(si1, t * BM + r))
+    return m1, m2, mi
+
+
+merge_slots = inline_device(_merge_slots)
+
+
 def _centre_groups(ntiles, grid, ucap, nct, gmax):
     """Into how many groups of centre tiles the screen splits each row tile (1: not split).
 
@@ -211,12 +225,7 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool, bounds: bool = False)
                 stx(syy, xr, ldx(syy, xr) + yp)
             cuda.syncthreads()
         if tid < BM:
-            m1 = ldx(sb1, tid)
-            m2 = ldx(sb2, tid)
-            mi = ldx(si1, tid)
-            for t in range(1, SLOTS):  # the other slots' centres of this row
-                m1, m2, mi = merge_best(m1, m2, mi, ldx(sb1, t * BM + tid), ldx(sb2, t * BM + tid),
-                                        ldx(si1, t * BM + tid))
+            m1, m2, mi = merge_slots(sb1, sb2, si1, SLOTS, tid)  # every slot's centres of this row
             p2 = row0 + tid
             if p2 < nrow:
                 i2 = tile_row(p2, nrow, idx, gat) if BOUNDS else p2
@@ -373,12 +382,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
             else:
                 cuda.syncthreads()  # every thread's slots written
                 if tid < BM:  # this unit's candidates of each row, from its slots
-                    m1 = ldx(sb1, tid)
-                    m2 = ldx(sb2, tid)
-                    mi = ldx(si1, tid)
-                    for t in range(1, TX):
-                        m1, m2, mi = merge_best(m1, m2, mi, ldx(sb1, t * BM + tid), ldx(sb2, t * BM + tid),
-                                                ldx(si1, t * BM + tid))
+                    m1, m2, mi = merge_slots(sb1, sb2, si1, TX, tid)
                     stx(gb1, unit * BM + tid, m1)
                     stx(gb2, unit * BM + tid, m2)
                     stx(gbi, unit * BM + tid, mi)
