@@ -28,6 +28,15 @@ RC_BLOCKS_SM = 2
 #: order): a row's distances are a chain of M dependent additions, and with one load per
 #: addition each waited for its load (a flagged row cost its warp M round trips to memory)
 RC_BATCH = 8
+#: where a block's flagged rows fit this many bytes of shared memory, the group stages its row there
+#: first (the row's loads issued by all its threads at once) and a lane's chain waits on the centres'
+#: loads alone, :data:`RC_BATCH_STAGED` at a time
+RC_STAGE_BYTES = 16 * 1024
+RC_BATCH_STAGED = 16
+#: the register cap that keeps :data:`RC_BLOCKS_SM` blocks resident (a multiprocessor's 65536 registers):
+#: ptxas gave the staged kernel 135 registers uncapped, 119-121 under it without spills (K = 1000, M = 257;
+#: K = 50, M = 100), the kernel before the staging 114-121
+RC_MAXREG = 65536 // (RC_BLOCKS_SM * 32 * RC_WARPS)
 
 
 #: the simulator's groups are one warp unless ``tune={"rc_threads": T}`` asks for more (a thread per thread:
@@ -58,7 +67,10 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
 
     The group's threads split the centres; each computes ``sum_j (x_j - c_kj)^2`` in float64
     in attribute order, like the CPU backend, keeping the lowest index on ties; the group's
-    first thread reduces over the group.  A row's search is a chain of ``K M / T``
+    first thread reduces over the group.  Where the block's rows fit :data:`RC_STAGE_BYTES`,
+    the group first stages its row in shared memory, so a lane's chain waits on the centres'
+    loads alone (D, K = 1000: 4 centres a lane of 257 attributes each, a round trip to
+    memory every 8 attributes, kept the kernel at 0.14 ms with any row flagged).  A row's search is a chain of ``K M / T``
     dependent loads and additions on each of its ``T`` threads: with a warp per row (``T`` =
     32) a flagged row of 3e5 x 257, K = 1000 kept the kernel 0.8-0.9 ms however few rows
     were flagged (``bench/results/ncu_D_steps_H100_2026-11-26_s13.log``).
@@ -76,6 +88,9 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
     NT = 32 * RC_WARPS
     T = int(threads)
     G = NT // T  # rows a block takes at a time
+    STAGED = G * int(m_c) * 8 <= RC_STAGE_BYTES
+    XS = G * int(m_c) if STAGED else 1
+    B = RC_BATCH_STAGED if STAGED else RC_BATCH
     WEIGHTED = weighted
     ASSIGN = assign
     DELTA = delta
@@ -88,6 +103,7 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
     def km_recheck(x, ld, p64, ctr, labels, flags, w, dist2, fslot):
         bd_s = cuda.shared.array(NT, dtype=float64)
         bi_s = cuda.shared.array(NT, dtype=int32)
+        xs = cuda.shared.array(XS, dtype=float64)  # the group's row (STAGED)
         old_s = cuda.shared.array(G, dtype=int32)
         od_s = cuda.shared.array(G, dtype=float64)
         tid = cuda.threadIdx.x
@@ -96,8 +112,9 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
         m = M_C
         k = K_C
         nflag = ctr[fslot]
-        xv = cuda.local.array(RC_BATCH, dtype=float64)
-        cv = cuda.local.array(RC_BATCH, dtype=float64)
+        xv = cuda.local.array(B, dtype=float64)
+        cv = cuda.local.array(B, dtype=float64)
+        xo = wib * m  # the group's row in xs
         sse_w = 0.0
         changed_w = 0
         step = cuda.gridDim.x * G
@@ -105,22 +122,27 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
             f = base + wib
             bd = F64_INF
             bi = k
-            i = 0
+            i = flags[f] if f < nflag else 0
+            if STAGED:
+                if f < nflag:
+                    for j in range(lane, m, T):
+                        xs[xo + j] = float64(ldx(x, j * ld + i))
+                cuda.syncthreads()
             if f < nflag:
-                i = flags[f]
                 old = labels[i] if DELTA else -1
                 for kk in range(lane, k, T):
                     d = 0.0
                     cb = P_C64 + kk * m
-                    for jb in range(0, m, RC_BATCH):
-                        for q in range(RC_BATCH):
+                    for jb in range(0, m, B):
+                        for q in range(B):
                             j = jb + q
                             if j < m:
-                                xv[q] = float64(ldx(x, j * ld + i))
+                                if not STAGED:
+                                    xv[q] = float64(ldx(x, j * ld + i))
                                 cv[q] = ldx(p64, cb + j)
-                        for q in range(RC_BATCH):
+                        for q in range(B):
                             if jb + q < m:
-                                t = xv[q] - cv[q]
+                                t = (xs[xo + jb + q] if STAGED else xv[q]) - cv[q]
                                 d += t * t
                     if kk == old:
                         od_s[wib] = d  # the squared distance to the old centre
@@ -170,7 +192,7 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
                 wi = w[i] if WEIGHTED else 1.0
                 if lab >= 0:
                     for j in range(lane, m, T):
-                        v = float64(ldx(x, j * ld + i))
+                        v = xs[xo + j] if STAGED else float64(ldx(x, j * ld + i))
                         cuda.atomic.add(p64, P_SUMS + lab * m + j, wi * (v - ldx(p64, P_C64 + lab * m + j)))
                         if old >= 0:
                             cuda.atomic.add(p64, P_SUMS + old * m + j, -(wi * (v - ldx(p64, P_C64 + old * m + j))))
@@ -181,4 +203,6 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
             if changed_w != 0:
                 cuda.atomic.add(ctr, I_CHG, int64(changed_w))
 
-    return cuda.jit(km_recheck)
+    if SIM:
+        return cuda.jit(km_recheck)
+    return cuda.jit(km_recheck, max_registers=RC_MAXREG)
