@@ -328,6 +328,24 @@ _SIM_PROGRAM = textwrap.dedent(
         mrecs.append(rec)
     print(json.dumps({"name": "device_moves", "cases": mrecs}), flush=True)
 
+    # bench gpu's host timers (mpikmeans.bench.gpu.host_timers through host_breakdown) on a step that keeps
+    # bounds: every part counted, the backend as it was afterwards (its module's functions, Kept.take, the
+    # states' packs and launches)
+    import mpikmeans.backends.gpu.backend as BM
+    from mpikmeans.backends.gpu.kept import Kept
+    from mpikmeans.bench import gpu as BG
+    gh = G.GPUBackend(tune={"bounds": True, "split": True, "delta": "never"})
+    gh.load(xb)
+    before = (BM.add_step, BM.cu, Kept.take)
+    hb = BG.host_breakdown(gh, xb[:8].copy(), steps=3)
+    sts = list(gh._states.values())
+    restored = ((BM.add_step, BM.cu, Kept.take) == before
+                and all("fill" not in vars(st.pack) and "upload" not in vars(st.pack) for st in sts)
+                and all(type(f).__name__ != "function" for st in sts for f in st.launches[0]))
+    r2 = gh.step(xb[:8].copy())  # the backend steps on without the timers
+    print(json.dumps({"name": "host_timers", "parts": sorted(hb), "us": hb, "restored": bool(restored),
+                      "tested_after": bool(gh.last_bounds_tested), "changed_after": r2.changed}), flush=True)
+
     # zero-row rank
     g = G.GPUBackend()
     g.load(np.empty((0, 6)))
@@ -441,6 +459,20 @@ def test_sim_moves_and_drops_made_on_the_device_are_the_cpu_bounds(sim):
     assert cases[1]["drops"][0] >= 5.0 and cases[1]["drops"][1] >= 5.0  # two equal largest: each sees the other
     assert cases[2]["drops"] == [1e-140]  # K = 1: no other centre
     assert all(v == float("inf") for v in cases[3]["drops"])  # another centre moved without bound
+
+
+def test_sim_bench_host_timers_count_every_part_and_unwrap(sim):
+    """``bench gpu --host-breakdown``'s timers (bench.gpu.host_timers): every host part of a step that keeps
+    bounds counted (the launches include the moves and the bounds test), and afterwards the backend's own
+    functions, packs and launches again, the next step testing its bounds."""
+    from mpikmeans.bench.gpu import HOST_PARTS
+
+    rec = sim["host_timers"]
+    assert rec["parts"] == sorted((*HOST_PARTS, "total", "rest")), rec
+    us = rec["us"]
+    assert all(us[p] > 0.0 for p in ("fill", "upload", "launch", "download", "take", "add", "total")), us
+    assert us["total"] >= sum(us[p] for p in HOST_PARTS), us
+    assert rec["restored"] and rec["tested_after"] and rec["changed_after"] == 0, rec
 
 
 def test_sim_gemm_screen_in_centre_groups(sim):
