@@ -293,7 +293,7 @@ _SIM_PROGRAM = textwrap.dedent(
     # not finite, and several blocks with rows longer than a warp
     from numba import cuda as SC
     from mpikmeans.backends.gpu import bounds as GB
-    from mpikmeans.backends.cpu.bounds import _LOWER_MIN, bound_drops, bound_eps, centre_moves
+    from mpikmeans.backends.cpu.bounds import LOWER_MIN, bound_drops, bound_eps, centre_moves
     rm = np.random.default_rng(0)
     o6 = rm.normal(size=(6, 9))
     mcases = [(o6, o6 + rm.normal(scale=[[0.1], [2.0], [0.3], [0.0], [1.5], [0.2]], size=o6.shape)),
@@ -313,7 +313,7 @@ _SIM_PROGRAM = textwrap.dedent(
             GB.moves_kernel()[-(-km_ // (GB.MOVES_NT // 32)), GB.MOVES_NT](
                 p64, 2, prev, mvd, km_, mm_, bound_eps(mm_), np.sqrt(mm_) * 2.0 ** -500, test)
             if test:
-                GB.drops_kernel()[1, GB.MOVES_NT](mvd, km_, _LOWER_MIN)
+                GB.drops_kernel()[1, GB.MOVES_NT](mvd, km_, LOWER_MIN)
             got = mvd.copy_to_host()
             kept = bool(np.array_equal(prev.copy_to_host(), new.ravel(), equal_nan=True))
             if test:

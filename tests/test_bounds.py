@@ -161,8 +161,8 @@ def test_centre_moves_and_bound_drops():
     assert 5.0 <= moves[0] <= 5.0 * (1 + 1e-12) and 1.0 <= moves[1] <= 1.0 * (1 + 1e-12) and moves[2] > 0
     drops = B.bound_drops(moves)
     # a row of centre 0 loses the largest move of the others (centre 1's); the others lose centre 0's
-    assert drops[0] == moves[1] + B._LOWER_MIN and drops[1] == drops[2] == moves[0] + B._LOWER_MIN
-    assert B.bound_drops(moves[:1])[0] == B._LOWER_MIN  # K = 1: no other centre
+    assert drops[0] == moves[1] + B.LOWER_MIN and drops[1] == drops[2] == moves[0] + B.LOWER_MIN
+    assert B.bound_drops(moves[:1])[0] == B.LOWER_MIN  # K = 1: no other centre
     moves = B.centre_moves(old, np.array([[np.inf, 0.0], [0.0, 1.0], [0.0, 0.0]]))
     assert np.isinf(moves[0]) and np.isinf(B.bound_drops(moves)[1])
     still = B.centre_moves(old, old)

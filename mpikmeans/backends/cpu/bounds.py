@@ -23,7 +23,7 @@ computed distance is strictly below every other centre's computed distance:
   ``eps = 4 (m + 4) u`` the test ``d (1 + eps)^2 < (l (1 - eps))^2`` implies
   ``fl(d_a) < fl(d_j)`` for every other centre ``j``: the exact kernels' label,
   ties included (a tie never passes);
-* a bound is tested only above ``_LOWER_MIN`` (squares stay normal numbers)
+* a bound is tested only above ``LOWER_MIN`` (squares stay normal numbers)
   and kept below ``_LOWER_MAX`` (squares stay finite);
 * a move is ``sqrt(sum of squared differences) (1 + eps)`` plus the most that
   attributes below float64's normal range can add; a move that is not finite
@@ -52,13 +52,13 @@ from .tiles import _GROUP, _PAD, _four_chains, _nth, _prefetch_row, exact_search
 #: float64 unit roundoff
 _U64 = 2.0 ** -53
 #: bounds below this are not tested (their squares would leave float64's normal range)
-_LOWER_MIN = 1.0e-140
+LOWER_MIN = 1.0e-140
 #: bounds are lowered to this (their squares stay finite); any lower bound may be lowered
 _LOWER_MAX = 1.0e150
 #: entries of one block of :func:`half_gaps`' centre-to-centre products
 _GAP_BLOCK = 1 << 21
 #: the most that one attribute whose difference is below 2^-500 adds to a move (its square underflows)
-_SUBNORMAL_MOVE = 2.0 ** -500
+SUBNORMAL_MOVE = 2.0 ** -500
 
 
 @njit(cache=True)
@@ -103,7 +103,7 @@ def _moves(old, new, eps, out):  # pragma: no cover - compiled
     """:func:`centre_moves` into ``out`` in one pass (no K x M temporaries: 2.6e5 centre values a step
     on the GPU path's shapes)."""
     k, m = new.shape
-    floor = np.sqrt(m) * _SUBNORMAL_MOVE
+    floor = np.sqrt(m) * SUBNORMAL_MOVE
     for i in prange(k):
         s = 0.0
         for j in range(m):
@@ -124,7 +124,7 @@ def _moves_threads(old, new, eps, out):  # pragma: no cover - compiled
 
 
 def half_gaps(centres: np.ndarray) -> np.ndarray:
-    """Lower bounds on half the distance from each centre to its nearest other centre, less ``_LOWER_MIN``.
+    """Lower bounds on half the distance from each centre to its nearest other centre, less ``LOWER_MIN``.
 
     A row nearer its own centre ``a`` than ``half_gaps[a]`` is nearer it than
     any other (Elkan, "Using the triangle inequality to accelerate k-means",
@@ -158,14 +158,14 @@ def half_gaps(centres: np.ndarray) -> np.ndarray:
             d2 = pair - 2.0 * (z[a:b] @ z.T) - 4.0 * (m + 10) * _U64 * pair
             d2[np.arange(b - a), np.arange(a, b)] = np.inf
             nearest[a:b] = d2.min(axis=1)
-        half = 0.5 * np.sqrt(np.where(nearest > 0.0, nearest, 0.0)) * (1.0 - bound_eps(m)) - _LOWER_MIN
+        half = 0.5 * np.sqrt(np.where(nearest > 0.0, nearest, 0.0)) * (1.0 - bound_eps(m)) - LOWER_MIN
     half[~np.isfinite(half) | (half < 0.0)] = 0.0
     return np.minimum(half, _LOWER_MAX)
 
 
 def bound_drops(moves: np.ndarray) -> np.ndarray:
     """How much the bound of a row of each label drops: the largest move of the other centres, plus
-    ``_LOWER_MIN`` (a bound must stay above it to be tested: squares of normal numbers).
+    ``LOWER_MIN`` (a bound must stay above it to be tested: squares of normal numbers).
 
     Parameters
     ----------
@@ -178,11 +178,11 @@ def bound_drops(moves: np.ndarray) -> np.ndarray:
     """
     k = len(moves)
     if k == 1:
-        return np.full(1, _LOWER_MIN)
+        return np.full(1, LOWER_MIN)
     which = int(np.argmax(moves))
     second = float(np.delete(moves, which).max())
-    drops = np.full(k, float(moves[which]) + _LOWER_MIN)
-    drops[which] = second + _LOWER_MIN
+    drops = np.full(k, float(moves[which]) + LOWER_MIN)
+    drops[which] = second + LOWER_MIN
     return drops
 
 
@@ -195,7 +195,7 @@ def _margins(labels, lower, drops, halves, eps, c0, rc, mg):  # pragma: no cover
     """``mg[r]``: the margin row ``c0 + r`` must beat to keep its centre, for ``r < rc``.
 
     The larger of its last bound lowered by ``drops[a]`` (the largest move of
-    the centres other than its own ``a``, and ``_LOWER_MIN``) and ``halves[a]``
+    the centres other than its own ``a``, and ``LOWER_MIN``) and ``halves[a]``
     (:func:`half_gaps`), times ``1 - eps``; 0 when both are below 0.  A row kept
     by it (``d (1 + eps)^2 < mg^2``) is nearer ``a`` than every other centre:
     the first bounds the others' distances; by the second, they exceed

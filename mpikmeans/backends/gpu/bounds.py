@@ -48,7 +48,7 @@ import math
 
 import numpy as np
 
-from ..cpu.bounds import _LOWER_MIN, _SUBNORMAL_MOVE, bound_eps
+from ..cpu.bounds import LOWER_MIN, SUBNORMAL_MOVE, bound_eps
 from .device import SIM, cuda, inline_device
 from .intrinsics import ldx, stx
 from .launch import Launch, Steps
@@ -379,7 +379,7 @@ class DeviceBounds:
         tiles = -(-self.n // (TEST_NT * rpt))
         grid = max(1, min(tiles, 2 if SIM else 8 * limits.sm_count))
         dk = drops_kernel()
-        dargs = (dmv, int(k), float(_LOWER_MIN))
+        dargs = (dmv, int(k), float(LOWER_MIN))
         drops = Launch(dk, compiled("bounds_drops", (), dk, dargs), dargs, 1, MOVES_NT, 0, stream, fast)
         test = Launch(kern, compiled("bounds_test", (rpt,), kern, args), args, grid, TEST_NT, 0, stream, fast)
         return Steps([self.moves_launch(k, m, pack, stream, fast, True), drops, test], grid)
@@ -394,7 +394,7 @@ class DeviceBounds:
         dmv, prev = self.moves_buffers(k, m)
         m = int(m)
         args = (pack.dev, int(pack.layout.p64_c64), prev, dmv, int(k), m, float(bound_eps(m)),
-                float(math.sqrt(m) * _SUBNORMAL_MOVE), int(test))
+                float(math.sqrt(m) * SUBNORMAL_MOVE), int(test))
         w = MOVES_NT // 32
         return Launch(kern, compiled("bounds_moves", (), kern, args), args, -(-int(k) // w), MOVES_NT, 0, stream,
                       fast)

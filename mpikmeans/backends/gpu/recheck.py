@@ -67,13 +67,14 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
 
     The group's threads split the centres; each computes ``sum_j (x_j - c_kj)^2`` in float64
     in attribute order, like the CPU backend, keeping the lowest index on ties; the group's
-    first thread reduces over the group.  Where the block's rows fit :data:`RC_STAGE_BYTES`,
-    the group first stages its row in shared memory, so a lane's chain waits on the centres'
-    loads alone (D, K = 1000: 4 centres a lane of 257 attributes each, a round trip to
-    memory every 8 attributes, kept the kernel at 0.14 ms with any row flagged).  A row's search is a chain of ``K M / T``
+    first thread reduces over the group.  A row's search is a chain of ``K M / T``
     dependent loads and additions on each of its ``T`` threads: with a warp per row (``T`` =
     32) a flagged row of 3e5 x 257, K = 1000 kept the kernel 0.8-0.9 ms however few rows
-    were flagged (``bench/results/ncu_D_steps_H100_2026-11-26_s13.log``).
+    were flagged (``bench/results/ncu_D_steps_H100_2026-11-26_s13.log``).  Where the block's
+    rows fit :data:`RC_STAGE_BYTES`, the group first stages its row in shared memory, so a
+    lane's chain waits on the centres' loads alone (D with ``T`` = 256: 4 centres a lane, a
+    round trip every 8 attributes kept the kernel at 0.14 ms with any row flagged; 0.10-0.12
+    staged, ``bench/results/kernels_D_f32_H100_2026-11-26_s15_recheck.log``).
 
     For a step the row is then added to the global deviation
     sums (``x - c``), counts, SSE and change count (atomics: flagged rows are rare); with
