@@ -116,8 +116,9 @@ def test_bench_cpu_on_one_and_two_ranks(tmp_path):
 @pytest.mark.mpi
 @pytest.mark.slow  # a benchmark end to end: 30-90 s of mpirun launches on two cores
 def test_bench_read_against_a_baseline(tmp_path):
-    # the baseline is this package again, behind a symlink: another directory on PYTHONPATH
-    # (so the interleaving and the byte comparison run) that shares Numba's cache with it
+    # the baseline is this package again, behind a symlink: another directory on PYTHONPATH (so the
+    # interleaving and the byte comparison run); Numba keys its cache by the source path, so the
+    # baseline's warm-up compiles its kernels afresh (about 55 of the test's 90 s on two cores)
     base = tmp_path / "base"
     base.mkdir()
     (base / "mpikmeans").symlink_to(REPO / "mpikmeans")
