@@ -4,7 +4,9 @@
 ``rest``; at 3e5 x 257, K = 1000 (K x M = 257,000) the rest was 1.0-1.1 ms of a 1.6 ms
 steady full step on the H100 host once the sums by label made the kernels 0.34 ms
 (``bench/results/steady_D_H100_2026-11-26_s13_*``).  This times each compiled helper a
-step calls, with the arrays a step passes them, on this machine's threads.
+step calls, with the arrays a step passes them, on this machine's threads.  (The centres' moves
+for the kept bounds are made on the device since session 15: ``bounds.moves_kernel``;
+``bench/experiments/host_profile.py`` times the parts inside a real run on a GPU.)
 
     python3 bench/experiments/host_step_parts.py --k 1000 --m 257 --tc 128
 """
@@ -17,8 +19,7 @@ import time
 
 import numpy as np
 
-from mpikmeans.backends.gpu.bounds import moves_and_others
-from mpikmeans.backends.gpu.hostk import add_step, carry_kept, fill_centres
+from mpikmeans.backends.gpu.hostk import add_step, carry_kept, copy_centres, fill_centres
 from mpikmeans.backends.gpu.kept import KeptSums
 
 
@@ -55,7 +56,7 @@ def main() -> None:
     kept = KeptSums()
     parts = {
         "fill_centres": lambda: fill_centres(new, f32, sh, cc, cm, c64, zl),
-        "moves_and_others": lambda: moves_and_others(old, new),
+        "copy_centres (the GEMM path's fill)": lambda: copy_centres(new, c64),
         "kept centres copied (overlapped)": lambda: kept.spare(k, m).take(new),
         "add_step": lambda: add_step(dev, counts, d_dev, d_counts, new, out),
         "add_step fresh": lambda: add_step(dev, counts, d_dev, d_counts, new, out, True),
