@@ -293,7 +293,7 @@ _SIM_PROGRAM = textwrap.dedent(
     # not finite, and several blocks with rows longer than a warp
     from numba import cuda as SC
     from mpikmeans.backends.gpu import bounds as GB
-    from mpikmeans.backends.cpu.bounds import LOWER_MIN, bound_drops, bound_eps, centre_moves
+    from mpikmeans.backends.cpu.bounds import LOWER_MIN, bound_drops, centre_moves, move_margins
     rm = np.random.default_rng(0)
     o6 = rm.normal(size=(6, 9))
     mcases = [(o6, o6 + rm.normal(scale=[[0.1], [2.0], [0.3], [0.0], [1.5], [0.2]], size=o6.shape)),
@@ -311,7 +311,7 @@ _SIM_PROGRAM = textwrap.dedent(
             prev = SC.to_device(old.ravel().copy())
             p64 = SC.to_device(np.concatenate([[7.0, 7.0], new.ravel()]))  # the centres from offset 2
             GB.moves_kernel()[-(-km_ // (GB.MOVES_NT // 32)), GB.MOVES_NT](
-                p64, 2, prev, mvd, km_, mm_, bound_eps(mm_), np.sqrt(mm_) * 2.0 ** -500, test)
+                p64, 2, prev, mvd, km_, mm_, *move_margins(mm_), test)
             if test:
                 GB.drops_kernel()[1, GB.MOVES_NT](mvd, km_, LOWER_MIN)
             got = mvd.copy_to_host()

@@ -179,7 +179,7 @@ def test_centre_moves_threaded_form_is_bit_identical():
     new = old + r.normal(size=old.shape) * 1e-3
     assert old.size >= B._MOVES_THREADS_MIN
     one = np.empty(len(old))
-    B._moves_one(old, new, B.bound_eps(40), one)
+    B._moves_one(old, new, *B.move_margins(40), one)
     assert np.array_equal(B.centre_moves(old, new), one)
 
 

@@ -58,7 +58,7 @@ _LOWER_MAX = 1.0e150
 #: entries of one block of :func:`half_gaps`' centre-to-centre products
 _GAP_BLOCK = 1 << 21
 #: the most that one attribute whose difference is below 2^-500 adds to a move (its square underflows)
-SUBNORMAL_MOVE = 2.0 ** -500
+_SUBNORMAL_MOVE = 2.0 ** -500
 
 
 @njit(cache=True)
@@ -72,6 +72,13 @@ def bound_eps(m: int) -> float:
     return float(bound_eps_c(int(m)))
 
 
+def move_margins(m: int) -> tuple:
+    """``(eps, floor)`` of the upper bound ``sqrt(s) (1 + eps) + floor`` on a centre's move over ``m``
+    attributes (``s`` the float64 sum of squared differences, any order; ``floor``: what attributes
+    below the normal range add), for :func:`centre_moves` and the GPU's moves kernel."""
+    return bound_eps(m), float(np.sqrt(m)) * _SUBNORMAL_MOVE
+
+
 def centre_moves(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """Upper bounds on how far each centre moved.
 
@@ -82,14 +89,14 @@ def centre_moves(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     Returns
     -------
     ndarray, shape (k,), float64
-        ``sqrt(sum of squared differences) (1 + eps)`` plus the most that
-        attributes below float64's normal range can add; ``inf`` where that is
-        not finite.
+        ``sqrt(sum of squared differences) (1 + eps) + floor`` (:func:`move_margins`);
+        ``inf`` where that is not finite.
     """
     k, m = new.shape
     out = np.empty(k)
     moves = _moves_threads if k * m >= _MOVES_THREADS_MIN else _moves_one
-    moves(np.ascontiguousarray(old, np.float64), np.ascontiguousarray(new, np.float64), bound_eps(m), out)
+    eps, floor = move_margins(m)
+    moves(np.ascontiguousarray(old, np.float64), np.ascontiguousarray(new, np.float64), eps, floor, out)
     return out
 
 
@@ -99,11 +106,10 @@ _MOVES_THREADS_MIN = 1 << 15
 
 
 @njit(inline="always")
-def _moves(old, new, eps, out):  # pragma: no cover - compiled
+def _moves(old, new, eps, floor, out):  # pragma: no cover - compiled
     """:func:`centre_moves` into ``out`` in one pass (no K x M temporaries: 2.6e5 centre values a step
     on the GPU path's shapes)."""
     k, m = new.shape
-    floor = np.sqrt(m) * SUBNORMAL_MOVE
     for i in prange(k):
         s = 0.0
         for j in range(m):
@@ -114,13 +120,13 @@ def _moves(old, new, eps, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _moves_one(old, new, eps, out):  # pragma: no cover - compiled
-    _moves(old, new, eps, out)
+def _moves_one(old, new, eps, floor, out):  # pragma: no cover - compiled
+    _moves(old, new, eps, floor, out)
 
 
 @njit(cache=True, parallel=True)
-def _moves_threads(old, new, eps, out):  # pragma: no cover - compiled
-    _moves(old, new, eps, out)
+def _moves_threads(old, new, eps, floor, out):  # pragma: no cover - compiled
+    _moves(old, new, eps, floor, out)
 
 
 def half_gaps(centres: np.ndarray) -> np.ndarray:

@@ -48,7 +48,7 @@ import math
 
 import numpy as np
 
-from ..cpu.bounds import LOWER_MIN, SUBNORMAL_MOVE, bound_eps
+from ..cpu.bounds import LOWER_MIN, move_margins
 from .device import SIM, cuda, inline_device
 from .intrinsics import ldx, stx
 from .launch import Launch, Steps
@@ -82,7 +82,7 @@ def moves_kernel():
 
     Kernel arguments: ``p64`` float64, the step buffer, whose centres (k, m) start at ``c0``;
     ``prev`` float64 (k m,), the centres the bounds hold for; ``mv`` float64 (2k,); ``k``, ``m``;
-    ``eps`` and ``floor`` (the CPU bounds' margin ``4 (m + 4) u`` and ``sqrt(m) 2^-500``); ``test``.
+    ``eps`` and ``floor`` (the CPU bounds' :func:`~mpikmeans.backends.cpu.bounds.move_margins`); ``test``.
     Where ``test``, ``mv[i]`` becomes an upper bound on how far centre ``i`` moved from ``prev``:
     ``sqrt(s) (1 + eps) + floor`` with ``s`` the float64 sum of squared differences (a warp a centre,
     its lanes' partial sums added in lane order; ``inf`` where that is not finite), as the CPU
@@ -392,9 +392,8 @@ class DeviceBounds:
 
         kern = moves_kernel()
         dmv, prev = self.moves_buffers(k, m)
-        m = int(m)
-        args = (pack.dev, int(pack.layout.p64_c64), prev, dmv, int(k), m, float(bound_eps(m)),
-                float(math.sqrt(m) * SUBNORMAL_MOVE), int(test))
+        eps, floor = move_margins(int(m))
+        args = (pack.dev, int(pack.layout.p64_c64), prev, dmv, int(k), int(m), eps, floor, int(test))
         w = MOVES_NT // 32
         return Launch(kern, compiled("bounds_moves", (), kern, args), args, -(-int(k) // w), MOVES_NT, 0, stream,
                       fast)
