@@ -38,7 +38,11 @@ _PROGRAM = textwrap.dedent(
     assert SIM
     comm = world()
     r = np.random.default_rng(3)
-    n, m, k = 240, 5, 6
+    # the simulator runs every thread of a block in Python, so its time goes with the blocks of 32
+    # rows (240 rows took 40 s of mpirun launches): few rows, but two blocks or more on every rank at
+    # every rank count (100 / 3: 33, 33 and 34, uneven shares), so that a draw on the device still
+    # picks its block among several by their exact totals (exact.BlockFixed) before the row in it
+    n, m, k = 100, 5, 6
     centres = r.uniform(-10, 10, size=(k, m))
     x = centres[r.integers(0, k, n)] + r.normal(size=(n, m))
     w = r.uniform(0.5, 2.0, n)
