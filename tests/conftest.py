@@ -33,6 +33,10 @@ def _env() -> dict:
         "OMPI_MCA_oob_tcp_if_include": "lo",
         "PYTHONUNBUFFERED": "1",
     })
+    # Open MPI's libfabric transport (btl ofi) finds no provider in a sandbox, and its init fails
+    # only after about 1 s of wall time (0.03 s of CPU) in MPI_Init: every rank of the suite's
+    # hundreds of mpirun launches waited for it, then used sm/tcp/self as it does without it
+    env.setdefault("OMPI_MCA_btl", "^ofi")
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
     return env
 
