@@ -35,7 +35,7 @@ def _env() -> dict:
     })
     # Open MPI's libfabric transport (btl ofi) finds no provider in a sandbox, and its init fails
     # only after about 1 s of wall time (0.03 s of CPU) in MPI_Init: every rank of the suite's
-    # hundreds of mpirun launches waited for it, then used sm/tcp/self as it does without it
+    # mpirun launches waited that long, then went on with self, sm and tcp, as it does without it
     env.setdefault("OMPI_MCA_btl", "^ofi")
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
     return env

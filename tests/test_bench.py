@@ -31,9 +31,9 @@ def quick(tmp_path_factory):
     """One quick run of every sweep (about a minute on two cores).
 
     Two repeats, not the default three: each repeat of a point is one more launch of mpirun and
-    Python (about 2 s on two cores, the run itself under 1 s of it; 8 launches of the suite's
-    time), and two runs still give a minimum, median and maximum to check the order of, and a
-    count that shows the option reached every row.
+    Python (1-2 s on two cores, most of it the launch; 8 such launches a repeat), and two runs
+    still give a minimum, median and maximum to check the order of, and a count that shows the
+    option reached every row.
     """
     if mpirun_path() is None:
         pytest.skip("mpirun not found")

@@ -132,7 +132,8 @@ def _cache_shared_with(alias: Path):
     # where both versions' runs put Numba's cache: mpikmeans.cache.configure (run by the import
     # of mpikmeans above) chose it for this process, and its children choose the same
     root = os.environ.get("NUMBA_CACHE_DIR")
-    locator = getattr(caching, "UserProvidedCacheLocator", None) or getattr(caching, "_UserProvidedCacheLocator")
+    # older Numba (the project allows 0.59) names it with an underscore
+    locator = getattr(caching, "UserProvidedCacheLocator", None) or caching._UserProvidedCacheLocator
     links = []
     if root:
         package = REPO / "mpikmeans"
