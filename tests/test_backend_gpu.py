@@ -328,6 +328,48 @@ _SIM_PROGRAM = textwrap.dedent(
         mrecs.append(rec)
     print(json.dumps({"name": "device_moves", "cases": mrecs}), flush=True)
 
+    # the exact kernel with a flagged row's centres split over groups (recheck.RC_PARTS): K = 100 > the
+    # simulator's group of 32 threads, one or two rows flagged (its four groups: four or two parts a row,
+    # centre c in part (c // 32) % parts): rows at the exact midpoint of a centre in 32-63 (part 1) and its
+    # nearest one in 64-95 (part 0 or 2), first with the higher centre nudged towards the row (it takes
+    # the row), then with the centres as they were: a tie, flagged, the lower index, which only the merge
+    # of the parts finds; in an incremental step the exact kernel moves the row from one part's centre to
+    # another's
+    rs = np.random.default_rng(21)
+    cs = np.round(rs.uniform(-10, 10, size=(100, 4)))
+    dcc = ((cs[:, None] - cs[None]) ** 2).sum(2)
+    np.fill_diagonal(dcc, np.inf)
+    mids = []
+    for a in range(len(cs)):
+        b = int(np.argmin(dcc[a]))
+        row = (cs[a] + cs[b]) / 2
+        e = np.sort(((cs - row) ** 2).sum(1))
+        if a // 32 == 1 and b // 32 == 2 and e[0] == e[1] < e[2]:
+            mids.append((a, b, row))
+    xs = cs[rs.integers(0, 100, 60)] + 0.05 * rs.normal(size=(60, 4))
+    srecs = []
+    for count, tune in ((1, {"delta": "always"}), (2, {"gemm": True, "delta": "always"}), (2, {"split": True})):
+        xx = np.vstack([[r for _a, _b, r in mids[:count]], xs])
+        cpu = CPUBackend(threads=1)
+        cpu.load(xx)
+        gs = G.GPUBackend(tune=tune)
+        gs.load(xx)
+        moved = cs.copy()
+        for _a, b, r in mids[:count]:
+            moved[b] += 1e-3 * (r - moved[b])
+        for cc in (moved, cs):
+            a = cpu.step(cc)
+            b = gs.step(cc)
+            la, da = cpu.assign(cc)
+            lb, db = gs.assign(cc)
+            srecs.append({"count": count, "tune": tune, "flagged": gs.last_flagged, "delta": gs.last_delta,
+                          "labels_equal": bool(np.array_equal(la, lb)), "dist2_equal": bool(np.array_equal(da, db)),
+                          "changed": [a.changed, b.changed], "counts_equal": bool(np.array_equal(a.counts, b.counts)),
+                          "sums_abs": float(np.abs(a.sums - b.sums).max()), "sse_abs": float(abs(a.sse - b.sse)),
+                          "tie_labels": [int(v) for v in la[:count]]})
+        gs.close()
+    print(json.dumps({"name": "split_rows", "pairs": [[a, b] for a, b, _r in mids[:2]], "steps": srecs}), flush=True)
+
     # bench gpu's host timers (mpikmeans.bench.gpu.host_timers through host_breakdown) on a step that keeps
     # bounds: every part counted, the backend as it was afterwards (its module's functions, Kept.take, the
     # states' packs and launches)
@@ -459,6 +501,31 @@ def test_sim_moves_and_drops_made_on_the_device_are_the_cpu_bounds(sim):
     assert cases[1]["drops"][0] >= 5.0 and cases[1]["drops"][1] >= 5.0  # two equal largest: each sees the other
     assert cases[2]["drops"] == [1e-140]  # K = 1: no other centre
     assert all(v == float("inf") for v in cases[3]["drops"])  # another centre moved without bound
+
+
+def test_sim_exact_kernel_splits_a_flagged_rows_centres(sim):
+    """The exact kernel with one or two flagged rows and K = 100 centres (recheck.RC_PARTS: the rows' centres in
+    four or two parts, each part's best merged by the row's last part): with a pair's higher centre nudged
+    towards the row it takes the row, then the tie at the pair's midpoint gets the lower index, which is in
+    another part than the higher one (an incremental step moves the row through the exact kernel); labels,
+    distances, counts, sums and SSE as the CPU's."""
+    rec = sim["split_rows"]
+    assert len(rec["pairs"]) == 2, rec
+    for st in rec["steps"]:
+        assert st["labels_equal"] and st["dist2_equal"] and st["counts_equal"], st
+        assert st["changed"][0] == st["changed"][1], st
+        assert st["sums_abs"] <= 1e-12 and st["sse_abs"] <= 1e-12, st
+    lows = [a for a, _b in rec["pairs"]]
+    highs = [b for _a, b in rec["pairs"]]
+    for first, second in zip(rec["steps"][::2], rec["steps"][1::2]):
+        n = first["count"]
+        assert first["tie_labels"] == highs[:n], first  # the nudged centre took the row
+        assert second["tie_labels"] == lows[:n], second  # the tie: the lower index
+        # the ties flagged, no more than the simulator's four groups split (two rows at most)
+        assert second["flagged"] == n, second
+        assert second["changed"][1] == n, second
+    # the first two backends' second steps are incremental: the exact kernel moved the rows
+    assert [st["delta"] for st in rec["steps"][:4]] == [False, True, False, True], rec["steps"]
 
 
 def test_sim_bench_host_timers_count_every_part_and_unwrap(sim):

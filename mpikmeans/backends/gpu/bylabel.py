@@ -208,8 +208,12 @@ def walk_kernel(storage: str, weighted: bool, m_c: int, pack_c: tuple, rowmajor:
                     # loaded together (a constant count: the loop unrolls, the values stay in registers)
                     if q + B <= cnt and labs[q + B - 1] == lab:
                         for b in range(B):
-                            i = int64(rows[q + b])
-                            vals[b] = ldx(x, i * M_C + j) if ROWMAJOR else ldx(x, int64(j) * ld + i)
+                            # always true here: the test puts each load in a branch of its own, so that the
+                            # compiler issues the B loads before the first addition (unconditional, ptxas
+                            # interleaved them with the additions: a round trip to memory a row)
+                            if q + b < cnt:
+                                i = int64(rows[q + b])
+                                vals[b] = ldx(x, i * M_C + j) if ROWMAJOR else ldx(x, int64(j) * ld + i)
                         for b in range(B):
                             d = float64(vals[b]) - cj
                             wd = ws[q + b] * d if WEIGHTED else d

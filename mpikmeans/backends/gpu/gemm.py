@@ -449,6 +449,7 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
     layout = tuple(pack.layout)
     cmg = cuda.device_array(m * kpg, dtype=np.float32)
     ccg = cuda.device_array(kpg, dtype=np.float32)
+    ct = cuda.device_array(m * kpg, dtype=np.float64)  # the exact kernel's centres, attribute-major
     newlab = cuda.device_array(max(1, rows), dtype=np.int32)
     out = []
     if not pack.on_device:
@@ -461,7 +462,7 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
                       fast))
     rspec = (storage, int(k), m, kpg, layout)
     rk = prep_kernel(*rspec)
-    rargs = (pack.p32, pack.dev, cmg, ccg)
+    rargs = (pack.p32, pack.dev, cmg, ccg, ct)
     out.append(Launch(rk, compiled("gemm_prep", rspec, rk, rargs), rargs, 1 if SIM else kpg // PREP_C,
                       PREP_C * PREP_J, 0, stream, fast))
     from . import tensor
@@ -500,6 +501,7 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
         if keeps:
             listed.extend(sums)
     steps = Steps(out, grid)
+    steps.centres_t = (ct, kpg)
     if keeps:
         steps.listed = Steps(listed, grid)
         steps.newlab = None if delta else newlab

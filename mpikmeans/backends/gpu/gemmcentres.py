@@ -26,6 +26,10 @@ if cuda is not None:
 PREP_C, PREP_J = (16, 2) if SIM else (32, 8)
 #: attributes (threads) a block of the shift kernel
 SHIFT_NT = 32 if SIM else 128
+#: centres' values a thread of the shift kernel loads together before it adds them (in centre order):
+#: with one load an addition, its chain of K dependent round trips to memory took D's shift (K = 1000)
+#: 53 us of every step on three blocks (``bench/results/kernels_D_f32_H100_2026-11-26_s15_recheck.log``)
+SHIFT_BATCH = 16
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,7 +38,8 @@ def shift_kernel(storage: str, k_c: int, m_c: int, pack_c: tuple):
 
     A thread an attribute sums its centres' values in centre order and divides by ``k``, rounding to
     float32 for float32 rows: the bits :func:`.hostk.fill_centres` gives (the host's shift and copy of
-    the centres took 0.23-0.26 ms of D's step on the H100 host; the copy alone is left to it).
+    the centres took 0.23-0.26 ms of D's step on the H100 host; the copy alone is left to it), the loads
+    :data:`SHIFT_BATCH` at a time.
     Labels do not depend on the shift (the certificates hold for any), only which rows are flagged.
 
     Arguments: p32, p64 (the step buffer's float32 and float64 views).
@@ -44,12 +49,20 @@ def shift_kernel(storage: str, k_c: int, m_c: int, pack_c: tuple):
     L = PackLayout(*pack_c)
     P_C64, P_SH32, P_SH64 = int(L.p64_c64), int(L.p32_sh), int(L.p64_sh)
 
+    B = SHIFT_BATCH
+
     def km_gemm_shift(p32, p64):
         j = cuda.blockIdx.x * SHIFT_NT + cuda.threadIdx.x
+        cv = cuda.local.array(B, dtype=float64)
         if j < M_C:
             t = 0.0
-            for c in range(K_C):
-                t += ldx(p64, P_C64 + c * M_C + j)
+            for cb in range(0, K_C, B):
+                for q in range(B):
+                    if cb + q < K_C:
+                        cv[q] = ldx(p64, P_C64 + (cb + q) * M_C + j)
+                for q in range(B):
+                    if cb + q < K_C:
+                        t += cv[q]
             t = t / K_C
             if F32:
                 stx(p32, P_SH32 + j, float32(t))
@@ -70,7 +83,11 @@ def prep_kernel(storage: str, k_c: int, m_c: int, kpg_c: int, pack_c: tuple):
     block takes :data:`PREP_C` centres, each with :data:`PREP_J` threads on its attributes (the host's
     fill of 1000 x 257 centres took 0.25-0.4 ms a step, its tiles then repacked on the device).
 
-    Arguments: p32, p64 (the step buffer's float32 and float64 views), cmg (m * kpg,), ccg (kpg,).
+    It also writes ``ct[j * kpg + c]``, the centres' float64 values attribute-major, which the exact
+    kernel searches a flagged row's centres in (:func:`.recheck.recheck_kernel`'s ``ct_pitch``).
+
+    Arguments: p32, p64 (the step buffer's float32 and float64 views), cmg (m * kpg,), ccg (kpg,),
+    ct (float64, m * kpg).
     """
     F32 = storage == "float32"
     K_C, M_C, KPG = int(k_c), int(m_c), int(kpg_c)
@@ -79,7 +96,7 @@ def prep_kernel(storage: str, k_c: int, m_c: int, kpg_c: int, pack_c: tuple):
     INF = np.float32(np.inf)
     TWO = np.float32(-2.0)
 
-    def km_gemm_prep(p32, p64, cmg, ccg):
+    def km_gemm_prep(p32, p64, cmg, ccg, ct):
         part = cuda.shared.array((PREP_J, PREP_C), dtype=float64)
         bad = cuda.shared.array((PREP_J, PREP_C), dtype=int32)
         tx = cuda.threadIdx.x % PREP_C
@@ -97,6 +114,7 @@ def prep_kernel(storage: str, k_c: int, m_c: int, kpg_c: int, pack_c: tuple):
                         nonfinite = 1
                     z = float32(v - s)
                     norm += float64(z) * float64(z)
+                    stx(ct, j * KPG + c, v)
                 stx(cmg, j * KPG + c, z * TWO)
             cuda.syncthreads()  # the last round's sums are read
             part[ty, tx] = norm

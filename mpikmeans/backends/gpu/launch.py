@@ -211,6 +211,9 @@ class Steps:
         #: :func:`.gemm.step_launches`
         self.listed = None
         self.newlab = None
+        #: the centres' attribute-major float64 copy the launches make, and its pitch, for the exact
+        #: kernel (:func:`.recheck.recheck_kernel`'s ``ct``); None where they make none
+        self.centres_t = None
 
     def __call__(self) -> None:
         for launch in self.launches:
@@ -224,14 +227,21 @@ def pinned(n: int, dtype) -> np.ndarray:
         return np.empty(n, dtype=dtype)
 
 
+#: outputs of a step buffer from which the upload clears them with a memset rather than copying
+#: zeros from the host (a memset is one more operation on the stream: not for a few bytes)
+MEMSET_OUTPUTS = 64 * 1024
+
+
 class Pack:
     """The step buffer of one (k, plan) on the device, with pinned host mirrors.
 
     ``hin`` mirrors the whole buffer: the centre data, written in place each step,
     and zeros for the outputs, which are never written on the host.  Uploading it
-    therefore also clears the sums, counts, SSE and counters: no zeroing kernel.
-    ``hout`` receives the outputs.  Both copies are asynchronous on the legacy
-    default stream, so a step synchronises once.
+    therefore also clears the sums, counts, SSE and counters: no zeroing kernel.  Where
+    the outputs take :data:`MEMSET_OUTPUTS` bytes or more, the upload copies the inputs
+    alone and a memset on the same stream clears the outputs (D's 2 MB of sums were
+    copied from the host's zeros every step).  ``hout`` receives the outputs.  The
+    copies are asynchronous on the legacy default stream, so a step synchronises once.
     """
 
     def __init__(self, k: int, m: int, TC: int, nct: int, storage: str, nslots: int, on_device: bool = False):
@@ -282,6 +292,7 @@ class Pack:
             cub = cu()
             self._h2d = cub.cuMemcpyHtoDAsync
             self._d2h = cub.cuMemcpyDtoHAsync
+            self._memset = cub.cuMemsetD32Async
 
     def fill(self, centres: np.ndarray) -> None:
         """Write this step's centre data into the pinned input buffer (host only): all of it, or where
@@ -296,6 +307,9 @@ class Pack:
         """Inputs and zeroed outputs to the device: one asynchronous copy."""
         if SIM:
             self.dev.copy_to_device(self.hin)
+        elif self.total - self.out0 >= MEMSET_OUTPUTS:
+            cucheck(self._h2d(self._dptr, self._hin_ptr, self.out0, 0), "cuMemcpyHtoDAsync")
+            cucheck(self._memset(self._dptr + self.out0, 0, (self.total - self.out0) // 4, 0), "cuMemsetD32Async")
         else:
             cucheck(self._h2d(self._dptr, self._hin_ptr, self.total, 0), "cuMemcpyHtoDAsync")
 

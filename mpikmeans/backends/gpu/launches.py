@@ -16,7 +16,7 @@ from .device import SIM, cuda
 from .kernels import fused_kernel
 from .launch import Launch, Pack, Steps, prepare
 from .plan import MODE_ASSIGN, MODE_STEP_DELTA, MODE_STEP_SPLIT, Plan, round_up
-from .recheck import RC_BLOCKS_SM, RC_WARPS, recheck_kernel, row_threads
+from .recheck import RC_BLOCKS_SM, RC_WARPS, part_scratch, recheck_kernel, row_threads
 from .sums import sums_launch
 
 #: the row-major copy of the rows for pass 1 on listed rows is made only where it leaves this many
@@ -114,6 +114,7 @@ class StepLaunches:
         where :meth:`gemm_wanted`), and where the plan keeps bounds the (centres' moves and bounds test, fused
         on the rows it lists, the centres kept for the next step's moves alone) triple, else None."""
         keeps = not assign and self._keeps_bounds(plan, k)
+        ct, ct_pitch = self._dummy, 0  # the exact kernel reads the step buffer's centres
         if self.gemm_wanted(plan, assign):
             # a full step's sums (:mod:`.bylabel`) and the screen of the rows the bounds test lists read the
             # rows from the row-major copy where there is one
@@ -124,6 +125,7 @@ class StepLaunches:
                                        bool(self.tune.get("centre_groups", True)))
             self.last_grid = fused.grid
             newlab, listed = fused.newlab, fused.listed
+            ct, ct_pitch = fused.centres_t
         elif plan.mode == MODE_STEP_SPLIT and not keeps and self._sums_assign(plan, k):
             # a split step without bounds on a shape whose sums kernel finds the labels itself: one kernel
             # (pass 1 is neither compiled nor launched)
@@ -163,13 +165,15 @@ class StepLaunches:
             bounds = (bd.test_launch(labels, k, self.m, pack, newlab, self._dummyi, self.limits, stream, self._fast,
                                      rpt), listed, bd.moves_launch(k, self.m, pack, stream, self._fast, False))
         group = row_threads(k, self.tune)
-        rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta, group)
+        rspec = (self.dtype, self.rows.weighted, assign, k, self.m, tuple(pack.layout), delta, group, int(ct_pitch))
         rk = recheck_kernel(*rspec)
-        rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot))
-        # a group of threads per flagged row; with none flagged each block reads the count and returns
+        # a group of threads per flagged row (or part of one); with none flagged each block reads the count
+        # and returns
         per_block = 32 * RC_WARPS // group
         rgrid = 1 if SIM else max(1, min(int(self.tune.get("rc_blocks", RC_BLOCKS_SM)) * self.limits.sm_count,
                                          -(-rows // per_block)))
+        rargs = (x, int(self.rows.ld), pack.dev, pack.ctr, labels, flags, w, dist2, int(fslot), ct,
+                 *part_scratch(rgrid * per_block))
         recheck = Launch(rk, compiled("recheck", rspec, rk, rargs), rargs, rgrid, 32 * RC_WARPS, 0, stream,
                          self._fast)
         self.last_fast_launch = fused.fast and recheck.fast

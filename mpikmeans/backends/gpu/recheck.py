@@ -39,6 +39,22 @@ RC_BATCH_STAGED = 16
 RC_MAXREG = 65536 // (RC_BLOCKS_SM * 32 * RC_WARPS)
 
 
+#: the most parts a flagged row's centres are split into (:func:`recheck_kernel`): where few rows are
+#: flagged, a row's search was one block streaming all K x M centres through one multiprocessor (D's late
+#: steps: 96 us for 64 rows, 16 % of the multiprocessors' cycles active, ncu
+#: ``bench/results/ncu_recheck_D_f32_H100_2026-11-26_s16.txt``)
+RC_PARTS = 8
+
+
+def part_scratch(slots: int) -> tuple:
+    """The exact kernel's scratch for splitting rows over ``slots`` groups (the launch's blocks x groups a
+    block): each part's best distance and index, the squared distance to the old centre, and the parts
+    done of each row (zero; the kernel leaves them zero)."""
+    n = max(1, int(slots))
+    return (cuda.device_array(n, dtype=np.float64), cuda.device_array(n, dtype=np.int32),
+            cuda.device_array(n, dtype=np.float64), cuda.to_device(np.zeros(n, dtype=np.int32)))
+
+
 #: the simulator's groups are one warp unless ``tune={"rc_threads": T}`` asks for more (a thread per thread:
 #: larger groups took its scenarios' flagged rows a third longer; one scenario tests them)
 SIM_ROW_THREADS = 32
@@ -62,7 +78,7 @@ def row_threads(k: int, tune: dict | None = None) -> int:
 
 @functools.lru_cache(maxsize=None)
 def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: int, pack_c: tuple,
-                   delta: bool = False, threads: int = 32):
+                   delta: bool = False, threads: int = 32, ct_pitch: int = 0):
     """Exact float64 assignment of the flagged rows, a group of ``threads`` (:func:`row_threads`) per row.
 
     The group's threads split the centres; each computes ``sum_j (x_j - c_kj)^2`` in float64
@@ -81,10 +97,25 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
     ``delta`` only a row whose label changed moves: ``x - c_old``, its count and its
     squared distance to the old centre leave, the same for the new one join.
 
+    With ``ct_pitch`` the search reads the centres from ``ct``, their attribute-major float64 copy
+    (``ct[j * ct_pitch + c]``, the GEMM path's :func:`.gemmcentres.prep_kernel` writes it): a warp's
+    load is then 32 consecutive centres' values of one attribute (one 256-byte stretch), where from
+    the step buffer's row-major centres each lane's load is a cache line of its own (D's late steps'
+    kernel: about 100 us for 64 flagged rows, a row's 2 MB of centres read as 8 MB of sectors).  The
+    same values are added in the same order: the distances' bits do not change.
+
+    Where the flagged rows leave groups of the launch idle (``nflag * P`` of its ``gridDim.x * G``
+    groups, ``P`` the largest power of two up to :data:`RC_PARTS` that fits), a row's centres are
+    split into ``P`` parts (centre ``c`` in part ``(c // T) % P``), each searched by a group of its
+    own, which leaves its best distance and index in the scratch (:func:`part_scratch`); the
+    row's last part to finish (a counter a row) takes the least (distance, index) of the parts,
+    the lowest index on ties as before, and assigns and adds the row.
+
     Arguments: x, ld, p64, ctr, labels, flags, w, dist2, fslot (as in
-    :func:`.kernels.fused_kernel`).  It is launched after every fused launch, with no host
-    round trip: it reads the flagged count ``ctr[fslot]`` on the device, and with
-    none flagged every block returns at once.
+    :func:`.kernels.fused_kernel`), ct (float64; a one-value stand-in without ``ct_pitch``), and
+    the scratch pd, pi, pod, pcnt of :func:`part_scratch` for the launch's groups.  It is
+    launched after every fused launch, with no host round trip: it reads the flagged count
+    ``ctr[fslot]`` on the device, and with none flagged every block returns at once.
     """
     NT = 32 * RC_WARPS
     T = int(threads)
@@ -100,13 +131,16 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
     pack = PackLayout(*pack_c)
     P_C64, P_SUMS, P_CNT, P_SSE = int(pack.p64_c64), int(pack.p64_sums), int(pack.p64_cnt), int(pack.p64_sse)
     I_CHG = int(pack.i64_chg)
+    CTP = int(ct_pitch)
+    PMAX = RC_PARTS if K_C > T else 1  # a row's centres in more parts than groups of T: no use
 
-    def km_recheck(x, ld, p64, ctr, labels, flags, w, dist2, fslot):
+    def km_recheck(x, ld, p64, ctr, labels, flags, w, dist2, fslot, ct, pd, pi, pod, pcnt):
         bd_s = cuda.shared.array(NT, dtype=float64)
         bi_s = cuda.shared.array(NT, dtype=int32)
         xs = cuda.shared.array(XS, dtype=float64)  # the group's row (STAGED)
         old_s = cuda.shared.array(G, dtype=int32)
         od_s = cuda.shared.array(G, dtype=float64)
+        last_s = cuda.shared.array(G, dtype=int32)  # the group finished its row's last part
         tid = cuda.threadIdx.x
         lane = tid % T  # the thread's place in its row's group
         wib = tid // T  # the group
@@ -119,8 +153,14 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
         sse_w = 0.0
         changed_w = 0
         step = cuda.gridDim.x * G
-        for base in range(cuda.blockIdx.x * G, nflag, step):
-            f = base + wib
+        # parts a row: as many as leave no group of the launch twice busy
+        parts = 1
+        while parts < PMAX and nflag * parts * 2 <= step:
+            parts *= 2
+        for base in range(cuda.blockIdx.x * G, nflag * parts, step):
+            u = base + wib
+            f = u // parts
+            part = u - f * parts
             bd = F64_INF
             bi = k
             i = flags[f] if f < nflag else 0
@@ -131,7 +171,7 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
                 cuda.syncthreads()
             if f < nflag:
                 old = labels[i] if DELTA else -1
-                for kk in range(lane, k, T):
+                for kk in range(part * T + lane, k, T * parts):
                     d = 0.0
                     cb = P_C64 + kk * m
                     for jb in range(0, m, B):
@@ -140,7 +180,7 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
                             if j < m:
                                 if not STAGED:
                                     xv[q] = float64(ldx(x, j * ld + i))
-                                cv[q] = ldx(p64, cb + j)
+                                cv[q] = ldx(ct, j * CTP + kk) if CTP else ldx(p64, cb + j)
                         for q in range(B):
                             if jb + q < m:
                                 t = (xs[xo + jb + q] if STAGED else xv[q]) - cv[q]
@@ -160,6 +200,31 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
                     if dq < bd or (dq == bd and iq < bi):
                         bd = dq
                         bi = iq
+                last = 1
+                if parts > 1:
+                    # this part's best for the row's last part to take (its stores seen before the count)
+                    pd[u] = bd
+                    pi[u] = bi
+                    if DELTA and old >= 0 and (old // T) % parts == part:
+                        pod[f] = od_s[wib]
+                    cuda.threadfence()
+                    last = 1 if cuda.atomic.add(pcnt, f, 1) == parts - 1 else 0
+                    if last != 0:
+                        pcnt[f] = 0  # ready for the next launch
+                        bd = F64_INF
+                        bi = k
+                        for q in range(parts):  # every part's best, read through L2 (atomics)
+                            dq = cuda.atomic.add(pd, f * parts + q, 0.0)
+                            iq = cuda.atomic.add(pi, f * parts + q, 0)
+                            if dq < bd or (dq == bd and iq < bi):
+                                bd = dq
+                                bi = iq
+                        if DELTA and old >= 0:
+                            od_s[wib] = cuda.atomic.add(pod, f, 0.0)
+                last_s[wib] = last
+                if last == 0:
+                    bi_s[tid] = -1  # another part's group assigns and adds the row
+            if f < nflag and lane == 0 and last_s[wib] != 0:
                 if bi >= k:  # every distance NaN: label 0 and an infinite distance, as the CPU does
                     bi = 0
                     bd = F64_INF
