@@ -42,7 +42,8 @@ RC_MAXREG = 65536 // (RC_BLOCKS_SM * 32 * RC_WARPS)
 #: the most parts a flagged row's centres are split into (:func:`recheck_kernel`): where few rows are
 #: flagged, a row's search was one block streaming all K x M centres through one multiprocessor (D's late
 #: steps: 96 us for 64 rows, 16 % of the multiprocessors' cycles active, ncu
-#: ``bench/results/ncu_recheck_D_f32_H100_2026-11-26_s16.txt``)
+#: ``bench/results/ncu_recheck_D_f32_H100_2026-11-26_s16.txt``; split, 34-39 us,
+#: ``kernels_D_f32_H100_2026-11-26_s16_split.log``)
 RC_PARTS = 8
 
 
@@ -100,9 +101,10 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
     With ``ct_pitch`` the search reads the centres from ``ct``, their attribute-major float64 copy
     (``ct[j * ct_pitch + c]``, the GEMM path's :func:`.gemmcentres.prep_kernel` writes it): a warp's
     load is then 32 consecutive centres' values of one attribute (one 256-byte stretch), where from
-    the step buffer's row-major centres each lane's load is a cache line of its own (D's late steps'
-    kernel: about 100 us for 64 flagged rows, a row's 2 MB of centres read as 8 MB of sectors).  The
-    same values are added in the same order: the distances' bits do not change.
+    the step buffer's row-major centres each lane's load is a cache line of its own.  The same values
+    are added in the same order: the distances' bits do not change.  (Alone it left D's late steps'
+    kernel at 96 us: one block a row was bound by the bytes it keeps in flight; the split below is
+    what shortened it.)
 
     Where the flagged rows leave groups of the launch idle (``nflag * P`` of its ``gridDim.x * G``
     groups, ``P`` the largest power of two up to :data:`RC_PARTS` that fits), a row's centres are
@@ -153,7 +155,8 @@ def recheck_kernel(storage: str, weighted: bool, assign: bool, k_c: int, m_c: in
         sse_w = 0.0
         changed_w = 0
         step = cuda.gridDim.x * G
-        # parts a row: as many as leave no group of the launch twice busy
+        # parts a row: the most (a power of two up to PMAX) whose work items all fit the launch's groups
+        # at once (none of them then waits for a second round)
         parts = 1
         while parts < PMAX and nflag * parts * 2 <= step:
             parts *= 2
