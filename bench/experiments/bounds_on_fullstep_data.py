@@ -32,6 +32,24 @@ def fullstep_rows(argv):
     return x, x[:k].copy(), n, m, k, noise, iterations
 
 
+def moves_and_others(c, prev):
+    """Each centre's move from ``prev`` to ``c``, and for each the largest move of any other centre."""
+    moves = np.sqrt(((c - prev) ** 2).sum(1))
+    order = np.argsort(moves)[::-1]
+    return moves, np.where(np.arange(len(c)) == order[0], moves[order[1]], moves[order[0]])
+
+
+def label_means(x, labels, c):
+    """The next centres: each cluster's mean, ``c``'s row where a cluster is empty."""
+    counts = np.bincount(labels, minlength=len(c))
+    sums = np.zeros(c.shape)
+    np.add.at(sums, labels, x)
+    good = counts > 0
+    out = c.copy()
+    out[good] = sums[good] / counts[good, None]
+    return out
+
+
 def main():
     x, c, n, m, k, noise, iterations = fullstep_rows(sys.argv[1:])
     be = CPUBackend()

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bounds_on_fullstep_data import fullstep_rows  # noqa: E402  (the same rows, the same start)
+from bounds_on_fullstep_data import fullstep_rows, label_means, moves_and_others  # noqa: E402  (the same rows, start)
 
 CHUNK = 20_000
 
@@ -82,9 +82,7 @@ def main():
           "in groups below the upper bound")
     for it in range(1, iterations + 1):
         if prev is not None:
-            moves = np.sqrt(((c - prev) ** 2).sum(1))
-            order = np.argsort(moves)[::-1]
-            others = np.where(np.arange(k) == order[0], moves[order[1]], moves[order[0]])
+            moves, others = moves_and_others(c, prev)
             own = moves[labels]
             ub1, lb1 = ub1 + own, lb1 - others[labels]
             drift = np.zeros(g)
@@ -105,12 +103,7 @@ def main():
         print(f"{it:3d} {changed:9d} {fail1.sum():9d} ({fail1.mean():.3f}) {len(failg):9d} ({len(failg) / n:.3f}) "
               f"{share:.3f}", flush=True)
         prev = c.copy()
-        counts = np.bincount(labels, minlength=k)
-        sums = np.zeros((k, m))
-        np.add.at(sums, labels, x)
-        good = counts > 0
-        c = c.copy()
-        c[good] = sums[good] / counts[good, None]
+        c = label_means(x, labels, c)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bounds_on_fullstep_data import fullstep_rows  # noqa: E402  (the same rows, the same start)
+from bounds_on_fullstep_data import fullstep_rows, label_means, moves_and_others  # noqa: E402  (the same rows, start)
 
 
 def search(x, xx, rows, c):
@@ -42,9 +42,7 @@ def main():
           "labels changed, rows failing the test, of them failing with the upper bound tightened")
     for it in range(1, iterations + 1):
         if prev is not None:
-            moves = np.sqrt(((c - prev) ** 2).sum(1))
-            order = np.argsort(moves)[::-1]
-            others = np.where(np.arange(k) == order[0], moves[order[1]], moves[order[0]])
+            moves, others = moves_and_others(c, prev)
             ub = ub + moves[np.maximum(labels, 0)]
             lb = lb - others[np.maximum(labels, 0)]
         fail = np.nonzero(~(ub < lb) | (labels < 0))[0]
@@ -61,12 +59,7 @@ def main():
         print(f"{it:3d} {changed:9d} {len(fail):9d} ({len(fail) / n:.3f}) {len(still):9d} ({len(still) / n:.3f})",
               flush=True)
         prev = c.copy()
-        counts = np.bincount(labels, minlength=k)
-        sums = np.zeros((k, m))
-        np.add.at(sums, labels, x)
-        good = counts > 0
-        c = c.copy()
-        c[good] = sums[good] / counts[good, None]
+        c = label_means(x, labels, c)
 
 
 if __name__ == "__main__":
