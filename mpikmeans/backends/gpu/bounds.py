@@ -74,6 +74,8 @@ TEST_RPT = 4
 
 #: threads a block of the moves kernel (a warp a centre) and of the drops kernel
 MOVES_NT = 64 if SIM else 256
+#: attributes a lane of the moves kernel loads together (its chain: one load and addition at a time)
+MOVES_BATCH = 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,6 +95,7 @@ def moves_kernel():
     """
     NT = MOVES_NT
     W = NT // 32
+    MB = MOVES_BATCH
     F64_INF = np.float64(np.inf)
 
     def km_moves(p64, c0, prev, mv, k, m, eps, floor, test):
@@ -101,14 +104,26 @@ def moves_kernel():
         lane = tid % 32
         i = cuda.blockIdx.x * W + tid // 32
         s = 0.0
+        cv = cuda.local.array(MB, dtype=float64)
+        pv = cuda.local.array(MB, dtype=float64)
         if i < k:
             base = i * m
-            for j in range(lane, m, 32):
-                c = p64[c0 + base + j]
-                if test != 0:
-                    d = c - prev[base + j]
-                    s += d * d
-                prev[base + j] = c
+            for jb in range(lane, m, 32 * MB):
+                # a lane's MB values (and the kept ones) loaded before any is used or overwritten: one
+                # at a time, each waited for its load, behind the last store to ``prev``
+                for q in range(MB):
+                    j = jb + 32 * q
+                    if j < m:
+                        cv[q] = p64[c0 + base + j]
+                        if test != 0:
+                            pv[q] = prev[base + j]
+                for q in range(MB):
+                    j = jb + 32 * q
+                    if j < m:
+                        if test != 0:
+                            d = cv[q] - pv[q]
+                            s += d * d
+                        prev[base + j] = cv[q]
         part[tid] = s
         cuda.syncthreads()
         if test != 0 and lane == 0 and i < k:

@@ -24,6 +24,9 @@ if cuda is not None:
 #: centres and attribute lanes of a block of the prep kernel (the simulator runs a thread per thread:
 #: fewer, and one block)
 PREP_C, PREP_J = (16, 2) if SIM else (32, 8)
+#: attributes a thread of the prep kernel loads (with the shift's) before it uses them, in attribute
+#: order as before: one at a time, each a round trip to memory (D: 33 a thread, 13-17 us a step)
+PREP_BATCH = 8
 #: attributes (threads) a block of the shift kernel
 SHIFT_NT = 32 if SIM else 128
 #: centres' values a thread of the shift kernel loads together before it adds them (in centre order):
@@ -95,27 +98,37 @@ def prep_kernel(storage: str, k_c: int, m_c: int, kpg_c: int, pack_c: tuple):
     P_C64, P_SH32, P_SH64, P_ZL = int(L.p64_c64), int(L.p32_sh), int(L.p64_sh), int(L.p32_zl)
     INF = np.float32(np.inf)
     TWO = np.float32(-2.0)
+    PB = PREP_BATCH
 
     def km_gemm_prep(p32, p64, cmg, ccg, ct):
         part = cuda.shared.array((PREP_J, PREP_C), dtype=float64)
         bad = cuda.shared.array((PREP_J, PREP_C), dtype=int32)
         tx = cuda.threadIdx.x % PREP_C
         ty = cuda.threadIdx.x // PREP_C
+        vv = cuda.local.array(PB, dtype=float64)
+        ss = cuda.local.array(PB, dtype=float64)
         for cb in range(cuda.blockIdx.x, KPG // PREP_C, cuda.gridDim.x):
             c = cb * PREP_C + tx
             norm = 0.0
             nonfinite = 0
-            for j in range(ty, M_C, PREP_J):
-                z = float32(0.0)
-                if c < K_C:
-                    v = ldx(p64, P_C64 + c * M_C + j)
-                    s = float64(ldx(p32, P_SH32 + j)) if F32 else ldx(p64, P_SH64 + j)
-                    if v - v != 0.0:  # inf - inf and NaN - NaN are NaN
-                        nonfinite = 1
-                    z = float32(v - s)
-                    norm += float64(z) * float64(z)
-                    stx(ct, j * KPG + c, v)
-                stx(cmg, j * KPG + c, z * TWO)
+            for jb in range(ty, M_C, PREP_J * PB):
+                for q in range(PB):  # the batch's loads first (see PREP_BATCH)
+                    j = jb + q * PREP_J
+                    if c < K_C and j < M_C:
+                        vv[q] = ldx(p64, P_C64 + c * M_C + j)
+                        ss[q] = float64(ldx(p32, P_SH32 + j)) if F32 else ldx(p64, P_SH64 + j)
+                for q in range(PB):
+                    j = jb + q * PREP_J
+                    if j < M_C:
+                        z = float32(0.0)
+                        if c < K_C:
+                            v = vv[q]
+                            if v - v != 0.0:  # inf - inf and NaN - NaN are NaN
+                                nonfinite = 1
+                            z = float32(v - ss[q])
+                            norm += float64(z) * float64(z)
+                            stx(ct, j * KPG + c, v)
+                        stx(cmg, j * KPG + c, z * TWO)
             cuda.syncthreads()  # the last round's sums are read
             part[ty, tx] = norm
             bad[ty, tx] = nonfinite
