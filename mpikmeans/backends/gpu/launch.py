@@ -304,7 +304,8 @@ class Pack:
             fill_centres(c, self.f32, self.sh, self.cc, self.cm, self.c64, self.zl)
 
     def upload(self) -> None:
-        """Inputs and zeroed outputs to the device: one asynchronous copy."""
+        """Inputs and zeroed outputs to the device: one asynchronous copy, or where the outputs take
+        :data:`MEMSET_OUTPUTS` bytes or more, a copy of the inputs and a memset of the outputs (same stream)."""
         if SIM:
             self.dev.copy_to_device(self.hin)
         elif self.total - self.out0 >= MEMSET_OUTPUTS:
