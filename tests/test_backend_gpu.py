@@ -52,6 +52,17 @@ _SIM_PROGRAM = textwrap.dedent(
         start = c + r.normal(scale=0.7, size=c.shape)
         return x, start
 
+    def near_ties(n, m, k, seed):
+        # blobs and their centres, the first n // 2 rows moved near the midpoint of centres 0 and 1: their two
+        # nearest squared distances differ by less than the TF32 screen's certificate allows, by more than the
+        # float32 screen's (tensor.py's cascade)
+        x, c = blobs(n, m, k, seed)
+        r = np.random.default_rng(seed)
+        half = n // 2
+        x[:half] = (c[0] + c[1]) / 2 + r.normal(size=(half, m)) * 0.01 + np.outer(r.uniform(-1e-3, 1e-3, half),
+                                                                                 c[1] - c[0])
+        return x, c
+
     def compare(name, x, cent, dtype="float64", chunk=None, weights=None, tune=None, iters=2):
         _count[0] += 1
         if (_count[0] - 1) % PARTS != PART:
@@ -64,6 +75,7 @@ _SIM_PROGRAM = textwrap.dedent(
         for _ in range(iters):
             a = cpu.step(cent)
             b = gpu.step(cent)
+            cascaded = gpu.last_cascaded  # before the assignment below launches its own kernels
             out["plans"].append([gpu.last_plan.mode, gpu.last_plan.R, gpu.last_plan.TC,
                                  gpu.last_plan.nct, gpu.last_plan.centres_shared, gpu.last_kernels])
             flagged = gpu.last_flagged
@@ -81,6 +93,7 @@ _SIM_PROGRAM = textwrap.dedent(
                 "changed": [a.changed, b.changed],
                 "dist2_rel": float(np.abs(da - db).max() / max(da.max(), 1e-300)),
                 "flagged": flagged,
+                "cascaded": cascaded,  # rows the TF32 screen left to the float32 screen (tensor.py)
                 "searched": gpu.last_searched,  # rows pass 1 searched (bounds.py)
                 "tested": gpu.last_bounds_tested,
                 "tf32": bool(getattr(gpu, "tf32", False)),  # the GEMM screen of the steps to come
@@ -198,6 +211,15 @@ _SIM_PROGRAM = textwrap.dedent(
     compare("tf32_wide_ties", x4, np.vstack([c4, c4[:1]]), tune=t, iters=1)
     compare("tf32_centre_tiles", x8[:130], c8, tune=t, iters=1)
     compare("tf32_delta", x6[:130], x6[:40].copy(), tune=dict(t, delta="always"), iters=3)
+    # the cascade (tensor.py, the default with TF32): rows near a midpoint go to the float32 screen, none to
+    # the exact kernel; without it the same rows go to the exact kernel; with kept bounds, a listed row tile
+    # below tf32_min_tiles goes to the float32 screen whole (one attribute slice, one row tile: the
+    # simulator's emulated products are slow)
+    xn, cn = near_ties(100, 16, 6, 21)
+    compare("tf32_cascade", xn, cn, tune=t, iters=1)
+    compare("tf32_no_cascade", xn, cn, tune=dict(t, tf32_cascade=False), iters=1)
+    compare("tf32_listed_declined", xn, xn[:6].copy(), tune=dict(t, bounds=True, delta="never", tf32_min_tiles=2),
+            iters=4)
 
     # kept bounds (bounds.py), forced on (these shapes are below the rule that takes them): from
     # rows as centres labels move for several steps, then pass 1 searches only the rows whose
@@ -472,13 +494,41 @@ def test_sim_gemm_screen_matches_cpu(sim, screen, case):
         _assert_parity(rec)
     if case == "wide_ties":  # the duplicated centre's rows are exact ties: flagged, lowest index
         assert rec["steps"][0]["flagged"] > 0, rec
-    if screen == "tf32":  # more than 1 % of the rows (+ 16) flagged: the float32 screen takes over (backend.py)
-        from mpikmeans.backends.gpu.tensor import TF32_FLAG_LIMIT, TF32_FLAG_SLACK
+    if screen == "tf32":  # the rows TF32 left to the float32 screen decide the next screen (backend.py)
+        from mpikmeans.backends.gpu.tensor import next_screen
 
         first = rec["steps"][0]
-        assert first["tf32"] is (first["flagged"] <= TF32_FLAG_LIMIT * rec["n"] + TF32_FLAG_SLACK), rec
+        assert first["tf32"] is next_screen(True, first["cascaded"], first["searched"], True), rec
+        # a full step's rows for the exact kernel are among those the float32 screen took
+        assert first["flagged"] <= first["cascaded"], rec
         if case == "wide_ties":
-            assert first["tf32"] is False, rec
+            assert first["cascaded"] > 0, rec
+    else:
+        assert all(st["cascaded"] == 0 for st in rec["steps"]), rec
+
+
+def test_sim_tf32_cascade_sends_uncertified_rows_to_the_float32_screen(sim):
+    """Rows whose nearest two centres TF32 cannot tell apart go to the float32 screen, which certifies them:
+    none reaches the exact kernel, and the labels, counts, sums and SSE are the CPU's.  Without the cascade the
+    same rows go to the exact kernel (and the float32 screen takes over the next steps)."""
+    on, off = sim["tf32_cascade"], sim["tf32_no_cascade"]
+    _assert_parity(on)
+    _assert_parity(off)
+    a, b = on["steps"][0], off["steps"][0]
+    assert a["cascaded"] >= 50 and a["flagged"] == 0, a  # the 50 rows moved near the midpoint at least
+    assert b["cascaded"] == 0 and b["flagged"] == a["cascaded"], b
+    assert a["tf32"] is False and b["tf32"] is False  # more than 30 % (cascade) or 1 % (not) of the rows left
+
+
+def test_sim_tf32_cascade_leaves_a_short_listed_launch_to_the_float32_screen(sim):
+    """With kept bounds, a step whose listed rows fill fewer row tiles than ``tf32_min_tiles`` leaves all of
+    them to the float32 screen (its centre groups), with the CPU's results; the rule then keeps the screen."""
+    rec = sim["tf32_listed_declined"]
+    _assert_parity(rec)
+    listed = [st for st in rec["steps"] if st["tested"]]
+    assert listed, rec
+    for st in listed:
+        assert st["cascaded"] == st["searched"] and st["searched"] <= 128, st
 
 
 def test_sim_gemm_shift_made_on_the_device_has_the_host_fills_bits(sim):
@@ -1369,6 +1419,22 @@ def test_gemm_screen_choice_rule():
     assert next_screen(False, 0, n) and next_screen(False, 15, n)
     assert not next_screen(False, 16, n) and not next_screen(False, 27, n)  # noise 4, rows as centres
     assert next_screen(True, 16, 10) and not next_screen(True, 17, 10)  # a few rows decide nothing
+
+
+def test_gemm_screen_cascade_rule():
+    """With the cascade, TF32 while it leaves at most 30 % of the rows it searched (+ 16) to the float32
+    screen, back from float32 when its flagged rows, 200 times over, are within that; a launch whose rows
+    fill fewer than a third of its blocks (a row tile a block) goes to the float32 screen whole."""
+    from mpikmeans.backends.gpu.gemm import BM
+    from mpikmeans.backends.gpu.tensor import declined, min_tiles, next_screen
+
+    n = 300_000
+    assert next_screen(True, 90_016, n, True) and not next_screen(True, 90_017, n, True)
+    assert next_screen(False, 450, n, True) and not next_screen(False, 451, n, True)
+    assert next_screen(True, 3_010, 10_000, True) and not next_screen(True, 3_020, 10_000, True)
+    assert min_tiles(264) == 88 and min_tiles(2) == 1 and min_tiles(1) == 1
+    assert declined(87 * BM, 88) and not declined(87 * BM + 1, 88) and not declined(n, 88)
+    assert declined(0, 1) and not declined(1, 1)
 
 
 def test_gemm_screen_splits_the_centre_tiles_of_few_row_tiles():

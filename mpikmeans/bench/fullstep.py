@@ -195,6 +195,7 @@ def run_fullstep(s: FullStepSettings, progress: Progress = quiet) -> dict:
                 other = _lloyd(torch, s.device, dtype, lambda be: be.load_device(xt), start, s.iters,
                                {**tune, "delta": "never"})
                 row["variants"].append({"tune": tune, "median_ms": other["median_ms"], "ms": other["ms"],
+                                        "searched": other["searched"], "cascaded": other["cascaded"],
                                         "same_changes": other["changed"] == full["changed"]})
                 progress(f"{name} {dtype} with {json.dumps(tune)}: full step {other['median_ms']:.3f} ms "
                          f"(default {full['median_ms']:.3f}); labels changed the same: "
@@ -213,7 +214,8 @@ def run_fullstep(s: FullStepSettings, progress: Progress = quiet) -> dict:
                      f"PyTorch {row.get('torch_ms', float('nan')):.3f} ms; default policy: {pol['full_steps']} full "
                      f"(median {pol['full_median_ms']:.3f}), {pol['delta_steps']} incremental "
                      f"(median {pol['delta_median_ms']:.3f}); labels changed {full['changed']}; "
-                     f"rows searched {full['searched']}")
+                     f"rows searched {full['searched']}"
+                     + (f"; of those left by TF32 to float32 {full['cascaded']}" if any(full["cascaded"]) else ""))
             results.append(row)
             del xt
             torch.cuda.empty_cache()

@@ -174,24 +174,26 @@ def lloyd_run(torch, be, start: np.ndarray, iters: int) -> dict:
 
     Unlike the repeated step, the centres move, so labels change the way they do
     in a run: every row on the first step, then fewer.  ``searched``: the rows each
-    step's pass 1 searched (fewer than n where the kept bounds held).
+    step's pass 1 searched (fewer than n where the kept bounds held); ``cascaded``: of those,
+    the rows the TF32 screen left to the float32 screen.
     """
     be.forget_labels()
     c = np.array(start, dtype=np.float64, copy=True)
     timer = CudaEvents(torch)
-    ms, changed, delta, searched = [], [], [], []
+    ms, changed, delta, searched, cascaded = [], [], [], [], []
     for _ in range(iters):
         r, step_ms, _ = timer.measure(lambda: be.step(c))
         ms.append(step_ms)
         changed.append(int(r.changed))
         delta.append(bool(be.last_delta))
         searched.append(int(getattr(be, "last_searched", be.n)))
+        cascaded.append(int(getattr(be, "last_cascaded", 0)))
         good = r.counts > 0
         c[good] = r.sums[good] / r.counts[good, None]
     full = [t for t, d in zip(ms, delta) if not d]
     inc = [t for t, d in zip(ms, delta) if d]
     nan = float("nan")
-    return {"ms": ms, "changed": changed, "incremental": delta, "searched": searched,
+    return {"ms": ms, "changed": changed, "incremental": delta, "searched": searched, "cascaded": cascaded,
             "median_ms": statistics.median(ms),
             "mean_ms": statistics.fmean(ms), "full_steps": len(full), "delta_steps": len(inc),
             "full_median_ms": statistics.median(full) if full else nan,

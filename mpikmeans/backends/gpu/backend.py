@@ -87,7 +87,11 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         kernel's layout (:mod:`.sums`); ``bounds_rpt``: rows a thread of the bounds test;
         ``rc_blocks``: the exact kernel's blocks a multiprocessor; ``rc_threads``: its threads a
         flagged row (:func:`.recheck.row_threads`); ``centre_groups`` (default true): the GEMM path's
-        float32 screen splits the centre tiles of few row tiles over its blocks (:func:`.gemm.centre_groups`).
+        float32 screen splits the centre tiles of few row tiles over its blocks (:func:`.gemm.centre_groups`);
+        ``tf32`` (bool): the GEMM path's screen on the tensor cores from the first step, or never;
+        ``tf32_cascade`` (default true): the rows the TF32 screen leaves go to the float32 screen, not
+        straight to the exact kernel; ``tf32_min_tiles``: the row tiles below which it leaves a launch's
+        rows to the float32 screen (:func:`.tensor.min_tiles`).
 
     Attributes
     ----------
@@ -155,10 +159,12 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         if self.chunk_rows is not None and self.chunk_rows <= 0:
             raise ValueError("chunk_rows must be positive")
         self.tune = dict(tune or {})
-        # the GEMM path's screen on TF32 from the first step only with tune {"tf32": true} (_choose_screen)
-        self.tf32 = bool(self.tune.get("tf32", False))
         self.limits = DeviceLimits()
         self._tf32_allowed = tensor.wanted(self.limits, self.tune)
+        # the GEMM path's first screen (_choose_screen decides the later ones): TF32 where the rows it leaves
+        # go to the float32 screen (the cascade), else only with tune {"tf32": true}
+        self._cascade = self._tf32_allowed and tensor.cascade_wanted(self.tune)
+        self.tf32 = self._tf32_allowed and bool(self.tune.get("tf32", self._cascade))
         self._desc = device_descriptions()
         self.rows = DeviceRows(dtype, self.limits)
         self._dummy = None
@@ -175,6 +181,8 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         self.profile = bool(self.tune.get("profile"))
         self._events = None
         self.last_flagged = 0
+        #: rows the TF32 screen left to the float32 screen in the last step (its cascade, :mod:`.tensor`)
+        self.last_cascaded = 0
         self.last_plan = None
         self.last_grid = 0
         self.last_kernels = 0
@@ -369,6 +377,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             self.last_kernel_ms = cuda.event_elapsed_time(*self._events)
         ctr = pack.r_ctr
         self.last_flagged = int(ctr[1:].sum())
+        self.last_cascaded = int(pack.r_cas[0])
         if assign:
             return labels_out, dist_out
         # views of the pinned output buffer: step() consumes them before the next step
@@ -393,8 +402,8 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             st.pack.fill(zeros)  # overwritten by every step's fill
             add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros, zeros.copy())
             carry_kept(zeros, np.zeros(k), zeros, zeros, zeros.copy(), np.zeros(k))
-            if self._tf32_allowed and not self.tf32 and self.gemm_wanted(self._plan(k, False), False):
-                self._warm_tf32(k, "delta" in kinds and self._delta_allowed())
+            if self._tf32_allowed and self.gemm_wanted(self._plan(k, False), False):
+                self._warm_other_screen(k, "delta" in kinds and self._delta_allowed())
         if "assign" in kinds:
             self._state(k, True)
         if "delta" in kinds and self._delta_allowed():
@@ -403,14 +412,16 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             idx64 = bool(self.tune.get("idx64")) or self.m * self.rows.ld >= 2**31
             mark_gpu_shape_warm(gpu_shape_key(k, self.m, self.dtype, idx64))
 
-    def _warm_tf32(self, k: int, delta: bool) -> None:
-        """Compile the TF32 screen a later step may switch to (:meth:`_choose_screen`); states dropped."""
-        kept, self._states, self.tf32 = self._states, {}, True
+    def _warm_other_screen(self, k: int, delta: bool) -> None:
+        """Compile the GEMM screen (TF32 or float32) a later step may switch to (:meth:`_choose_screen`);
+        states dropped."""
+        first = self.tf32
+        kept, self._states, self.tf32 = self._states, {}, not first
         try:
             for d in (False, True) if delta else (False,):
                 self._state(k, False, d)
         finally:
-            self._states, self.tf32 = kept, False
+            self._states, self.tf32 = kept, first
 
     # ------------------------------------------------------------------ the step policy
     def _delta_allowed(self) -> bool:
@@ -493,10 +504,19 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         """After a full step on the GEMM path: the screen of the steps to come (:func:`.tensor.next_screen`)."""
         if not self._tf32_allowed or not self.gemm_wanted(self._plan(k, False), False):
             return
-        want = tensor.next_screen(self.tf32, self.last_flagged, self.n)
+        searched = self.last_searched
+        if self.tf32 and self._cascade:
+            st = self._states.get((k, False, False))
+            mintiles = getattr(st.launches[0][0], "tf32_min_tiles", None) if st is not None else None
+            if mintiles is None or tensor.declined(searched, mintiles):
+                return  # the float32 screen took them all: nothing said about TF32
+            left = self.last_cascaded
+        else:
+            left = self.last_flagged
+        want = tensor.next_screen(self.tf32, left, searched, self._cascade)
         if want != self.tf32:
-            log.info("GEMM screen: %d of %d rows flagged for the exact kernel; the %s screen from now on",
-                     self.last_flagged, self.n, "TF32" if want else "float32")
+            log.info("GEMM screen: %d of %d rows searched left by the %s screen; the %s screen from now on",
+                     left, searched, "TF32" if self.tf32 else "float32", "TF32" if want else "float32")
             self.tf32 = want
             self._states.clear()  # the launches are prepared again with it
 

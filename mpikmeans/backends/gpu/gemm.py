@@ -191,7 +191,7 @@ def slice_loads(storage: str, m_c: int, kpg_c: int, pack_c: tuple, rowmajor: boo
 
 
 @functools.lru_cache(maxsize=None)
-def row_verdicts(slots: int, tolf, tiny, big, delta: bool, bounds: bool = False):
+def row_verdicts(slots: int, tolf, tiny, big, delta: bool, bounds: bool = False, cascade: bool = False):
     """The device function that ends a row tile of a screen: each row's label, or its flag.
 
     Called by every thread of the block, after the tile's last centre tile:
@@ -204,15 +204,17 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool, bounds: bool = False)
     (:func:`.tensor.certificate`).  Writes ``newlab`` and the flagged rows as the
     screens' docstrings say (``delta``: only changed certified rows are flagged).  The
     tile's rows are ``row0 ..`` of ``nrow``: rows ``idx[row0 ..]`` where ``gat`` (the rows the
-    bounds test listed), else themselves; with ``bounds`` each row's kept bounds go to ``ub``,
-    ``lb`` (:func:`.bounds.row_bounds`).
+    bounds test listed, or the TF32 screen left), else themselves; with ``bounds`` each row's
+    kept bounds go to ``ub``, ``lb`` (:func:`.bounds.row_bounds`).  With ``cascade`` (the TF32
+    screen's) a row the certificate leaves goes to ``cas`` (counted at ``ctr[cslot]``) for the
+    float32 screen instead of the exact kernel's ``flags``.
     """
-    SLOTS, DELTA, BOUNDS = int(slots), bool(delta), bool(bounds)
+    SLOTS, DELTA, BOUNDS, CASCADE = int(slots), bool(delta), bool(bounds), bool(cascade)
     TOLF, TINY, BIG = np.float32(tolf), np.float32(tiny), np.float32(big)
     XSTEP = NT // BM
 
     def km_screen_verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb,
-                           gat):
+                           gat, cas, cslot):
         tid = cuda.threadIdx.x
         xr = tid % BM
         xk = tid // BM
@@ -228,7 +230,7 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool, bounds: bool = False)
             m1, m2, mi = merge_slots(sb1, sb2, si1, SLOTS, tid)  # every slot's centres of this row
             p2 = row0 + tid
             if p2 < nrow:
-                i2 = tile_row(p2, nrow, idx, gat) if BOUNDS else p2
+                i2 = tile_row(p2, nrow, idx, gat)
                 yy = ldx(syy, tid)
                 scale = yy + zlim
                 tol = TOLF * scale + TINY
@@ -244,6 +246,9 @@ def row_verdicts(slots: int, tolf, tiny, big, delta: bool, bounds: bool = False)
                             p = cuda.atomic.add(ctr, fslot, 1)
                             stx(flags, p, i2)
                         lab = -1
+                elif CASCADE:
+                    p = cuda.atomic.add(ctr, cslot, 1)
+                    stx(cas, p, i2)
                 else:
                     p = cuda.atomic.add(ctr, fslot, 1)
                     stx(flags, p, i2)
@@ -378,7 +383,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                     stx(si1, tx * BM + rr, mi)
             if ng == 1:
                 verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb,
-                         gat)
+                         gat, flags, fslot)
             else:
                 cuda.syncthreads()  # every thread's slots written
                 if tid < BM:  # this unit's candidates of each row, from its slots
@@ -407,7 +412,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                                 stx(sb2, t * BM + tid, INF)
                                 stx(si1, t * BM + tid, 0)
                     verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub,
-                             lb, gat)
+                             lb, gat, flags, fslot)
             cuda.syncthreads()
 
     if SIM:
@@ -427,14 +432,23 @@ def split_scratch(grid: int, kpg: int, groups: bool = True) -> tuple:
             cuda.device_array(units, dtype=np.int32), cuda.to_device(np.zeros(ucap // 2 + 1, dtype=np.int32)), ucap)
 
 
+def _screen_grid(limits, smem: int, rows: int) -> int:
+    """A screen's blocks: two a multiprocessor where their shared memory ``smem`` fits (at most 128 registers
+    each), at most one a row tile."""
+    per_sm = 2 if limits.smem_sm >= 2 * (smem + 1024) else 1
+    return max(1, min(-(-rows // BM), 2 if SIM else per_sm * limits.sm_count))
+
+
 def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int, plan, pack, x, xr, rows: int,
                   labels, flags, w, fslot: int, stream, delta: bool, fast: bool, tf32: bool, bounds=None,
-                  dummies=None, groups: bool = True) -> Steps:
+                  dummies=None, groups: bool = True, cascade: bool = False, min_tiles: int | None = None) -> Steps:
     """The prepared launches of one step with ``k`` centres for ``rows`` rows: the shift and centre data,
     screen and (full steps) sums.
 
     ``plan`` and ``pack``: the step's plan and step buffer (:mod:`.plan`, :class:`.launch.Pack`);
-    the screen on the tensor cores with ``tf32`` (:mod:`.tensor`), else in float32; ``xr`` the
+    the screen on the tensor cores with ``tf32`` (:mod:`.tensor`), and with ``cascade`` the float32
+    screen after it on the rows it leaves (``min_tiles``: the row tiles below which the TF32 screen
+    leaves a launch's rows to it, default :func:`.tensor.min_tiles`), else in float32; ``xr`` the
     rows' row-major copy (:meth:`.rows.DeviceRows.row_major`) or None, which a full step's sums and
     the screen of the listed rows read rows from where there is one; the other arguments as the
     fused kernel's launch takes them.
@@ -469,31 +483,59 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
 
     keeps = bounds is not None
     sspec = (storage, m, kpg, layout, delta, keeps)
-    factory = tensor.screen_kernel if tf32 else screen_kernel
-    sk = factory(*sspec)
     tail = (bounds.idx, bounds.ub, bounds.lb) if keeps else (dummies[0], dummies[1], dummies[1])
-    # two blocks per multiprocessor where their shared memory fits (at most 128 registers each)
-    smem = tensor.SCREEN_SMEM if tf32 else SCREEN_SMEM
-    per_sm = 2 if limits.smem_sm >= 2 * (smem + 1024) else 1
-    grid = max(1, min(-(-rows // BM), 2 if SIM else per_sm * limits.sm_count))
     head = (x, int(rows), int(ld), pack.p32, pack.dev, cmg, ccg, pack.ctr, labels, newlab, flags, int(fslot), *tail)
-    # the float32 screen of the listed rows splits the centre tiles of few row tiles over the blocks
-    groups = bool(groups) and keeps and not tf32
-    split = () if tf32 else split_scratch(grid, kpg, groups)
-    sargs = head + (0, int(pack.gslot)) + split
-    name = "tf32_screen" if tf32 else "gemm_screen"
-    skobj = compiled(name, sspec, sk, sargs)
-    out.append(Launch(sk, skobj, sargs, grid, NT, 0, stream, fast))
-    listed = None
-    if keeps:
-        # the listed rows from the row-major copy where there is one, in centre groups
-        extra = (xr is not None,) + (() if tf32 else (groups,))
-        lk, lobj = sk, skobj
-        largs = ((xr, int(rows), int(m)) + head[3:] if xr is not None else head) + (1, int(pack.gslot)) + split
-        if any(extra):
-            lk = factory(*sspec, *extra)
-            lobj = compiled(name, sspec + extra, lk, largs)
-        listed = out[:2] + [Launch(lk, lobj, largs, grid, NT, 0, stream, fast)]
+    # the listed rows (and the rows a cascading TF32 screen leaves) from the row-major copy where there is one
+    lhead = (xr, int(rows), int(m)) + head[3:] if xr is not None else head
+    f32_grid = _screen_grid(limits, SCREEN_SMEM, rows)
+    if tf32:
+        cascade = bool(cascade)
+        grid = _screen_grid(limits, tensor.SCREEN_SMEM, rows)
+        # without the cascade the list and its count are placeholders the kernel never touches
+        cas = cuda.device_array(max(1, rows), dtype=np.int32) if cascade else dummies[0]
+        mintiles = tensor.min_tiles(grid) if min_tiles is None else int(min_tiles)
+        ctail = (cas, int(pack.cslot), mintiles)
+        sk = tensor.screen_kernel(*sspec, False, cascade)
+        sargs = head + (0, int(pack.gslot)) + ctail
+        skobj = compiled("tf32_screen", sspec + (False, cascade), sk, sargs)
+        screens = [Launch(sk, skobj, sargs, grid, NT, 0, stream, fast)]
+        lscreens = None
+        if keeps:
+            lspec = sspec + (xr is not None, cascade)
+            lk = tensor.screen_kernel(*lspec)
+            largs = lhead + (1, int(pack.gslot)) + ctail
+            lscreens = [Launch(lk, compiled("tf32_screen", lspec, lk, largs), largs, grid, NT, 0, stream, fast)]
+        if cascade:
+            # the float32 screen of the rows TF32 left (their count read on the device), its centre tiles in
+            # groups where they are few; what it leaves goes to the exact kernel
+            fspec = sspec + (xr is not None, True)
+            fk = screen_kernel(*fspec)
+            fargs = (lhead[:12] + (cas,) + tail[1:] + (1, int(pack.cslot))
+                     + split_scratch(f32_grid, kpg, True))
+            follow = Launch(fk, compiled("gemm_screen", fspec, fk, fargs), fargs, f32_grid, NT, 0, stream, fast)
+            screens.append(follow)
+            if keeps:
+                lscreens.append(follow)
+    else:
+        grid = f32_grid
+        sk = screen_kernel(*sspec)
+        # the float32 screen of the listed rows splits the centre tiles of few row tiles over the blocks
+        groups = bool(groups) and keeps
+        split = split_scratch(grid, kpg, groups)
+        sargs = head + (0, int(pack.gslot)) + split
+        skobj = compiled("gemm_screen", sspec, sk, sargs)
+        screens = [Launch(sk, skobj, sargs, grid, NT, 0, stream, fast)]
+        lscreens = None
+        if keeps:
+            extra = (xr is not None, groups)
+            lk, lobj = sk, skobj
+            largs = lhead + (1, int(pack.gslot)) + split
+            if any(extra):
+                lk = screen_kernel(*sspec, *extra)
+                lobj = compiled("gemm_screen", sspec + extra, lk, largs)
+            lscreens = [Launch(lk, lobj, largs, grid, NT, 0, stream, fast)]
+    out.extend(screens)
+    listed = out[:2] + lscreens if keeps else None
     if not delta:
         sums = bylabel.launches(limits, storage, weighted, k, m, ld, pack, x, xr, rows, labels, newlab, w, stream,
                                 fast)
@@ -502,6 +544,7 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
             listed.extend(sums)
     steps = Steps(out, grid)
     steps.centres_t = (ct, kpg)
+    steps.tf32_min_tiles = mintiles if tf32 and cascade else None
     if keeps:
         steps.listed = Steps(listed, grid)
         steps.newlab = None if delta else newlab

@@ -214,6 +214,9 @@ class Steps:
         #: the centres' attribute-major float64 copy the launches make, and its pitch, for the exact
         #: kernel (:func:`.recheck.recheck_kernel`'s ``ct``); None where they make none
         self.centres_t = None
+        #: where the launches screen on TF32 with the cascade: the fewest row tiles the TF32 screen takes
+        #: (:func:`.tensor.declines`), else None
+        self.tf32_min_tiles = None
 
     def __call__(self) -> None:
         for launch in self.launches:
@@ -283,6 +286,9 @@ class Pack:
         #: the counter of the rows the bounds test left to pass 1 (:mod:`.bounds`), and its result
         self.gslot = L.i64_chg + 1 + self.nslots
         self.r_gat = self.hout.view(np.int64)[self.gslot - o: self.gslot - o + 1]
+        #: the counter of the rows the TF32 screen left to the float32 screen (:mod:`.tensor`), and its result
+        self.cslot = self.gslot + 1
+        self.r_cas = self.hout.view(np.int64)[self.cslot - o: self.cslot - o + 1]
         if not SIM:
             from numba.cuda.cudadrv.driver import device_pointer
 

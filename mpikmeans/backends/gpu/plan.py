@@ -429,7 +429,8 @@ def pack_layout(k: int, m: int, TC: int, nct: int, storage: str, nslots: int,
     layout : PackLayout
         Element offsets.  The int64 counters are last: ``changed`` at ``i64_chg``, then
         ``nslots`` flagged-row counters (one per chunk), then the rows the bounds test
-        left to pass 1 (:mod:`.bounds`), so ``layout`` does not depend on ``nslots``.
+        left to pass 1 (:mod:`.bounds`), then the rows the TF32 screen left to the float32
+        one (:mod:`.tensor`'s cascade), so ``layout`` does not depend on ``nslots``.
     out0 : int
         Byte offset of the outputs (sums, counts, SSE, counters).
     total : int
@@ -452,7 +453,7 @@ def pack_layout(k: int, m: int, TC: int, nct: int, storage: str, nslots: int,
     sums = a.take(k * m * 8, 8)
     cnt = a.take(k * 8, 8)
     sse = a.take(8, 8)
-    ctr = a.take((2 + max(1, nslots)) * 8, 8)
+    ctr = a.take((3 + max(1, nslots)) * 8, 8)
     layout = PackLayout(p32_cm=cm // 4, p32_cc=cc // 4, p32_sh=sh32 // 4, p32_zl=zl // 4, p64_c64=c64 // 8,
                         p64_sh=sh64 // 8, p64_sums=sums // 8, p64_cnt=cnt // 8, p64_sse=sse // 8,
                         i64_chg=ctr // 8, i32_hist=hist // 4)

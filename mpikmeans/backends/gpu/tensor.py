@@ -40,7 +40,7 @@ import functools
 
 import numpy as np
 
-from .device import HAVE_NUMBA_CUDA, SIM, cuda
+from .device import HAVE_NUMBA_CUDA, SIM, cuda, inline_device
 from .bounds import listed_rows, tile_row
 from .gemm import BK, BM, BN, NT, row_verdicts, slice_loads
 from .intrinsics import ldx, stx
@@ -66,25 +66,68 @@ SCREEN_SMEM = (4 * BK * PITCH + SLOTS * BM * 3 + BM + _SCRATCH) * 4
 MIN_CC = (8, 0)
 
 #: Which screen the GEMM path takes (this one on TF32 tensor cores, or the float32 one), decided
-#: after every full step from the rows it flagged for the exact kernel.  The TF32 certificate is
-#: about 60x wider: where centres are noisy rows it flags 10-30 % of the rows, where they are means
-#: of clusters none (bench/experiments/tf32_flagged.py: 3e5 x 257, K = 1000, H100: 5.7 against
-#: 9.0 ms a step then; 23-62 against 11 when the centres are rows).  A flagged row costs backend.MOVE_NS +
-#: MOVE_NS_PER_ELEM K M, the tensor cores save about 0.04 ps per K x M x row: past 1.3 % of the
-#: rows (K x M = 257,000; 1.1 % at 16,000) TF32 loses.  So: the first step on the float32 screen;
-#: TF32 while it flags at most TF32_FLAG_LIMIT of the rows (+ TF32_FLAG_SLACK); the float32 screen
-#: hands over when its own flagged rows times TF32_FLAG_RATIO (TF32 flagged 49-190 times as many
-#: in that experiment) are within the same limit.
+#: after every full step from the rows it left.  The TF32 certificate is about 60x wider: where
+#: centres are noisy rows it leaves 10-30 % of the rows, where they are means of clusters none
+#: (bench/experiments/tf32_flagged.py: 3e5 x 257, K = 1000, H100: 5.7 against 9.0 ms a step then;
+#: 23-62 against 11 when the centres are rows, every row it left going to the exact kernel).
+#:
+#: The cascade (the default): a row TF32 leaves goes to the float32 screen, and only what that one
+#: leaves to the exact kernel, so the labels and the exact kernel's rows are the float32 screen's.
+#: A row then costs TF32 about 0.43 of a float32 search, and one it leaves a float32 search more:
+#: TF32 pays while it leaves under about half of the rows it searches.  On bench fullstep's D data
+#: it leaves 0.4-8 % of all rows and 0-1.7 % of the rows the bounds test lists
+#: (bench/experiments/tf32_cascade_on_fullstep_data.py).  So: TF32 from the first step while it
+#: leaves at most TF32_CASCADE_LIMIT of the rows it searched (+ TF32_FLAG_SLACK), where it took them
+#: (not :func:`declines`); from the float32 screen back when its own flagged rows times
+#: TF32_FLAG_RATIO (TF32 flagged 49-190 times as many in tf32_flagged.py) are within that limit.
+#:
+#: Without the cascade (``tune={"tf32_cascade": false}``) a flagged row costs the exact kernel
+#: backend.MOVE_NS + MOVE_NS_PER_ELEM K M, the tensor cores save about 0.04 ps per K x M x row: past
+#: 1.3 % of the rows (K x M = 257,000; 1.1 % at 16,000) TF32 loses.  Then: the first step on the
+#: float32 screen; TF32 while it flags at most TF32_FLAG_LIMIT of the rows (+ TF32_FLAG_SLACK), back
+#: from float32 as above with that limit.
+TF32_CASCADE_LIMIT = 0.3
 TF32_FLAG_LIMIT = 0.01
 TF32_FLAG_SLACK = 16
 TF32_FLAG_RATIO = 200
+#: the TF32 screen takes a launch's rows where they fill at least one in TF32_GRID_SHARE of its
+#: blocks (a row tile a block, :func:`min_tiles`); fewer go to the float32 screen, which splits a row
+#: tile's centre tiles over blocks: one row tile on one of D's 264 blocks took 0.41 ms in float32
+#: (TF32's 2.3x would leave 0.18), where the float32 screen's centre groups put it on 8 blocks
+TF32_GRID_SHARE = 3
 
 
-def next_screen(tf32: bool, flagged: int, n: int) -> bool:
-    """Whether the GEMM path's next steps screen on TF32, after a full step on ``n`` rows that
-    flagged ``flagged`` of them with the TF32 screen (``tf32``) or the float32 one."""
-    limit = TF32_FLAG_LIMIT * n + TF32_FLAG_SLACK
-    return flagged <= limit if tf32 else flagged * TF32_FLAG_RATIO <= limit
+def next_screen(tf32: bool, left: int, searched: int, cascade: bool = False) -> bool:
+    """Whether the GEMM path's next steps screen on TF32, after a full step that searched ``searched``
+    rows: on TF32 (``tf32``) it left ``left`` of them (to the float32 screen with ``cascade``, else to
+    the exact kernel); on the float32 screen it flagged ``left``."""
+    limit = (TF32_CASCADE_LIMIT if cascade else TF32_FLAG_LIMIT) * searched + TF32_FLAG_SLACK
+    return left <= limit if tf32 else left * TF32_FLAG_RATIO <= limit
+
+
+def min_tiles(grid: int) -> int:
+    """The fewest row tiles a cascading TF32 screen of ``grid`` blocks searches (:data:`TF32_GRID_SHARE`)."""
+    return -(-int(grid) // TF32_GRID_SHARE)
+
+
+def _declines(ntiles, mintiles):
+    """Whether a cascading TF32 screen leaves all of its ``ntiles`` row tiles to the float32 screen."""
+    return ntiles < mintiles
+
+
+declines = inline_device(_declines)
+
+
+def declined(rows: int, mintiles: int) -> bool:
+    """Whether a cascading TF32 screen that takes at least ``mintiles`` row tiles left ``rows`` rows, all of
+    them, to the float32 screen (the host's side of :func:`declines`)."""
+    return _declines(-(-int(rows) // BM), int(mintiles))
+
+
+def cascade_wanted(tune: dict) -> bool:
+    """Whether a TF32 screen's uncertified rows go to the float32 screen (``tune={"tf32_cascade": bool}``,
+    default true) rather than straight to the exact kernel."""
+    return bool(tune.get("tf32_cascade", True))
 
 
 def wanted(limits, tune: dict) -> bool:
@@ -183,9 +226,17 @@ else:
 
 @functools.lru_cache(maxsize=None)
 def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool, bounds: bool = False,
-                  rowmajor: bool = False):
+                  rowmajor: bool = False, cascade: bool = False):
     """Certified nearest centre of every row on the tensor cores: :func:`.gemm.screen_kernel`'s
-    arguments and results but the split's scratch (see the module docstring)."""
+    arguments and results but the split's scratch (see the module docstring), then ``cas`` (int32,
+    (n,)), ``cslot`` and ``mintiles``.
+
+    With ``cascade`` a row the TF32 certificate leaves goes to ``cas`` (``ctr[cslot]`` of them) for
+    the float32 screen (:func:`.gemm.screen_kernel` on that list), not to the exact kernel; and where
+    its rows fill fewer than ``mintiles`` row tiles (:func:`declines`) the kernel searches none and
+    lists them all there: the float32 screen spreads few row tiles' centre tiles over the blocks
+    (:func:`.gemm.centre_groups`), which this one does not.
+    """
     M_C, KPG = int(m_c), int(kpg_c)
     L = PackLayout(*pack_c)
     P_ZL = int(L.p32_zl)
@@ -197,11 +248,13 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     BUF2 = 2 * BUF
     SB = SLOTS * BM
     SCR = _SCRATCH
-    verdicts = row_verdicts(SLOTS, *certificate(M_C), bool(delta), bool(bounds))
+    CASCADE = bool(cascade)
+    verdicts = row_verdicts(SLOTS, *certificate(M_C), bool(delta), bool(bounds), CASCADE)
     loads = slice_loads(storage, M_C, KPG, pack_c, rowmajor)
     INF = np.float32(np.inf)
 
-    def km_tf32_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot, idx, ub, lb, gat, gslot):
+    def km_tf32_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot, idx, ub, lb, gat, gslot,
+                       cas, cslot, mintiles):
         xs = cuda.shared.array(BUF2, dtype=float32)
         cs = cuda.shared.array(BUF2, dtype=float32)
         sb1 = cuda.shared.array(SB, dtype=float32)
@@ -229,6 +282,15 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
         zlim = p32[P_ZL]
         nrow = listed_rows(n, ctr, gat, gslot)
         ntiles = (nrow + BM - 1) // BM
+        if CASCADE and declines(ntiles, mintiles):
+            # too few row tiles for this launch: all of them to the float32 screen's list (no atomics:
+            # block 0 alone writes the list and its count, read by the next launch)
+            if cuda.blockIdx.x == 0:
+                for p in range(tid, nrow, NT):
+                    stx(cas, p, int32(tile_row(p, nrow, idx, gat)))
+                if tid == 0:
+                    ctr[cslot] = nrow
+            return
         for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
             row0 = tile * BM
             for q in range(tid, SB, NT):
@@ -297,7 +359,8 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                         stx(sb1, q, m1)
                         stx(sb2, q, m2)
                         stx(si1, q, mi)
-            verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb, gat)
+            verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb, gat,
+                     cas, cslot)
             cuda.syncthreads()
 
     if SIM:
