@@ -212,14 +212,13 @@ _SIM_PROGRAM = textwrap.dedent(
     compare("tf32_centre_tiles", x8[:130], c8, tune=t, iters=1)
     compare("tf32_delta", x6[:130], x6[:40].copy(), tune=dict(t, delta="always"), iters=3)
     # the cascade (tensor.py, the default with TF32): rows near a midpoint go to the float32 screen, none to
-    # the exact kernel; without it the same rows go to the exact kernel; with kept bounds, a listed row tile
-    # below tf32_min_tiles goes to the float32 screen whole (one attribute slice, one row tile: the
-    # simulator's emulated products are slow)
+    # the exact kernel; without it the same rows go to the exact kernel (one attribute slice, one row tile:
+    # the simulator's emulated products are slow)
     xn, cn = near_ties(100, 16, 6, 21)
     compare("tf32_cascade", xn, cn, tune=t, iters=1)
     compare("tf32_no_cascade", xn, cn, tune=dict(t, tf32_cascade=False), iters=1)
-    compare("tf32_listed_declined", xn, xn[:6].copy(), tune=dict(t, bounds=True, delta="never", tf32_min_tiles=2),
-            iters=4)
+    # kept bounds on TF32: the listed rows' one row tile, its two centre tiles on the simulator's two blocks
+    compare("tf32_centre_groups", x8[:130], c8, tune=dict(t, bounds=True, delta="never"), iters=3)
 
     # kept bounds (bounds.py), forced on (these shapes are below the rule that takes them): from
     # rows as centres labels move for several steps, then pass 1 searches only the rows whose
@@ -520,15 +519,17 @@ def test_sim_tf32_cascade_sends_uncertified_rows_to_the_float32_screen(sim):
     assert a["tf32"] is False and b["tf32"] is False  # more than 30 % (cascade) or 1 % (not) of the rows left
 
 
-def test_sim_tf32_cascade_leaves_a_short_listed_launch_to_the_float32_screen(sim):
-    """With kept bounds, a step whose listed rows fill fewer row tiles than ``tf32_min_tiles`` leaves all of
-    them to the float32 screen (its centre groups), with the CPU's results; the rule then keeps the screen."""
-    rec = sim["tf32_listed_declined"]
+def test_sim_tf32_screen_in_centre_groups(sim):
+    """The TF32 screen of the listed rows split into groups of centre tiles as the float32 screen's
+    (gemm.centre_groups, gemm.unit_merge): the last step's one row tile on the simulator's two blocks, one
+    centre tile each, the CPU's results, on the TF32 screen throughout."""
+    from mpikmeans.backends.gpu.gemm import BM
+
+    rec = sim["tf32_centre_groups"]
     _assert_parity(rec)
-    listed = [st for st in rec["steps"] if st["tested"]]
-    assert listed, rec
-    for st in listed:
-        assert st["cascaded"] == st["searched"] and st["searched"] <= 128, st
+    last = rec["steps"][-1]
+    assert last["tested"] and 0 < last["searched"] <= BM, rec["steps"]
+    assert all(st["tf32"] for st in rec["steps"]), rec["steps"]
 
 
 def test_sim_gemm_shift_made_on_the_device_has_the_host_fills_bits(sim):
@@ -1423,18 +1424,14 @@ def test_gemm_screen_choice_rule():
 
 def test_gemm_screen_cascade_rule():
     """With the cascade, TF32 while it leaves at most 30 % of the rows it searched (+ 16) to the float32
-    screen, back from float32 when its flagged rows, 200 times over, are within that; a launch whose rows
-    fill fewer than a third of its blocks (a row tile a block) goes to the float32 screen whole."""
-    from mpikmeans.backends.gpu.gemm import BM
-    from mpikmeans.backends.gpu.tensor import declined, min_tiles, next_screen
+    screen, back from float32 when its flagged rows, 200 times over, are within that."""
+    from mpikmeans.backends.gpu.tensor import next_screen
 
     n = 300_000
     assert next_screen(True, 90_016, n, True) and not next_screen(True, 90_017, n, True)
     assert next_screen(False, 450, n, True) and not next_screen(False, 451, n, True)
     assert next_screen(True, 3_010, 10_000, True) and not next_screen(True, 3_020, 10_000, True)
-    assert min_tiles(264) == 88 and min_tiles(2) == 1 and min_tiles(1) == 1
-    assert declined(87 * BM, 88) and not declined(87 * BM + 1, 88) and not declined(n, 88)
-    assert declined(0, 1) and not declined(1, 1)
+    assert next_screen(True, 16, 0, True) and not next_screen(True, 17, 0, True)
 
 
 def test_gemm_screen_splits_the_centre_tiles_of_few_row_tiles():

@@ -90,8 +90,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         float32 screen splits the centre tiles of few row tiles over its blocks (:func:`.gemm.centre_groups`);
         ``tf32`` (bool): the GEMM path's screen on the tensor cores from the first step, or never;
         ``tf32_cascade`` (default true): the rows the TF32 screen leaves go to the float32 screen, not
-        straight to the exact kernel; ``tf32_min_tiles``: the row tiles below which it leaves a launch's
-        rows to the float32 screen (:func:`.tensor.min_tiles`).
+        straight to the exact kernel.
 
     Attributes
     ----------
@@ -505,14 +504,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         if not self._tf32_allowed or not self.gemm_wanted(self._plan(k, False), False):
             return
         searched = self.last_searched
-        if self.tf32 and self._cascade:
-            st = self._states.get((k, False, False))
-            mintiles = getattr(st.launches[0][0], "tf32_min_tiles", None) if st is not None else None
-            if mintiles is None or tensor.declined(searched, mintiles):
-                return  # the float32 screen took them all: nothing said about TF32
-            left = self.last_cascaded
-        else:
-            left = self.last_flagged
+        left = self.last_cascaded if self.tf32 and self._cascade else self.last_flagged
         want = tensor.next_screen(self.tf32, left, searched, self._cascade)
         if want != self.tf32:
             log.info("GEMM screen: %d of %d rows searched left by the %s screen; the %s screen from now on",

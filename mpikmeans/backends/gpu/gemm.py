@@ -123,6 +123,54 @@ def _merge_slots(sb1, sb2, si1, slots, r):  # pragma: no cover - compiled
 merge_slots = inline_device(_merge_slots)
 
 
+@functools.lru_cache(maxsize=None)
+def unit_merge(slots: int):
+    """The device function that ends a unit of a screen split into centre groups (:func:`centre_groups`).
+
+    ``km_unit_merge(sb1, sb2, si1, last, unit, tile, ng, gb1, gb2, gbi, tcount)``, called by every thread
+    of the block: the unit's best, second best and best centre of each row of its tile (merged from its
+    ``slots`` slots) go to the scratch ``gb1``, ``gb2``, ``gbi`` at ``unit * BM + row``; the tile's last
+    unit to finish (a counter a tile in ``tcount``, set back to zero for the next launch; ``last`` a
+    one-element shared array) loads every unit's candidates into its slots (the others at infinity) and
+    returns true, the others false.  The candidates merge as one block's slots do, so the labels and
+    flags do not depend on the split.
+    """
+    SLOTS = int(slots)
+    INF = np.float32(np.inf)
+    ZERO = np.float32(0.0)
+
+    def km_unit_merge(sb1, sb2, si1, last, unit, tile, ng, gb1, gb2, gbi, tcount):
+        tid = cuda.threadIdx.x
+        cuda.syncthreads()  # every thread's slots written
+        if tid < BM:  # this unit's candidates of each row, from its slots
+            m1, m2, mi = merge_slots(sb1, sb2, si1, SLOTS, tid)
+            stx(gb1, unit * BM + tid, m1)
+            stx(gb2, unit * BM + tid, m2)
+            stx(gbi, unit * BM + tid, mi)
+        cuda.threadfence()  # the candidates are seen before the count that says they are there
+        cuda.syncthreads()
+        if tid == 0:
+            done = cuda.atomic.add(tcount, tile, 1)
+            last[0] = 1 if done == ng - 1 else 0
+            if done == ng - 1:
+                tcount[tile] = 0  # ready for the next launch
+        cuda.syncthreads()
+        if last[0] != 0 and tid < BM:  # every unit's candidates as the slots (read through L2: atomics)
+            for t in range(SLOTS):
+                u = tile * ng + t
+                if t < ng:
+                    stx(sb1, t * BM + tid, cuda.atomic.add(gb1, u * BM + tid, ZERO))
+                    stx(sb2, t * BM + tid, cuda.atomic.add(gb2, u * BM + tid, ZERO))
+                    stx(si1, t * BM + tid, cuda.atomic.add(gbi, u * BM + tid, 0))
+                else:
+                    stx(sb1, t * BM + tid, INF)
+                    stx(sb2, t * BM + tid, INF)
+                    stx(si1, t * BM + tid, 0)
+        return last[0] != 0
+
+    return inline_device(km_unit_merge)
+
+
 def _centre_groups(ntiles, grid, ucap, nct, gmax):
     """Into how many groups of centre tiles the screen splits each row tile (1: not split).
 
@@ -297,7 +345,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     INF = np.float32(np.inf)
     GMAX = min(NCT, TX)  # a unit's candidates take one slot of the merging block
     GROUPS = bool(groups)
-    ZERO = np.float32(0.0)
+    merge_units = unit_merge(TX)
 
     def km_gemm_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot, idx, ub, lb, gat, gslot,
                        gb1, gb2, gbi, tcount, ucap):
@@ -381,38 +429,9 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                     stx(sb1, tx * BM + rr, m1)
                     stx(sb2, tx * BM + rr, m2)
                     stx(si1, tx * BM + rr, mi)
-            if ng == 1:
+            if ng == 1 or merge_units(sb1, sb2, si1, last, unit, tile, ng, gb1, gb2, gbi, tcount):
                 verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb,
                          gat, flags, fslot)
-            else:
-                cuda.syncthreads()  # every thread's slots written
-                if tid < BM:  # this unit's candidates of each row, from its slots
-                    m1, m2, mi = merge_slots(sb1, sb2, si1, TX, tid)
-                    stx(gb1, unit * BM + tid, m1)
-                    stx(gb2, unit * BM + tid, m2)
-                    stx(gbi, unit * BM + tid, mi)
-                cuda.threadfence()  # the candidates are seen before the count that says they are there
-                cuda.syncthreads()
-                if tid == 0:
-                    done = cuda.atomic.add(tcount, tile, 1)
-                    last[0] = 1 if done == ng - 1 else 0
-                    if done == ng - 1:
-                        tcount[tile] = 0  # ready for the next launch
-                cuda.syncthreads()
-                if last[0] != 0:
-                    if tid < BM:  # every unit's candidates as the slots (read through L2: atomics)
-                        for t in range(TX):
-                            u = tile * ng + t
-                            if t < ng:
-                                stx(sb1, t * BM + tid, cuda.atomic.add(gb1, u * BM + tid, ZERO))
-                                stx(sb2, t * BM + tid, cuda.atomic.add(gb2, u * BM + tid, ZERO))
-                                stx(si1, t * BM + tid, cuda.atomic.add(gbi, u * BM + tid, 0))
-                            else:
-                                stx(sb1, t * BM + tid, INF)
-                                stx(sb2, t * BM + tid, INF)
-                                stx(si1, t * BM + tid, 0)
-                    verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub,
-                             lb, gat, flags, fslot)
             cuda.syncthreads()
 
     if SIM:
@@ -441,22 +460,22 @@ def _screen_grid(limits, smem: int, rows: int) -> int:
 
 def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int, plan, pack, x, xr, rows: int,
                   labels, flags, w, fslot: int, stream, delta: bool, fast: bool, tf32: bool, bounds=None,
-                  dummies=None, groups: bool = True, cascade: bool = False, min_tiles: int | None = None) -> Steps:
+                  dummies=None, groups: bool = True, cascade: bool = False) -> Steps:
     """The prepared launches of one step with ``k`` centres for ``rows`` rows: the shift and centre data,
     screen and (full steps) sums.
 
     ``plan`` and ``pack``: the step's plan and step buffer (:mod:`.plan`, :class:`.launch.Pack`);
     the screen on the tensor cores with ``tf32`` (:mod:`.tensor`), and with ``cascade`` the float32
-    screen after it on the rows it leaves (``min_tiles``: the row tiles below which the TF32 screen
-    leaves a launch's rows to it, default :func:`.tensor.min_tiles`), else in float32; ``xr`` the
+    screen after it on the rows it leaves, else in float32; ``xr`` the
     rows' row-major copy (:meth:`.rows.DeviceRows.row_major`) or None, which a full step's sums and
     the screen of the listed rows read rows from where there is one; the other arguments as the
     fused kernel's launch takes them.
     ``bounds`` (a :class:`.bounds.DeviceBounds`, resident rows): the screen writes the kept bounds,
     and the result's ``listed`` launches search only the rows the bounds test lists; else
-    ``dummies`` (int32, float32 device arrays) stand in for the bounds' arrays.  ``groups``: the float32
-    screen of the listed rows may split the centre tiles of few row tiles over the blocks
-    (:func:`centre_groups`; ``tune={"centre_groups": False}`` keeps a row tile on one block).
+    ``dummies`` (int32, float32 device arrays) stand in for the bounds' arrays.  ``groups``: the screen
+    of the listed rows (and the float32 screen of the rows TF32 left) may split the centre tiles of few
+    row tiles over the blocks (:func:`centre_groups`; ``tune={"centre_groups": False}`` keeps a row tile
+    on one block).
     """
     kp = plan.nct * plan.TC
     kpg = padded_centres(kp)
@@ -493,25 +512,27 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
         grid = _screen_grid(limits, tensor.SCREEN_SMEM, rows)
         # without the cascade the list and its count are placeholders the kernel never touches
         cas = cuda.device_array(max(1, rows), dtype=np.int32) if cascade else dummies[0]
-        mintiles = tensor.min_tiles(grid) if min_tiles is None else int(min_tiles)
-        ctail = (cas, int(pack.cslot), mintiles)
-        sk = tensor.screen_kernel(*sspec, False, cascade)
-        sargs = head + (0, int(pack.gslot)) + ctail
-        skobj = compiled("tf32_screen", sspec + (False, cascade), sk, sargs)
+        ctail = (cas, int(pack.cslot))
+        sspec1 = sspec + (False, cascade, False)
+        sk = tensor.screen_kernel(*sspec1)
+        sargs = head + (0, int(pack.gslot)) + ctail + split_scratch(grid, kpg, False)
+        skobj = compiled("tf32_screen", sspec1, sk, sargs)
         screens = [Launch(sk, skobj, sargs, grid, NT, 0, stream, fast)]
         lscreens = None
         if keeps:
-            lspec = sspec + (xr is not None, cascade)
+            # the listed rows: few row tiles have their centre tiles split over the blocks
+            groups = bool(groups)
+            lspec = sspec + (xr is not None, cascade, groups)
             lk = tensor.screen_kernel(*lspec)
-            largs = lhead + (1, int(pack.gslot)) + ctail
+            largs = lhead + (1, int(pack.gslot)) + ctail + split_scratch(grid, kpg, groups)
             lscreens = [Launch(lk, compiled("tf32_screen", lspec, lk, largs), largs, grid, NT, 0, stream, fast)]
         if cascade:
             # the float32 screen of the rows TF32 left (their count read on the device), its centre tiles in
             # groups where they are few; what it leaves goes to the exact kernel
-            fspec = sspec + (xr is not None, True)
+            fspec = sspec + (xr is not None, bool(groups))
             fk = screen_kernel(*fspec)
             fargs = (lhead[:12] + (cas,) + tail[1:] + (1, int(pack.cslot))
-                     + split_scratch(f32_grid, kpg, True))
+                     + split_scratch(f32_grid, kpg, bool(groups)))
             follow = Launch(fk, compiled("gemm_screen", fspec, fk, fargs), fargs, f32_grid, NT, 0, stream, fast)
             screens.append(follow)
             if keeps:
@@ -544,7 +565,6 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
             listed.extend(sums)
     steps = Steps(out, grid)
     steps.centres_t = (ct, kpg)
-    steps.tf32_min_tiles = mintiles if tf32 and cascade else None
     if keeps:
         steps.listed = Steps(listed, grid)
         steps.newlab = None if delta else newlab

@@ -214,9 +214,6 @@ class Steps:
         #: the centres' attribute-major float64 copy the launches make, and its pitch, for the exact
         #: kernel (:func:`.recheck.recheck_kernel`'s ``ct``); None where they make none
         self.centres_t = None
-        #: where the launches screen on TF32 with the cascade: the fewest row tiles the TF32 screen takes
-        #: (:func:`.tensor.declines`), else None
-        self.tf32_min_tiles = None
 
     def __call__(self) -> None:
         for launch in self.launches:

@@ -122,8 +122,7 @@ class StepLaunches:
             fused = gemm.step_launches(self.limits, self.dtype, self.rows.weighted, k, self.m, int(self.rows.ld),
                                        plan, pack, x, xr, rows, labels, flags, w, fslot, stream, delta, self._fast,
                                        self.tf32, self._bounds if keeps else None, (self._dummyi, self._dummy32),
-                                       bool(self.tune.get("centre_groups", True)), self._cascade,
-                                       self.tune.get("tf32_min_tiles"))
+                                       bool(self.tune.get("centre_groups", True)), self._cascade)
             self.last_grid = fused.grid
             newlab, listed = fused.newlab, fused.listed
             ct, ct_pitch = fused.centres_t

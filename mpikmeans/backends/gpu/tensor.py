@@ -40,9 +40,9 @@ import functools
 
 import numpy as np
 
-from .device import HAVE_NUMBA_CUDA, SIM, cuda, inline_device
+from .device import HAVE_NUMBA_CUDA, SIM, cuda
 from .bounds import listed_rows, tile_row
-from .gemm import BK, BM, BN, NT, row_verdicts, slice_loads
+from .gemm import BK, BM, BN, NT, centre_groups, row_verdicts, slice_loads, unit_merge
 from .intrinsics import ldx, stx
 from .kernels import certificate as float32_certificate
 from .plan import PackLayout
@@ -77,8 +77,8 @@ MIN_CC = (8, 0)
 #: TF32 pays while it leaves under about half of the rows it searches.  On bench fullstep's D data
 #: it leaves 0.4-8 % of all rows and 0-1.7 % of the rows the bounds test lists
 #: (bench/experiments/tf32_cascade_on_fullstep_data.py).  So: TF32 from the first step while it
-#: leaves at most TF32_CASCADE_LIMIT of the rows it searched (+ TF32_FLAG_SLACK), where it took them
-#: (not :func:`declines`); from the float32 screen back when its own flagged rows times
+#: leaves at most TF32_CASCADE_LIMIT of the rows it searched (+ TF32_FLAG_SLACK); from the float32
+#: screen back when its own flagged rows times
 #: TF32_FLAG_RATIO (TF32 flagged 49-190 times as many in tf32_flagged.py) are within that limit.
 #:
 #: Without the cascade (``tune={"tf32_cascade": false}``) a flagged row costs the exact kernel
@@ -90,11 +90,6 @@ TF32_CASCADE_LIMIT = 0.3
 TF32_FLAG_LIMIT = 0.01
 TF32_FLAG_SLACK = 16
 TF32_FLAG_RATIO = 200
-#: the TF32 screen takes a launch's rows where they fill at least one in TF32_GRID_SHARE of its
-#: blocks (a row tile a block, :func:`min_tiles`); fewer go to the float32 screen, which splits a row
-#: tile's centre tiles over blocks: one row tile on one of D's 264 blocks took 0.41 ms in float32
-#: (TF32's 2.3x would leave 0.18), where the float32 screen's centre groups put it on 8 blocks
-TF32_GRID_SHARE = 3
 
 
 def next_screen(tf32: bool, left: int, searched: int, cascade: bool = False) -> bool:
@@ -103,25 +98,6 @@ def next_screen(tf32: bool, left: int, searched: int, cascade: bool = False) -> 
     the exact kernel); on the float32 screen it flagged ``left``."""
     limit = (TF32_CASCADE_LIMIT if cascade else TF32_FLAG_LIMIT) * searched + TF32_FLAG_SLACK
     return left <= limit if tf32 else left * TF32_FLAG_RATIO <= limit
-
-
-def min_tiles(grid: int) -> int:
-    """The fewest row tiles a cascading TF32 screen of ``grid`` blocks searches (:data:`TF32_GRID_SHARE`)."""
-    return -(-int(grid) // TF32_GRID_SHARE)
-
-
-def _declines(ntiles, mintiles):
-    """Whether a cascading TF32 screen leaves all of its ``ntiles`` row tiles to the float32 screen."""
-    return ntiles < mintiles
-
-
-declines = inline_device(_declines)
-
-
-def declined(rows: int, mintiles: int) -> bool:
-    """Whether a cascading TF32 screen that takes at least ``mintiles`` row tiles left ``rows`` rows, all of
-    them, to the float32 screen (the host's side of :func:`declines`)."""
-    return _declines(-(-int(rows) // BM), int(mintiles))
 
 
 def cascade_wanted(tune: dict) -> bool:
@@ -226,16 +202,16 @@ else:
 
 @functools.lru_cache(maxsize=None)
 def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool, bounds: bool = False,
-                  rowmajor: bool = False, cascade: bool = False):
+                  rowmajor: bool = False, cascade: bool = False, groups: bool = False):
     """Certified nearest centre of every row on the tensor cores: :func:`.gemm.screen_kernel`'s
-    arguments and results but the split's scratch (see the module docstring), then ``cas`` (int32,
-    (n,)), ``cslot`` and ``mintiles``.
+    arguments and results (see the module docstring), with ``cas`` (int32, (n,)) and ``cslot`` after
+    ``gslot``, before the split's scratch.
 
     With ``cascade`` a row the TF32 certificate leaves goes to ``cas`` (``ctr[cslot]`` of them) for
-    the float32 screen (:func:`.gemm.screen_kernel` on that list), not to the exact kernel; and where
-    its rows fill fewer than ``mintiles`` row tiles (:func:`declines`) the kernel searches none and
-    lists them all there: the float32 screen spreads few row tiles' centre tiles over the blocks
-    (:func:`.gemm.centre_groups`), which this one does not.
+    the float32 screen (:func:`.gemm.screen_kernel` on that list), not to the exact kernel.  With
+    ``groups`` few row tiles have their centre tiles split over the blocks as the float32 screen's
+    (:func:`.gemm.centre_groups`, :func:`.gemm.unit_merge`): the rows the bounds test lists (D: 300 row
+    tiles, two waves of 264 blocks, the second one of 36 tiles: 0.52 ms under ncu).
     """
     M_C, KPG = int(m_c), int(kpg_c)
     L = PackLayout(*pack_c)
@@ -248,13 +224,15 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     BUF2 = 2 * BUF
     SB = SLOTS * BM
     SCR = _SCRATCH
-    CASCADE = bool(cascade)
-    verdicts = row_verdicts(SLOTS, *certificate(M_C), bool(delta), bool(bounds), CASCADE)
+    verdicts = row_verdicts(SLOTS, *certificate(M_C), bool(delta), bool(bounds), bool(cascade))
     loads = slice_loads(storage, M_C, KPG, pack_c, rowmajor)
     INF = np.float32(np.inf)
+    GMAX = min(NCT, SLOTS)  # a unit's candidates take one slot of the merging block
+    GROUPS = bool(groups)
+    merge_units = unit_merge(SLOTS)
 
     def km_tf32_screen(x, n, ld, p32, p64, cmg, ccg, ctr, labels, newlab, flags, fslot, idx, ub, lb, gat, gslot,
-                       cas, cslot, mintiles):
+                       cas, cslot, gb1, gb2, gbi, tcount, ucap):
         xs = cuda.shared.array(BUF2, dtype=float32)
         cs = cuda.shared.array(BUF2, dtype=float32)
         sb1 = cuda.shared.array(SB, dtype=float32)
@@ -262,6 +240,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
         si1 = cuda.shared.array(SB, dtype=int32)
         syy = cuda.shared.array(BM, dtype=float32)
         scr = cuda.shared.array(SCR, dtype=float32)
+        last = cuda.shared.array(1, dtype=int32)
         tid = cuda.threadIdx.x
         lane = tid % 32
         warp = tid // 32
@@ -282,16 +261,11 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
         zlim = p32[P_ZL]
         nrow = listed_rows(n, ctr, gat, gslot)
         ntiles = (nrow + BM - 1) // BM
-        if CASCADE and declines(ntiles, mintiles):
-            # too few row tiles for this launch: all of them to the float32 screen's list (no atomics:
-            # block 0 alone writes the list and its count, read by the next launch)
-            if cuda.blockIdx.x == 0:
-                for p in range(tid, nrow, NT):
-                    stx(cas, p, int32(tile_row(p, nrow, idx, gat)))
-                if tid == 0:
-                    ctr[cslot] = nrow
-            return
-        for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
+        ng = centre_groups(ntiles, cuda.gridDim.x, ucap, NCT, GMAX) if GROUPS else 1
+        for unit in range(cuda.blockIdx.x, ntiles * ng, cuda.gridDim.x):
+            tile = unit // ng
+            grp = unit - tile * ng
+            ct0 = grp * NCT // ng
             row0 = tile * BM
             for q in range(tid, SB, NT):
                 stx(sb1, q, INF)
@@ -299,7 +273,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                 stx(si1, q, 0)
             i = tile_row(row0 + xr, nrow, idx, gat)
             yp = float32(0.0)
-            for ct in range(NCT):
+            for ct in range(ct0, (grp + 1) * NCT // ng):
                 for q in range(64):
                     acc[q] = float32(0.0)
                 for st in range(NST + 1):
@@ -335,7 +309,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                         bo = (st & 1) * BUF
                         for q in range(XQ):
                             stx(xs, bo + (xk + q * XSTEP) * PITCH + xr, tf32_rna(px[q]))
-                            if ct == 0:
+                            if ct == ct0:
                                 yp += px[q] * px[q]
                         for q in range(CQ):
                             stx(cs, bo + (ck + q * CSTEP) * PITCH + cr, tf32_rna(pc[q]))
@@ -359,8 +333,9 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                         stx(sb1, q, m1)
                         stx(sb2, q, m2)
                         stx(si1, q, mi)
-            verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb, gat,
-                     cas, cslot)
+            if ng == 1 or merge_units(sb1, sb2, si1, last, unit, tile, ng, gb1, gb2, gbi, tcount):
+                verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb,
+                         gat, cas, cslot)
             cuda.syncthreads()
 
     if SIM:
