@@ -1049,11 +1049,11 @@ def test_gpu_gemm_screen_matches_cpu(dtype):
     """The GEMM-shaped screen: chosen for centres too large for shared memory (K x M = 257,000), and forced
     on a shape that would not choose it, with weights and with labels still changing (incremental steps)."""
     gpu = _gpu_vs_cpu(30_000, 257, 1000, dtype=dtype, iters=2, start_rows=True, cpu_sees_stored=True)
-    assert gpu.gemm_wanted(gpu._plan(1000, False), False)  # the step plan of this shape takes it
+    assert gpu.gemm_wanted(gpu._plan(1000, False), False, 1000)  # the step plan of this shape takes it
     _gpu_vs_cpu(50_000, 70, 130, dtype=dtype, tune={"gemm": True}, weights=True, iters=2)
     _gpu_vs_cpu(50_000, 70, 130, dtype=dtype, tune={"gemm": True, "delta": "always"}, iters=5, start_rows=True)
-    # the TF32 screen (tensor.py) from the first step, and with rows as centres (many rows flagged:
-    # the float32 screen takes over after the first step)
+    # the TF32 screen (tensor.py) from the first step, and with rows as centres (the rows it leaves go to the
+    # float32 screen; where they are many, the float32 screen takes over after the first step)
     tf = _gpu_vs_cpu(30_000, 257, 1000, dtype=dtype, tune={"tf32": True}, iters=3)
     assert tf.tf32  # blobs, centres near theirs: nothing to flag, TF32 throughout
     _gpu_vs_cpu(30_000, 257, 1000, dtype=dtype, tune={"tf32": True}, iters=2, start_rows=True, cpu_sees_stored=True)
@@ -1157,7 +1157,7 @@ def test_gpu_fullstep_case_plans_match_cpu_float64(case):
     gpu = _gpu_vs_cpu(n, m, k, iters=6, start_rows=True, seed=31)
     full = gpu._plan_for(k, False, False, n_full)  # the case's own plan (its rows: the split step or not)
     plan = gpu._plan(k, False)
-    assert (plan.mode, gpu.gemm_wanted(plan, False)) == (full.mode, gpu.gemm_wanted(full, False)), case
+    assert (plan.mode, gpu.gemm_wanted(plan, False, k)) == (full.mode, gpu.gemm_wanted(full, False, k)), case
 
 
 @pytest.mark.gpu
@@ -1420,6 +1420,29 @@ def test_gemm_screen_choice_rule():
     assert next_screen(False, 0, n) and next_screen(False, 15, n)
     assert not next_screen(False, 16, n) and not next_screen(False, 27, n)  # noise 4, rows as centres
     assert next_screen(True, 16, 10) and not next_screen(True, 17, 10)  # a few rows decide nothing
+
+
+def test_gemm_path_rule():
+    """The GEMM path: centres that do not fit in shared memory with M >= 64 (D), or with the TF32 cascade
+    from K = 512 and M = 32 on (B); never for the final assignment or on devices without the screen's
+    shared memory; tune {"gemm": bool} decides instead."""
+    from types import SimpleNamespace
+
+    from mpikmeans.backends.gpu.gemm import wanted
+
+    h100 = SimpleNamespace(cc=(9, 0), smem_optin=227 * 1024)
+    t4 = SimpleNamespace(cc=(7, 5), smem_optin=64 * 1024)
+    assert wanted(False, 257, h100, {}, False, False, 1000, False)  # D
+    assert wanted(True, 32, h100, {}, False, False, 1000, True)  # B, TF32 with the cascade
+    assert not wanted(True, 32, h100, {}, False, False, 1000, False)  # B without it: the fused kernel
+    assert not wanted(True, 100, h100, {}, False, False, 50, True)  # A
+    assert not wanted(True, 16, h100, {}, False, False, 1000, True) and not wanted(True, 32, h100, {}, False,
+                                                                                 False, 511, True)
+    assert not wanted(True, 32, h100, {}, True, False, 1000, True)  # the final assignment
+    assert not wanted(True, 32, h100, {}, False, True, 1000, True)  # streamed rows
+    assert not wanted(False, 257, t4, {}, False, False, 1000, True)
+    assert wanted(True, 3, t4, {"gemm": True}, False, False, 7, False)
+    assert not wanted(False, 257, h100, {"gemm": False}, False, False, 1000, True)
 
 
 def test_gemm_screen_cascade_rule():

@@ -277,7 +277,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             self._dummyi = cuda.device_array(1, dtype=np.int32)
         if not rows.streaming:
             # the GEMM path makes the screen's centre data on the device (:mod:`.gemmcentres`)
-            pack = Pack(k, self.m, plan.TC, plan.nct, self.dtype, 1, on_device=self.gemm_wanted(plan, assign))
+            pack = Pack(k, self.m, plan.TC, plan.nct, self.dtype, 1, on_device=self.gemm_wanted(plan, assign, k))
             if assign:
                 if self._alabels is None:
                     self._alabels = cuda.device_array(self.n, dtype=np.int32)
@@ -401,7 +401,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             st.pack.fill(zeros)  # overwritten by every step's fill
             add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros, zeros.copy())
             carry_kept(zeros, np.zeros(k), zeros, zeros, zeros.copy(), np.zeros(k))
-            if self._tf32_allowed and self.gemm_wanted(self._plan(k, False), False):
+            if self._tf32_allowed and self.gemm_wanted(self._plan(k, False), False, k):
                 self._warm_other_screen(k, "delta" in kinds and self._delta_allowed())
         if "assign" in kinds:
             self._state(k, True)
@@ -501,7 +501,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
 
     def _choose_screen(self, k: int) -> None:
         """After a full step on the GEMM path: the screen of the steps to come (:func:`.tensor.next_screen`)."""
-        if not self._tf32_allowed or not self.gemm_wanted(self._plan(k, False), False):
+        if not self._tf32_allowed or not self.gemm_wanted(self._plan(k, False), False, k):
             return
         searched = self.last_searched
         left = self.last_cascaded if self.tf32 and self._cascade else self.last_flagged

@@ -9,15 +9,17 @@ step of that shape on the H100, the rest of the step's kernels 0.03 ms
 label order first (a counting sort) and then summed in registers, one thread an attribute:
 
 1. :func:`count_kernel` (a thread a row): each certified row (``newlab >= 0``) counts
-   towards its cluster (``hist``: int32 counters in the step buffer, which every step's
-   upload zeroes; with weights also its float64 count), and a changed label is counted
-   and stored;
+   towards its cluster (``hist``: :data:`.plan.HIST_COPIES` copies of K int32 counters in
+   the step buffer, which every step's upload zeroes; a block counts into copy
+   ``block % HIST_COPIES``: one copy took D's 3e5 rows into 4 KB of counters, 35 us; with
+   weights also its float64 count), and a changed label is counted and stored;
 2. :func:`offsets_kernel` (one block): each cluster's first place in label order, the
-   exclusive prefix sum of ``hist``, into ``start`` and ``cursor``; unweighted counts
-   from ``hist``;
-3. :func:`place_kernel` (a thread a row): each certified row's index and label at its
-   place (``order``, ``slab``: the places within a cluster in whatever order the
-   atomics hand them out);
+   exclusive prefix sum of the copies' totals, into ``start``, and each copy's first place
+   within its cluster into ``cursor`` (a copy's rows after the lower copies'); unweighted
+   counts from ``hist``;
+3. :func:`place_kernel` (a thread a row, the count kernel's grid, so a row's block and
+   copy are the same): each certified row's index and label at its place (``order``,
+   ``slab``: the places within a cluster in whatever order the atomics hand them out);
 4. :func:`walk_kernel`: a block takes :data:`SEG` places at a time, its threads on the
    attributes; each thread adds ``w (x - c)`` and ``w (x - c)^2`` of the segment's rows in
    float64 registers, batches of :data:`BATCH` rows of one cluster loaded together, and
@@ -42,7 +44,7 @@ from .device import SIM, cuda
 from .intrinsics import ldx, stx
 from .launch import Launch
 from .compiled import compiled
-from .plan import PackLayout, round_up
+from .plan import HIST_COPIES, PackLayout, round_up
 
 if cuda is not None:
     from numba import float32, float64, int32, int64
@@ -68,27 +70,28 @@ def walk_threads(m: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def count_kernel(weighted: bool, pack_c: tuple):
-    """Arguments: n, newlab (n,) int32, labels (n,) int32, w (n,) float64, and the step buffer's float64,
+    """Arguments: n, k, newlab (n,) int32, labels (n,) int32, w (n,) float64, and the step buffer's float64,
     int64 and int32 views p64, ctr, i32."""
     WEIGHTED = weighted
     L = PackLayout(*pack_c)
     P_CNT, I_CHG, H = int(L.p64_cnt), int(L.i64_chg), int(L.i32_hist)
     NT = NT_ROWS
 
-    def km_label_count(n, newlab, labels, w, p64, ctr, i32):
+    def km_label_count(n, k, newlab, labels, w, p64, ctr, i32):
         chg = cuda.shared.array(1, dtype=int32)
         tid = cuda.threadIdx.x
         if tid == 0:
             chg[0] = 0
         cuda.syncthreads()
         mine = 0
+        hc = H + (cuda.blockIdx.x % HIST_COPIES) * k  # this block's copy of the counters
         for i in range(cuda.blockIdx.x * NT + tid, n, cuda.gridDim.x * NT):
             lab = ldx(newlab, i)
             if lab >= 0:
                 if ldx(labels, i) != lab:
                     mine += 1
                     stx(labels, i, lab)
-                cuda.atomic.add(i32, H + lab, 1)
+                cuda.atomic.add(i32, hc + lab, 1)
                 if WEIGHTED:
                     cuda.atomic.add(p64, P_CNT + lab, ldx(w, i))
         if mine != 0:
@@ -102,8 +105,8 @@ def count_kernel(weighted: bool, pack_c: tuple):
 
 @functools.lru_cache(maxsize=None)
 def offsets_kernel(weighted: bool, pack_c: tuple):
-    """Arguments: k, start (k + 1,) int32, cursor (k,) int32, and the step buffer's views p64, i32.  One
-    block."""
+    """Arguments: k, start (k + 1,) int32, cursor (HIST_COPIES k,) int32, and the step buffer's views p64,
+    i32.  One block."""
     WEIGHTED = weighted
     L = PackLayout(*pack_c)
     P_CNT, H = int(L.p64_cnt), int(L.i32_hist)
@@ -117,7 +120,8 @@ def offsets_kernel(weighted: bool, pack_c: tuple):
         b = min(a + per, k)
         s = 0
         for c in range(a, b):
-            s += ldx(i32, H + c)
+            for h in range(HIST_COPIES):
+                s += ldx(i32, H + h * k + c)
         part[tid] = s
         cuda.syncthreads()
         off = 1
@@ -129,12 +133,13 @@ def offsets_kernel(weighted: bool, pack_c: tuple):
             off *= 2
         base = part[tid] - s
         for c in range(a, b):
-            h = ldx(i32, H + c)
-            stx(start, c, base)
-            stx(cursor, c, base)
+            first = base
+            stx(start, c, first)
+            for h in range(HIST_COPIES):  # each copy's rows of the cluster after the lower copies'
+                stx(cursor, h * k + c, base)
+                base += ldx(i32, H + h * k + c)
             if not WEIGHTED:
-                p64[P_CNT + c] += float64(h)
-            base += h
+                p64[P_CNT + c] += float64(base - first)
         if tid == NT - 1:
             stx(start, k, part[NT - 1])
 
@@ -143,14 +148,16 @@ def offsets_kernel(weighted: bool, pack_c: tuple):
 
 @functools.lru_cache(maxsize=None)
 def place_kernel():
-    """Arguments: n, newlab (n,) int32, cursor (k,) int32, order (n,) int32, slab (n,) int32."""
+    """Arguments: n, k, newlab (n,) int32, cursor (HIST_COPIES k,) int32, order (n,) int32, slab (n,) int32;
+    the count kernel's grid (a row's block takes the cursors of the copy it was counted in)."""
     NT = NT_ROWS
 
-    def km_label_place(n, newlab, cursor, order, slab):
+    def km_label_place(n, k, newlab, cursor, order, slab):
+        hc = (cuda.blockIdx.x % HIST_COPIES) * k
         for i in range(cuda.blockIdx.x * NT + cuda.threadIdx.x, n, cuda.gridDim.x * NT):
             lab = ldx(newlab, i)
             if lab >= 0:
-                p = cuda.atomic.add(cursor, lab, 1)
+                p = cuda.atomic.add(cursor, hc + lab, 1)
                 stx(order, p, int32(i))
                 stx(slab, p, lab)
 
@@ -249,16 +256,16 @@ def launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int, pack
     """
     layout = tuple(pack.layout)
     start = cuda.device_array(k + 1, dtype=np.int32)
-    cursor = cuda.device_array(k, dtype=np.int32)
+    cursor = cuda.device_array(HIST_COPIES * k, dtype=np.int32)
     order = cuda.device_array(max(1, rows), dtype=np.int32)
     slab = cuda.device_array(max(1, rows), dtype=np.int32)
     rgrid = max(1, min(-(-rows // NT_ROWS), 2 if SIM else 8 * limits.sm_count))
     ck = count_kernel(weighted, layout)
-    cargs = (int(rows), newlab, labels, w, pack.dev, pack.ctr, pack.i32)
+    cargs = (int(rows), int(k), newlab, labels, w, pack.dev, pack.ctr, pack.i32)
     ok = offsets_kernel(weighted, layout)
     oargs = (int(k), start, cursor, pack.dev, pack.i32)
     pk = place_kernel()
-    pargs = (int(rows), newlab, cursor, order, slab)
+    pargs = (int(rows), int(k), newlab, cursor, order, slab)
     rowmajor = xr is not None
     wspec = (storage, weighted, int(m), layout, rowmajor)
     wk = walk_kernel(*wspec)

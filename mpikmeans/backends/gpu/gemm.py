@@ -65,22 +65,36 @@ MAXREG = 65536 // (2 * NT)
 SCREEN_SMEM = (2 * BK * BM + 2 * BK * BN) * 4 + (BN // 8) * BM * 12 + BM * 4
 
 
-def wanted(centres_shared: bool, m: int, limits, tune: dict, assign: bool, streaming: bool) -> bool:
-    """Whether a step takes this path instead of the fused kernel.
+#: where the screen runs on TF32 with the cascade (:mod:`.tensor`), the path is taken from this many
+#: centres and attributes on, whether or not the centres fit in shared memory: 1e7 x 32, K = 1000 (bench
+#: fullstep's B), H100, 17.1 / 17.8 ms a full step f32 / f64 against the fused kernel's 22.9 / 25.4
+#: (``bench/results/fullstep_B_H100_2026-11-27_s17_gemm.*``); fewer centres fill less of the
+#: 128-centre tiles, fewer attributes less of the 16-attribute slices (not measured)
+TF32_MIN_K = 512
+TF32_MIN_M = 32
+
+
+def wanted(centres_shared: bool, m: int, limits, tune: dict, assign: bool, streaming: bool, k: int = 0,
+           tf32: bool = False) -> bool:
+    """Whether a step with ``k`` centres of ``m`` attributes takes this path instead of the fused kernel.
 
     Where the centres do not fit in shared memory and the rows are long enough for
     the tiles (M >= 64): there the fused kernel's pass 1 reads every centre from L2
     for every row tile (3e5 x 257, K = 1000: 22 ms a step on the H100, this screen
-    5.5 ms).  Resident rows, steps only (the final assignment keeps the fused
-    kernel), on devices that give a block the screen's shared memory
-    (:func:`device_fits`); ``tune={"gemm": bool}`` decides instead (tests, benchmarks).
+    5.5 ms); and where the screen may run on TF32 with the cascade (``tf32``), from
+    :data:`TF32_MIN_K` centres and :data:`TF32_MIN_M` attributes on.  Resident rows,
+    steps only (the final assignment keeps the fused kernel), on devices that give a
+    block the screen's shared memory (:func:`device_fits`); ``tune={"gemm": bool}``
+    decides instead (tests, benchmarks).
     """
     if assign or streaming:
         return False
     forced = tune.get("gemm")
     if forced is not None:
         return bool(forced)
-    return not centres_shared and m >= 64 and device_fits(limits.cc, limits.smem_optin)
+    if not device_fits(limits.cc, limits.smem_optin):
+        return False
+    return (not centres_shared and m >= 64) or (bool(tf32) and k >= TF32_MIN_K and m >= TF32_MIN_M)
 
 
 def device_fits(cc: tuple, smem_optin: int) -> bool:

@@ -61,7 +61,7 @@ class StepLaunches:
         if self.rows.streaming or self.n == 0 or not bounds_wanted(self.tune.get("bounds", "auto"), k, self.m,
                                                                    self.dtype):
             return False
-        if not (self.gemm_wanted(plan, False) or plan.mode in (MODE_STEP_SPLIT, MODE_STEP_DELTA)):
+        if not (self.gemm_wanted(plan, False, k) or plan.mode in (MODE_STEP_SPLIT, MODE_STEP_DELTA)):
             return False
         if self._bounds is None:
             if self.limits.free_memory() < self.n * ROW_BYTES + (256 << 20):
@@ -104,9 +104,10 @@ class StepLaunches:
                            int(self.rows.ld), labels, newlab, w, flags, fslot, assign_tc, stream, self._fast,
                            self.tune)
 
-    def gemm_wanted(self, plan: Plan, assign: bool) -> bool:
-        """Whether a step with ``plan`` takes the GEMM-shaped path (:func:`.gemm.wanted`)."""
-        return gemm.wanted(plan.centres_shared, self.m, self.limits, self.tune, assign, self.rows.streaming)
+    def gemm_wanted(self, plan: Plan, assign: bool, k: int) -> bool:
+        """Whether a step with ``plan`` for ``k`` centres takes the GEMM-shaped path (:func:`.gemm.wanted`)."""
+        return gemm.wanted(plan.centres_shared, self.m, self.limits, self.tune, assign, self.rows.streaming, k,
+                           self._cascade)
 
     def _launches(self, plan: Plan, pack: Pack, k: int, assign: bool, x, rows: int, labels, flags, w,
                   dist2, fslot: int, stream, delta: bool = False):
@@ -115,7 +116,7 @@ class StepLaunches:
         on the rows it lists, the centres kept for the next step's moves alone) triple, else None."""
         keeps = not assign and self._keeps_bounds(plan, k)
         ct, ct_pitch = self._dummy, 0  # the exact kernel reads the step buffer's centres
-        if self.gemm_wanted(plan, assign):
+        if self.gemm_wanted(plan, assign, k):
             # a full step's sums (:mod:`.bylabel`) and the screen of the rows the bounds test lists read the
             # rows from the row-major copy where there is one
             xr = self._row_major() if keeps or not delta else None
