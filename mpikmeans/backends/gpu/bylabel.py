@@ -55,8 +55,10 @@ NT_ROWS = 32 if SIM else 256
 NT_SCAN = 8 if SIM else 1024
 #: places a block of the walk takes at a time (staged in shared memory)
 SEG = 16 if SIM else 256
-#: rows of one cluster a thread loads before adding them (their loads in flight together)
-BATCH = 8
+#: rows of one cluster a thread loads before adding them (their loads in flight together; 8 took D's
+#: walk 195 us, 16 173-176 us: ``bench/results/kernels_D_f32_H100_2026-11-27_s17_batch16.log``; the
+#: simulator's segments of 16 keep 8)
+BATCH = 8 if SIM else 16
 #: the most threads a block of the walk has (one an attribute; longer rows in several passes)
 WALK_NT_MAX = 512
 

@@ -31,7 +31,8 @@ PREP_BATCH = 8
 SHIFT_NT = 32 if SIM else 128
 #: centres' values a thread of the shift kernel loads together before it adds them (in centre order):
 #: with one load an addition, its chain of K dependent round trips to memory took D's shift (K = 1000)
-#: 53 us of every step on three blocks (``bench/results/kernels_D_f32_H100_2026-11-26_s15_recheck.log``)
+#: 53 us of every step on three blocks (``bench/results/kernels_D_f32_H100_2026-11-26_s15_recheck.log``),
+#: 16 at a time 25 us; 32 at a time measured no faster (25 us, ``kernels_D_f32_H100_2026-11-27_s17_batch16.log``)
 SHIFT_BATCH = 16
 
 
