@@ -291,22 +291,25 @@ _SIM_PROGRAM = textwrap.dedent(
                   and float(np.abs(a.sums - b.sums).max()) <= 1e-12 * float(np.abs(a.sums).max()))
     print(json.dumps({"name": "k_change", "ok": ok, "states": len(g2._states)}), flush=True)
 
-    # the GEMM path's shift made on the device (gemmcentres.shift_kernel): the host fill's bits
+    # the GEMM path's shift made on the device (gemmcentres.shift_kernel): a warp an attribute, the bits of
+    # gemmcentres.lane_tree_mean; 600 centres: two rounds of a lane's batched loads
     from mpikmeans.backends.gpu import gemmcentres as GM
     from mpikmeans.backends.gpu.launch import Pack
     shifts = []
-    for dt in ("float64", "float32"):
-        cs = np.random.default_rng(3).normal(size=(37, 5)) * 10 + 3
-        pk = Pack(37, 5, 64, 1, dt, 1, on_device=True)
+    for dt, kk in (("float64", 37), ("float32", 37), ("float64", 600)):
+        cs = np.random.default_rng(3).normal(size=(kk, 5)) * 10 + 3
+        pk = Pack(kk, 5, 64, -(-kk // 64), dt, 1, on_device=True)
         pk.fill(cs)
         pk.upload()
-        GM.shift_kernel(dt, 37, 5, tuple(pk.layout))[1, GM.SHIFT_NT](pk.p32, pk.dev)
-        host = Pack(37, 5, 64, 1, dt, 1)
-        host.fill(cs)
+        GM.shift_kernel(dt, kk, 5, tuple(pk.layout))[GM.shift_grid(5), GM.SHIFT_NT](pk.p32, pk.dev)
+        want = np.array([GM.lane_tree_mean(cs[:, j]) for j in range(5)])
         lay = pk.layout
-        got = (pk.p32.copy_to_host()[lay.p32_sh: lay.p32_sh + 5] if dt == "float32"
-               else pk.dev.copy_to_host()[lay.p64_sh: lay.p64_sh + 5])
-        shifts.append(bool(np.array_equal(got, host.sh)) and bool(np.array_equal(pk.c64, cs)))
+        if dt == "float32":
+            got, want = pk.p32.copy_to_host()[lay.p32_sh: lay.p32_sh + 5], want.astype(np.float32)
+        else:
+            got = pk.dev.copy_to_host()[lay.p64_sh: lay.p64_sh + 5]
+        shifts.append(bool(np.array_equal(got, want)) and bool(np.array_equal(pk.c64, cs))
+                      and bool(np.allclose(got, cs.mean(0), rtol=1e-6)))
     print(json.dumps({"name": "device_shift", "equal": shifts}), flush=True)
 
     # the centres' moves and the bounds' drops made on the device (bounds.moves_kernel, drops_kernel) against
@@ -532,10 +535,11 @@ def test_sim_tf32_screen_in_centre_groups(sim):
     assert all(st["tf32"] for st in rec["steps"]), rec["steps"]
 
 
-def test_sim_gemm_shift_made_on_the_device_has_the_host_fills_bits(sim):
-    """The GEMM path's shift (gemmcentres.shift_kernel): each attribute's mean in centre order, float32-rounded for
-    float32 rows, bit for bit the host fill's; the host copies the centres alone."""
-    assert sim["device_shift"]["equal"] == [True, True]
+def test_sim_gemm_shift_made_on_the_device_is_the_lane_tree_mean(sim):
+    """The GEMM path's shift (gemmcentres.shift_kernel): each attribute's mean, a warp's lanes summing every 32nd
+    centre and a shuffle tree adding the lanes, bit for bit gemmcentres.lane_tree_mean's (float32-rounded for
+    float32 rows), the centres' mean to rounding; the host copies the centres alone."""
+    assert sim["device_shift"]["equal"] == [True, True, True]
 
 
 def test_sim_moves_and_drops_made_on_the_device_are_the_cpu_bounds(sim):

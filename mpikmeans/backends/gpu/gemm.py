@@ -39,7 +39,7 @@ from . import bylabel
 from .bounds import listed_rows, store_row_bounds, tile_row
 from .compiled import compiled
 from .device import SIM, cuda, inline_device
-from .gemmcentres import PREP_C, PREP_J, SHIFT_NT, prep_kernel, shift_kernel
+from .gemmcentres import PREP_C, PREP_J, SHIFT_NT, prep_kernel, shift_grid, shift_kernel
 from .intrinsics import ld4, ldx, stx
 from .kernels import certificate
 from .launch import Launch, Steps
@@ -505,7 +505,7 @@ def step_launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int,
     hspec = (storage, int(k), m, layout)
     hk = shift_kernel(*hspec)
     hargs = (pack.p32, pack.dev)
-    out.append(Launch(hk, compiled("gemm_shift", hspec, hk, hargs), hargs, -(-m // SHIFT_NT), SHIFT_NT, 0, stream,
+    out.append(Launch(hk, compiled("gemm_shift", hspec, hk, hargs), hargs, shift_grid(m), SHIFT_NT, 0, stream,
                       fast))
     rspec = (storage, int(k), m, kpg, layout)
     rk = prep_kernel(*rspec)

@@ -27,47 +27,78 @@ PREP_C, PREP_J = (16, 2) if SIM else (32, 8)
 #: attributes a thread of the prep kernel loads (with the shift's) before it uses them, in attribute
 #: order as before: one at a time, each a round trip to memory (D: 33 a thread, 13-17 us a step)
 PREP_BATCH = 8
-#: attributes (threads) a block of the shift kernel
+#: threads a block of the shift kernel: a warp an attribute
 SHIFT_NT = 32 if SIM else 128
-#: centres' values a thread of the shift kernel loads together before it adds them (in centre order):
-#: with one load an addition, its chain of K dependent round trips to memory took D's shift (K = 1000)
-#: 53 us of every step on three blocks (``bench/results/kernels_D_f32_H100_2026-11-26_s15_recheck.log``),
-#: 16 at a time 25 us; 32 at a time measured no faster (25 us, ``kernels_D_f32_H100_2026-11-27_s17_batch16.log``)
+#: centres' values a lane of the shift kernel loads together before it adds them
 SHIFT_BATCH = 16
+
+
+def shift_grid(m: int) -> int:
+    """Blocks of the shift kernel for ``m`` attributes (a warp each)."""
+    return -(-int(m) // (SHIFT_NT // 32))
+
+
+def lane_tree_mean(values: np.ndarray) -> float:
+    """The shift kernel's mean of one attribute's centre values (k,), in its order of additions (for tests):
+    lane ``l`` of a warp sums the values ``l, l + 32, ...`` in turn, then the lanes' sums are added at
+    distances 16, 8, 4, 2 and 1 (a tree), and the total divided by k; float64 throughout."""
+    lanes = [0.0] * 32
+    for c, v in enumerate(np.asarray(values, dtype=np.float64)):
+        lanes[c % 32] = lanes[c % 32] + float(v)
+    off = 16
+    while off:
+        lanes = [lanes[i] + lanes[i + off] if i + off < 32 else lanes[i] for i in range(32)]
+        off //= 2
+    return lanes[0] / len(values)
 
 
 @functools.lru_cache(maxsize=None)
 def shift_kernel(storage: str, k_c: int, m_c: int, pack_c: tuple):
     """The shift ``s``, the mean of the centres, made on the device from the step buffer's centres.
 
-    A thread an attribute sums its centres' values in centre order and divides by ``k``, rounding to
-    float32 for float32 rows: the bits :func:`.hostk.fill_centres` gives (the host's shift and copy of
-    the centres took 0.23-0.26 ms of D's step on the H100 host; the copy alone is left to it), the loads
-    :data:`SHIFT_BATCH` at a time.
+    A warp an attribute: lane ``l`` sums the centres ``l, l + 32, ...`` in turn (loads
+    :data:`SHIFT_BATCH` at a time), the lanes' sums are added pairwise in a tree and divided by
+    ``k``, rounded to float32 for float32 rows (:func:`lane_tree_mean` gives the same bits).  A thread
+    an attribute summing all K centres in turn (the host fill's order) was a chain of K / 16 round
+    trips to memory: 25 us of D's every step (K = 1000) on three blocks
+    (``bench/results/kernels_D_f32_H100_2026-11-27_s17_batch16.log``).
     Labels do not depend on the shift (the certificates hold for any), only which rows are flagged.
 
-    Arguments: p32, p64 (the step buffer's float32 and float64 views).
+    Arguments: p32, p64 (the step buffer's float32 and float64 views); :func:`shift_grid` blocks of
+    :data:`SHIFT_NT` threads.
     """
     F32 = storage == "float32"
     K_C, M_C = int(k_c), int(m_c)
     L = PackLayout(*pack_c)
     P_C64, P_SH32, P_SH64 = int(L.p64_c64), int(L.p32_sh), int(L.p64_sh)
-
     B = SHIFT_BATCH
+    WPB = SHIFT_NT // 32
 
     def km_gemm_shift(p32, p64):
-        j = cuda.blockIdx.x * SHIFT_NT + cuda.threadIdx.x
+        part = cuda.shared.array(SHIFT_NT, dtype=float64)
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        j = cuda.blockIdx.x * WPB + tid // 32
         cv = cuda.local.array(B, dtype=float64)
-        if j < M_C:
-            t = 0.0
-            for cb in range(0, K_C, B):
+        t = 0.0
+        if j < M_C:  # the same for the whole warp
+            for cb in range(lane, K_C, 32 * B):
                 for q in range(B):
-                    if cb + q < K_C:
-                        cv[q] = ldx(p64, P_C64 + (cb + q) * M_C + j)
+                    if cb + 32 * q < K_C:
+                        cv[q] = ldx(p64, P_C64 + (cb + 32 * q) * M_C + j)
                 for q in range(B):
-                    if cb + q < K_C:
+                    if cb + 32 * q < K_C:
                         t += cv[q]
-            t = t / K_C
+        part[tid] = t
+        cuda.syncthreads()
+        off = 16
+        while off > 0:  # the lanes' sums added at distances 16, 8, 4, 2, 1 (shared memory: the simulator
+            if lane < off:  # has no warp shuffles)
+                part[tid] = part[tid] + part[tid + off]
+            cuda.syncthreads()
+            off //= 2
+        if lane == 0 and j < M_C:
+            t = part[tid] / K_C
             if F32:
                 stx(p32, P_SH32 + j, float32(t))
             else:
