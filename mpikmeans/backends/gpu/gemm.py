@@ -1,4 +1,5 @@
-"""The GEMM-shaped full step, for shapes whose centres do not fit in shared memory.
+"""The GEMM-shaped full step, for shapes whose centres do not fit in shared memory (and, where the TF32
+screen of :mod:`.tensor` is there, for many centres: :func:`wanted`).
 
 The fused kernel's pass 1 (:mod:`.kernels`) keeps each thread's rows in registers and
 streams the centres from shared memory; when K x M float32 values do not fit there
@@ -23,7 +24,8 @@ float64 arithmetic as on every other path.  The launches of a step:
 2. :func:`screen_kernel`: certified labels into ``newlab`` (-1: flagged), flagged rows
    listed for the exact kernel; in an incremental step (``delta``) a certified row
    that keeps its label needs nothing and one that changes is flagged (the exact
-   kernel moves it);
+   kernel moves it).  Or the TF32 screen (:func:`.tensor.screen_kernel`) with the same
+   results, then this screen on the list of the rows it could not certify (the cascade);
 3. (full steps) for every certified row, the changed count, its new label, and the float64
    deviation sums, count and SSE: the rows grouped by label first (:mod:`.bylabel`, four
    launches).

@@ -4,8 +4,10 @@ The float32 screen of :mod:`.gemm` runs its register-blocked products at 41 % of
 H100's FP32 rate (3e5 x 257, K = 1000: 5.8 ms).  This screen computes the same
 estimate ``|z_c|^2 - 2 y.z_c`` with warp-wide ``mma.sync.m16n8k8`` products on TF32
 inputs (inline PTX; Numba has no tensor-core API) and keeps the same contract:
-certified labels into ``newlab``, every other row flagged for the exact float64
-kernel, so the labels stay those of exact float64 arithmetic
+certified labels into ``newlab``; every other row goes to the float32 screen (the
+cascade, the default: the float32 screen searches the list this one leaves and flags
+what it cannot certify for the exact float64 kernel) or straight to the exact kernel,
+so the labels stay those of exact float64 arithmetic
 (``bench/experiments/tf32_pass1.py``: 2.5 against 5.8 ms on that shape, no
 row flagged on its blobs, every checked label exact).
 
@@ -75,11 +77,12 @@ MIN_CC = (8, 0)
 #: leaves to the exact kernel, so the labels and the exact kernel's rows are the float32 screen's.
 #: A row then costs TF32 about 0.43 of a float32 search, and one it leaves a float32 search more:
 #: TF32 pays while it leaves under about half of the rows it searches.  On bench fullstep's D data
-#: it leaves 0.4-8 % of all rows and 0-1.7 % of the rows the bounds test lists
-#: (bench/experiments/tf32_cascade_on_fullstep_data.py).  So: TF32 from the first step while it
-#: leaves at most TF32_CASCADE_LIMIT of the rows it searched (+ TF32_FLAG_SLACK); from the float32
-#: screen back when its own flagged rows times
-#: TF32_FLAG_RATIO (TF32 flagged 49-190 times as many in tf32_flagged.py) are within that limit.
+#: it left 1.7-8 % of all rows and about 13 % of the rows the bounds test lists on the H100 (the CPU
+#: emulation, bench/experiments/tf32_cascade_on_fullstep_data.py on 1e5 rows: 0.4-8 % and 0-1.7 %;
+#: bench/GPU_NOTES.md v21).  So: TF32 from the first step while it leaves at most
+#: TF32_CASCADE_LIMIT of the rows it searched (+ TF32_FLAG_SLACK); from the float32 screen back when
+#: its own flagged rows times TF32_FLAG_RATIO (TF32 flagged 49-190 times as many in tf32_flagged.py)
+#: are within that limit.
 #:
 #: Without the cascade (``tune={"tf32_cascade": false}``) a flagged row costs the exact kernel
 #: backend.MOVE_NS + MOVE_NS_PER_ELEM K M, the tensor cores save about 0.04 ps per K x M x row: past
