@@ -63,6 +63,7 @@ def test_the_cold_parts_of_a_run(monkeypatch):
 
     data = str(Path(__file__).resolve().parents[1] / "data" / "sample.arff")
     cfg = RunConfig(k=2).validate()
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
     for rest, cpu, shape in [(False, False, False), (True, True, True), (True, False, True)]:
         monkeypatch.setattr(warmup, "rest_warm", lambda: rest)
         monkeypatch.setattr(warmup, "cpu_backend_cold", lambda: [] if cpu else ["step", "init"])
@@ -71,6 +72,18 @@ def test_the_cold_parts_of_a_run(monkeypatch):
         assert cold(data, cfg, False, 1) == ["rest"] * (not rest) + ["cpu-step", "cpu-init"] * (not cpu)
         gpu = ["gpu-full", "gpu-assign", "gpu-delta", "gpu-init", "gpu-fixed"]
         assert cold(data, cfg, True, 1) == ["rest"] * (not rest) + gpu * (not shape)
+
+
+def test_the_simulator_starts_no_gpu_helpers(monkeypatch):
+    """Under the CUDA simulator nothing is compiled for the GPU: a GPU run's helpers are the rest's alone."""
+    import mpikmeans.cache as cache
+    import mpikmeans.warmup as warmup
+
+    data = str(Path(__file__).resolve().parents[1] / "data" / "sample.arff")
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    monkeypatch.setattr(warmup, "rest_warm", lambda: False)
+    monkeypatch.setattr(cache, "gpu_shape_warm", lambda key: False)
+    assert runner.BackgroundCompile._cold(data, RunConfig(k=2).validate(), True, 1) == ["rest"]
 
 
 def test_warm_caches_start_nothing(monkeypatch):
