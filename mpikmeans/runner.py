@@ -257,9 +257,7 @@ class BackgroundCompile:
         cold = [] if rest_warm() else ["rest"]
         if not gpu:
             return cold + [f"cpu-{p}" for p in cpu_backend_cold()]
-        if cfg.k is None or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-            # the CUDA simulator compiles no GPU kernels and never marks a shape warm: five helpers started up
-            # (2-3 s each) in every simulated run for the few host kernels, which the run compiles itself
+        if cfg.k is None or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # the simulator compiles no kernels
             return cold
         try:
             from .cache import gpu_shape_key, gpu_shape_warm
