@@ -71,8 +71,9 @@ def main():
             listed = ub + moves[labels] > lb - others[labels]
         nl = max(1, int(listed.sum()))
         changed = n if labels is None else int((lab != labels).sum())
-        print(f"{it:4d} {changed:8d} {int(listed.sum()):8d}  | {left['float32'].mean():16.5f} {left['tf32'].mean():6.4f}"
-              f" | {left['float32'][listed].sum() / nl:19.5f} {left['tf32'][listed].sum() / nl:6.4f}", flush=True)
+        f32, tf = left["float32"], left["tf32"]
+        print(f"{it:4d} {changed:8d} {int(listed.sum()):8d}  | {f32.mean():16.5f} {tf.mean():6.4f}"
+              f" | {f32[listed].sum() / nl:19.5f} {tf[listed].sum() / nl:6.4f}", flush=True)
         labels, ub, lb, prev = lab, np.sqrt(d1), np.sqrt(d2), c
         c = label_means(x, labels, c)
 
