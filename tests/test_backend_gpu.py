@@ -537,7 +537,7 @@ def test_sim_tf32_screen_in_centre_groups(sim):
 
 def test_sim_gemm_shift_made_on_the_device_is_the_lane_tree_mean(sim):
     """The GEMM path's shift (gemmcentres.shift_kernel): each attribute's mean, a warp's lanes summing every 32nd
-    centre and a shuffle tree adding the lanes, bit for bit gemmcentres.lane_tree_mean's (float32-rounded for
+    centre and a tree adding the lanes, bit for bit gemmcentres.lane_tree_mean's (float32-rounded for
     float32 rows), the centres' mean to rounding; the host copies the centres alone."""
     assert sim["device_shift"]["equal"] == [True, True, True]
 
