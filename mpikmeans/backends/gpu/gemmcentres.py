@@ -46,8 +46,9 @@ def lane_tree_mean(values: np.ndarray) -> float:
     for c, v in enumerate(np.asarray(values, dtype=np.float64)):
         lanes[c % 32] = lanes[c % 32] + float(v)
     off = 16
-    while off:
-        lanes = [lanes[i] + lanes[i + off] if i + off < 32 else lanes[i] for i in range(32)]
+    while off:  # as the kernel: lane i < off takes lane i + off
+        for i in range(off):
+            lanes[i] = lanes[i] + lanes[i + off]
         off //= 2
     return lanes[0] / len(values)
 
