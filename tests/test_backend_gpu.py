@@ -219,6 +219,11 @@ _SIM_PROGRAM = textwrap.dedent(
     compare("tf32_no_cascade", xn, cn, tune=dict(t, tf32_cascade=False), iters=1)
     # kept bounds on TF32: the listed rows' one row tile, its two centre tiles on the simulator's two blocks
     compare("tf32_centre_groups", x8[:130], c8, tune=dict(t, bounds=True, delta="never"), iters=3)
+    # the listed rows read from the row-major copy over three attribute slices (m = 33, the last one short),
+    # and the same run with them read column-major
+    lb_ = dict(bounds=True, delta="never")
+    compare("gemm_listed_slices", x4, x4[:5].copy(), tune=dict(g, **lb_), iters=3)
+    compare("gemm_listed_slices_colmajor", x4, x4[:5].copy(), tune=dict(g, rowmajor=False, **lb_), iters=3)
 
     # kept bounds (bounds.py), forced on (these shapes are below the rule that takes them): from
     # rows as centres labels move for several steps, then pass 1 searches only the rows whose
@@ -533,6 +538,19 @@ def test_sim_tf32_screen_in_centre_groups(sim):
     last = rec["steps"][-1]
     assert last["tested"] and 0 < last["searched"] <= BM, rec["steps"]
     assert all(st["tf32"] for st in rec["steps"]), rec["steps"]
+
+
+def test_sim_listed_rows_over_several_slices_row_and_column_major(sim):
+    """The float32 screen of the rows the bounds test lists, read from the row-major copy and from the
+    column-major store, over three attribute slices: the CPU's results either way, the third step searching
+    only the listed rows, and the same rows searched and flagged at every step."""
+    rec, col = sim["gemm_listed_slices"], sim["gemm_listed_slices_colmajor"]
+    for r in (rec, col):
+        _assert_parity(r)
+        last = r["steps"][-1]
+        assert last["tested"] and 0 < last["searched"] < r["n"], r["steps"]
+    assert [(st["searched"], st["flagged"]) for st in rec["steps"]] == \
+        [(st["searched"], st["flagged"]) for st in col["steps"]]
 
 
 def test_sim_gemm_shift_made_on_the_device_is_the_lane_tree_mean(sim):
