@@ -400,59 +400,51 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                 stx(si1, tx * BM + rr, 0)
             i = tile_row(row0 + xr, nrow, idx, gat)
             yp = float32(0.0)
-            for q in range(64):
-                acc[q] = float32(0.0)
-            # one pipeline over the unit's centre tiles and their slices (stage s: centre tile ct0 + s // NST,
-            # slice s % NST): load stage s into registers, multiply stage s - 1 (and after a centre tile's last
-            # slice fold it into the rows' best), store stage s; the next tile's first loads in flight meanwhile
-            nst_unit = ((grp + 1) * NCT // ng - ct0) * NST
-            for s in range(nst_unit + 1):
-                if s < nst_unit:
-                    cl = s // NST
-                    loads(x, ld, i, p32, p64, cmg, (s - cl * NST) * BK, ct0 + cl, xk, ck, cr, px, pc)
-                if s > 0:
-                    bx = ((s - 1) & 1) * XSN
-                    bc = ((s - 1) & 1) * CSN
-                    for kk in range(BK):
-                        av[0], av[1], av[2], av[3] = ld4(xs, bx + kk * BM + ty * 4)
-                        av[4], av[5], av[6], av[7] = ld4(xs, bx + kk * BM + HM + ty * 4)
-                        cv[0], cv[1], cv[2], cv[3] = ld4(cs, bc + kk * BN + tx * 4)
-                        cv[4], cv[5], cv[6], cv[7] = ld4(cs, bc + kk * BN + HN + tx * 4)
-                        for r in range(8):
-                            for c in range(8):
-                                acc[r * 8 + c] += av[r] * cv[c]
-                    if s % NST == 0:
-                        # centre tile ct's last slice: the tile into each row's best and second best (strict
-                        # '<': lowest index on ties; an exact tie leaves a gap of 0 and is flagged), then a
-                        # fresh product for the next tile
-                        ct = ct0 + (s - 1) // NST
-                        for r in range(8):
-                            rr = ty * 4 + r if r < 4 else HM + ty * 4 + r - 4
-                            m1 = ldx(sb1, tx * BM + rr)
-                            m2 = ldx(sb2, tx * BM + rr)
-                            mi = ldx(si1, tx * BM + rr)
-                            for c in range(8):
-                                col = ct * BN + (tx * 4 + c if c < 4 else HN + tx * 4 + c - 4)
-                                d = acc[r * 8 + c] + ldx(ccg, col)
-                                lt1 = d < m1
-                                m2 = m1 if lt1 else (d if d < m2 else m2)
-                                mi = col if lt1 else mi
-                                m1 = d if lt1 else m1
-                            stx(sb1, tx * BM + rr, m1)
-                            stx(sb2, tx * BM + rr, m2)
-                            stx(si1, tx * BM + rr, mi)
-                        for q in range(64):
-                            acc[q] = float32(0.0)
-                if s < nst_unit:
-                    bx = (s & 1) * XSN
-                    bc = (s & 1) * CSN
-                    for q in range(XQ):
-                        stx(xs, bx + (xk + q * XSTEP) * BM + xr, px[q])
-                        if s < NST:  # the unit's first centre tile: |y|^2 of the rows
-                            yp += px[q] * px[q]
-                    for q in range(CQ):
-                        stx(cs, bc + (ck + q * CSTEP) * BN + cr, pc[q])
-                cuda.syncthreads()
+            for ct in range(ct0, (grp + 1) * NCT // ng):
+                for q in range(64):
+                    acc[q] = float32(0.0)
+                for st in range(NST + 1):
+                    # load slice st into registers, multiply slice st - 1, store slice st
+                    if st < NST:
+                        loads(x, ld, i, p32, p64, cmg, st * BK, ct, xk, ck, cr, px, pc)
+                    if st > 0:
+                        bx = ((st - 1) & 1) * XSN
+                        bc = ((st - 1) & 1) * CSN
+                        for kk in range(BK):
+                            av[0], av[1], av[2], av[3] = ld4(xs, bx + kk * BM + ty * 4)
+                            av[4], av[5], av[6], av[7] = ld4(xs, bx + kk * BM + HM + ty * 4)
+                            cv[0], cv[1], cv[2], cv[3] = ld4(cs, bc + kk * BN + tx * 4)
+                            cv[4], cv[5], cv[6], cv[7] = ld4(cs, bc + kk * BN + HN + tx * 4)
+                            for r in range(8):
+                                for c in range(8):
+                                    acc[r * 8 + c] += av[r] * cv[c]
+                    if st < NST:
+                        bx = (st & 1) * XSN
+                        bc = (st & 1) * CSN
+                        for q in range(XQ):
+                            stx(xs, bx + (xk + q * XSTEP) * BM + xr, px[q])
+                            if ct == ct0:
+                                yp += px[q] * px[q]
+                        for q in range(CQ):
+                            stx(cs, bc + (ck + q * CSTEP) * BN + cr, pc[q])
+                    cuda.syncthreads()
+                # this centre tile into each row's best and second best (strict '<': lowest index
+                # on ties; an exact tie leaves a gap of 0 and is flagged)
+                for r in range(8):
+                    rr = ty * 4 + r if r < 4 else HM + ty * 4 + r - 4
+                    m1 = ldx(sb1, tx * BM + rr)
+                    m2 = ldx(sb2, tx * BM + rr)
+                    mi = ldx(si1, tx * BM + rr)
+                    for c in range(8):
+                        col = ct * BN + (tx * 4 + c if c < 4 else HN + tx * 4 + c - 4)
+                        d = acc[r * 8 + c] + ldx(ccg, col)
+                        lt1 = d < m1
+                        m2 = m1 if lt1 else (d if d < m2 else m2)
+                        mi = col if lt1 else mi
+                        m1 = d if lt1 else m1
+                    stx(sb1, tx * BM + rr, m1)
+                    stx(sb2, tx * BM + rr, m2)
+                    stx(si1, tx * BM + rr, mi)
             if ng == 1 or merge_units(sb1, sb2, si1, last, unit, tile, ng, gb1, gb2, gbi, tcount):
                 verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb,
                          gat, flags, fslot)

@@ -276,74 +276,66 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                 stx(si1, q, 0)
             i = tile_row(row0 + xr, nrow, idx, gat)
             yp = float32(0.0)
-            for q in range(64):
-                acc[q] = float32(0.0)
-            # one pipeline over the unit's centre tiles and their slices (stage s: centre tile ct0 + s // NST,
-            # slice s % NST): load stage s into registers, multiply stage s - 1 (and after a centre tile's last
-            # slice fold it into the slots), store stage s; the next tile's first loads in flight meanwhile
-            nst_unit = ((grp + 1) * NCT // ng - ct0) * NST
-            for s in range(nst_unit + 1):
-                if s < nst_unit:
-                    cl = s // NST
-                    loads(x, ld, i, p32, p64, cmg, (s - cl * NST) * BK, ct0 + cl, xk, ck, cr, px, pc)
-                if s > 0:
-                    bo = ((s - 1) & 1) * BUF
-                    for ks in range(BK // 8):
-                        k0 = bo + (ks * 8 + tig) * PITCH
-                        k4 = k0 + 4 * PITCH
-                        for mt in range(4):
-                            r = wm * 64 + mt * 16 + gid
-                            af[mt * 4] = ldx(xs, k0 + r)
-                            af[mt * 4 + 1] = ldx(xs, k0 + r + 8)
-                            af[mt * 4 + 2] = ldx(xs, k4 + r)
-                            af[mt * 4 + 3] = ldx(xs, k4 + r + 8)
-                        for nt in range(4):
-                            c = wn * 32 + nt * 8 + gid
-                            bf[nt * 2] = ldx(cs, k0 + c)
-                            bf[nt * 2 + 1] = ldx(cs, k4 + c)
-                        for mt in range(4):
+            for ct in range(ct0, (grp + 1) * NCT // ng):
+                for q in range(64):
+                    acc[q] = float32(0.0)
+                for st in range(NST + 1):
+                    # load slice st into registers, multiply slice st - 1, store slice st
+                    if st < NST:
+                        loads(x, ld, i, p32, p64, cmg, st * BK, ct, xk, ck, cr, px, pc)
+                    if st > 0:
+                        bo = ((st - 1) & 1) * BUF
+                        for ks in range(BK // 8):
+                            k0 = bo + (ks * 8 + tig) * PITCH
+                            k4 = k0 + 4 * PITCH
+                            for mt in range(4):
+                                r = wm * 64 + mt * 16 + gid
+                                af[mt * 4] = ldx(xs, k0 + r)
+                                af[mt * 4 + 1] = ldx(xs, k0 + r + 8)
+                                af[mt * 4 + 2] = ldx(xs, k4 + r)
+                                af[mt * 4 + 3] = ldx(xs, k4 + r + 8)
                             for nt in range(4):
-                                q = (mt * 4 + nt) * 4
-                                d0, d1, d2, d3 = mma_tf32(scr, af[mt * 4], af[mt * 4 + 1], af[mt * 4 + 2],
-                                                          af[mt * 4 + 3], bf[nt * 2], bf[nt * 2 + 1],
-                                                          acc[q], acc[q + 1], acc[q + 2], acc[q + 3])
-                                acc[q] = d0
-                                acc[q + 1] = d1
-                                acc[q + 2] = d2
-                                acc[q + 3] = d3
-                    if s % NST == 0:
-                        # centre tile ct's last slice: the tile into the lane's slot of each of its rows
-                        # (columns in increasing order, strict '<': the lowest index on ties; an exact tie
-                        # leaves a gap of 0, flagged), then a fresh product for the next tile
-                        ct = ct0 + (s - 1) // NST
-                        for mt in range(4):
-                            for h in range(2):
-                                q = slot * BM + wm * 64 + mt * 16 + gid + 8 * h
-                                m1 = ldx(sb1, q)
-                                m2 = ldx(sb2, q)
-                                mi = ldx(si1, q)
+                                c = wn * 32 + nt * 8 + gid
+                                bf[nt * 2] = ldx(cs, k0 + c)
+                                bf[nt * 2 + 1] = ldx(cs, k4 + c)
+                            for mt in range(4):
                                 for nt in range(4):
-                                    for e in range(2):
-                                        col = ct * BN + wn * 32 + nt * 8 + 2 * tig + e
-                                        d = acc[(mt * 4 + nt) * 4 + 2 * h + e] + ldx(ccg, col)
-                                        lt1 = d < m1
-                                        m2 = m1 if lt1 else (d if d < m2 else m2)
-                                        mi = col if lt1 else mi
-                                        m1 = d if lt1 else m1
-                                stx(sb1, q, m1)
-                                stx(sb2, q, m2)
-                                stx(si1, q, mi)
-                        for q in range(64):
-                            acc[q] = float32(0.0)
-                if s < nst_unit:
-                    bo = (s & 1) * BUF
-                    for q in range(XQ):
-                        stx(xs, bo + (xk + q * XSTEP) * PITCH + xr, tf32_rna(px[q]))
-                        if s < NST:  # the unit's first centre tile: |y|^2 of the rows
-                            yp += px[q] * px[q]
-                    for q in range(CQ):
-                        stx(cs, bo + (ck + q * CSTEP) * PITCH + cr, tf32_rna(pc[q]))
-                cuda.syncthreads()
+                                    q = (mt * 4 + nt) * 4
+                                    d0, d1, d2, d3 = mma_tf32(scr, af[mt * 4], af[mt * 4 + 1], af[mt * 4 + 2],
+                                                              af[mt * 4 + 3], bf[nt * 2], bf[nt * 2 + 1],
+                                                              acc[q], acc[q + 1], acc[q + 2], acc[q + 3])
+                                    acc[q] = d0
+                                    acc[q + 1] = d1
+                                    acc[q + 2] = d2
+                                    acc[q + 3] = d3
+                    if st < NST:
+                        bo = (st & 1) * BUF
+                        for q in range(XQ):
+                            stx(xs, bo + (xk + q * XSTEP) * PITCH + xr, tf32_rna(px[q]))
+                            if ct == ct0:
+                                yp += px[q] * px[q]
+                        for q in range(CQ):
+                            stx(cs, bo + (ck + q * CSTEP) * PITCH + cr, tf32_rna(pc[q]))
+                    cuda.syncthreads()
+                # this centre tile into the lane's slot of each of its rows (columns in increasing
+                # order, strict '<': the lowest index on ties; an exact tie leaves a gap of 0, flagged)
+                for mt in range(4):
+                    for h in range(2):
+                        q = slot * BM + wm * 64 + mt * 16 + gid + 8 * h
+                        m1 = ldx(sb1, q)
+                        m2 = ldx(sb2, q)
+                        mi = ldx(si1, q)
+                        for nt in range(4):
+                            for e in range(2):
+                                col = ct * BN + wn * 32 + nt * 8 + 2 * tig + e
+                                d = acc[(mt * 4 + nt) * 4 + 2 * h + e] + ldx(ccg, col)
+                                lt1 = d < m1
+                                m2 = m1 if lt1 else (d if d < m2 else m2)
+                                mi = col if lt1 else mi
+                                m1 = d if lt1 else m1
+                        stx(sb1, q, m1)
+                        stx(sb2, q, m2)
+                        stx(si1, q, mi)
             if ng == 1 or merge_units(sb1, sb2, si1, last, unit, tile, ng, gb1, gb2, gbi, tcount):
                 verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb,
                          gat, cas, cslot)
