@@ -1424,7 +1424,7 @@ def test_gemm_screen_only_where_the_device_gives_its_shared_memory():
     8.0 or later and as much opt-in shared memory: older devices keep the fused kernel."""
     from mpikmeans.backends.gpu import gemm
 
-    assert gemm.SCREEN_SMEM == 67584
+    assert gemm.SCREEN_SMEM == 57856
     assert gemm.device_fits((9, 0), 227 * 1024) and gemm.device_fits((8, 6), 99 * 1024)
     assert not gemm.device_fits((7, 5), 64 * 1024)  # T4: 64 KB opt-in, but not static
     assert not gemm.device_fits((8, 0), 48 * 1024)

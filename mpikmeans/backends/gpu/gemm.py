@@ -48,7 +48,7 @@ from .launch import Launch, Steps
 from .plan import PackLayout
 
 if cuda is not None:
-    from numba import float32, int32, int64
+    from numba import float32, int32
 
 #: threads per block of the screen
 NT = 256
@@ -57,18 +57,14 @@ BN = 128
 BK = 16
 #: rows per tile: 16 x 8 = 128 per block (NT / (BN / 8) threads along the rows, 8 rows each)
 BM = 8 * NT // (BN // 8)
-#: the staged rows' pitch in words: rows staged row-major (:data:`ROW_STEPS`) store sixteen attributes
-#: of a row from a half-warp, at most two to a bank; still a whole number of 16-byte loads
-XP = BM + 4
 _ALIGN = None if SIM else 16  # the 16-byte shared loads need it; the simulator refuses the argument
 #: the screen's register cap: two blocks of NT threads a multiprocessor (65,536 registers); the
 #: centre groups' bookkeeping took it from 128 to 149-154 registers uncapped, one block, and the
 #: full step's screen 5.4 -> 6.7 ms on the H100
 MAXREG = 65536 // (2 * NT)
 #: the screen's static shared memory, bytes (two slices of rows and centres, best / second best /
-#: index per row and thread column, |y|^2 per row; the rows staged row-major: their squares and
-#: indices): more than the 48 KB every device gives a block
-SCREEN_SMEM = (2 * BK * XP + 2 * BK * BN) * 4 + (BN // 8) * BM * 12 + BM * 4 + (BK * BM + 2 * BM) * 4
+#: index per row and thread column, |y|^2 per row): more than the 48 KB every device gives a block
+SCREEN_SMEM = (2 * BK * BM + 2 * BK * BN) * 4 + (BN // 8) * BM * 12 + BM * 4
 
 
 #: where the screen runs on TF32 with the cascade (:mod:`.tensor`), the path is taken from this many
@@ -218,37 +214,16 @@ def _centre_groups(ntiles, grid, ucap, nct, gmax):
 centre_groups = inline_device(_centre_groups)
 
 
-#: a thread's staged values of a slice, ``q = 0 .. BK BM / NT - 1``: row ``xr + q RSTEP``, attribute
-#: ``xk + q KSTEP``.  Column-major (:func:`staging`), consecutive threads stage consecutive rows (one
-#: 128-byte line a warp); row-major, sixteen consecutive threads stage one row's sixteen attributes
-#: of the slice (two rows a warp, 64 bytes each), not one value of 32 rows each in its own line.
-COL_STEPS = (0, NT // BM)
-ROW_STEPS = (NT // BK, 0)
-
-
-def _staging(tid, rowmajor):
-    """``(xr, xk)``: the first row and attribute of a slice that thread ``tid`` stages (see
-    :data:`COL_STEPS`, :data:`ROW_STEPS`); pure arithmetic, compiled inline."""
-    if rowmajor:
-        return tid // BK, tid % BK
-    return tid % BM, tid // BM
-
-
-staging = inline_device(_staging)
-
-
 @functools.lru_cache(maxsize=None)
 def slice_loads(storage: str, m_c: int, kpg_c: int, pack_c: tuple, rowmajor: bool = False):
     """The device function that loads a screen's next slice into registers (both screens stage alike).
 
-    ``loads(x, ld, i, srow, p32, p64, cmg, j0, ct, xr, xk, ck, cr, px, pc)``: the thread's values of
-    the slice's rows less the shift (float32) into ``px`` (``BK BM / NT``; value ``q`` of row
-    ``xr + q RSTEP``, attribute ``j0 + xk + q KSTEP``: :data:`COL_STEPS`, :data:`ROW_STEPS`), attributes
-    ``j0 + ck + q NT/BN`` of centre ``ct BN + cr`` of the GEMM layout ``cmg`` into ``pc`` (``BK BN /
-    NT``); zeros past the last attribute.  The rows column-major (``x[j ld + i]``, ``i`` the thread's
-    row), or with ``rowmajor`` the row-major copy (``x[r ld + j]``, ``ld = m``, row ``r`` of the tile at
-    ``srow[r]``, int64 in shared memory): the rows the bounds test lists are scattered, and
-    column-major each of their values is a 32-byte sector of its own.
+    ``loads(x, ld, i, p32, p64, cmg, j0, ct, xk, ck, cr, px, pc)``: attributes ``j0 + xk +
+    q NT/BM`` of row ``i`` less the shift (float32) into ``px`` (``BK BM / NT``), attributes ``j0 +
+    ck + q NT/BN`` of centre ``ct BN + cr`` of the GEMM layout ``cmg`` into ``pc`` (``BK BN /
+    NT``); zeros past the last attribute.  The rows column-major (``x[j ld + i]``), or with
+    ``rowmajor`` the row-major copy (``x[i ld + j]``, ``ld = m``): the rows the bounds test lists are
+    scattered, and column-major each of their values is a 32-byte sector of its own.
     """
     ROWMAJOR = bool(rowmajor)
     SH32 = storage == "float32"
@@ -256,15 +231,14 @@ def slice_loads(storage: str, m_c: int, kpg_c: int, pack_c: tuple, rowmajor: boo
     L = PackLayout(*pack_c)
     P_SH32, P_SH64 = int(L.p32_sh), int(L.p64_sh)
     XQ, CQ = BK * BM // NT, BK * BN // NT
-    RSTEP, KSTEP = ROW_STEPS if ROWMAJOR else COL_STEPS
-    CSTEP = NT // BN
+    XSTEP, CSTEP = NT // BM, NT // BN
 
-    def km_slice_loads(x, ld, i, srow, p32, p64, cmg, j0, ct, xr, xk, ck, cr, px, pc):
+    def km_slice_loads(x, ld, i, p32, p64, cmg, j0, ct, xk, ck, cr, px, pc):
         for q in range(XQ):
-            j = j0 + xk + q * KSTEP
+            j = j0 + xk + q * XSTEP
             v = float32(0.0)
             if j < M_C:
-                at = ldx(srow, xr + q * RSTEP) * ld + j if ROWMAJOR else j * ld + i
+                at = i * ld + j if ROWMAJOR else j * ld + i
                 if SH32:
                     v = ldx(x, at) - ldx(p32, P_SH32 + j)
                 else:
@@ -278,58 +252,6 @@ def slice_loads(storage: str, m_c: int, kpg_c: int, pack_c: tuple, rowmajor: boo
             pc[q] = v
 
     return inline_device(km_slice_loads)
-
-
-@functools.lru_cache(maxsize=None)
-def row_staging(rowmajor: bool):
-    """The device functions of a screen's row staging that depend on the rows' layout.
-
-    ``rows(srow, row0, nrow, idx, gat, xr)`` at a unit's start, called by every thread of the block:
-    column-major the row ``i`` the thread stages (:func:`.bounds.tile_row`); row-major 0, with the
-    tile's rows into ``srow`` (int64, ``BM``) and a barrier.
-
-    The thread's part of ``|y|^2`` of its rows: ``add(ysq, first, yp, xr, xk, px)`` after a slice's loads in a unit's first centre tile
-    (``first``: its first slice): column-major the thread's values are all of row ``xr``, so
-    ``yp`` takes their squares; row-major they are of several rows, so each thread keeps, in its
-    own cells of ``ysq`` (float32, ``BK BM``: attribute ``xk``, row ``r`` at ``xk BM + r``), the
-    sum over the slices of its values' squares, and ``yp`` is returned unchanged.  ``total(ysq,
-    yp)`` before the verdicts: row-major, thread ``r < BM`` adds row ``r``'s cells in attribute
-    order (the others 0), the partial sums :func:`row_verdicts` expects; column-major ``yp``.
-    Every order of the sum is covered by the certificate (:func:`.kernels.certificate`).
-    """
-    ROWMAJOR = bool(rowmajor)
-    XQ = BK * BM // NT
-    RSTEP = ROW_STEPS[0]
-
-    def km_tile_rows(srow, row0, nrow, idx, gat, xr):
-        if not ROWMAJOR:
-            return tile_row(row0 + xr, nrow, idx, gat)
-        tid = cuda.threadIdx.x
-        if tid < BM:
-            stx(srow, tid, tile_row(row0 + tid, nrow, idx, gat))
-        cuda.syncthreads()
-        return int64(0)
-
-    def km_add_squares(ysq, first, yp, xr, xk, px):
-        for q in range(XQ):
-            if ROWMAJOR:
-                c = xk * BM + xr + q * RSTEP
-                stx(ysq, c, (float32(0.0) if first else ldx(ysq, c)) + px[q] * px[q])
-            else:
-                yp += px[q] * px[q]
-        return yp
-
-    def km_total_squares(ysq, yp):
-        if not ROWMAJOR:
-            return yp
-        tid = cuda.threadIdx.x
-        s = float32(0.0)
-        if tid < BM:
-            for k in range(BK):
-                s += ldx(ysq, k * BM + tid)
-        return s
-
-    return inline_device(km_tile_rows), inline_device(km_add_squares), inline_device(km_total_squares)
 
 
 @functools.lru_cache(maxsize=None)
@@ -430,16 +352,12 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     NST = -(-M_C // BK)
     XQ = BK * BM // NT
     CQ = BK * BN // NT
-    XSN, CSN = BK * XP, BK * BN
+    XSN, CSN = BK * BM, BK * BN
     XS2, CS2, MN = 2 * XSN, 2 * CSN, TX * BM
-    CSTEP = NT // BN
-    ROWMAJOR = bool(rowmajor)
-    RSTEP, KSTEP = ROW_STEPS if ROWMAJOR else COL_STEPS
-    YSQ, SROW = (BK * BM, BM) if ROWMAJOR else (1, 1)
+    XSTEP, CSTEP = NT // BM, NT // BN
     BOUNDS = bool(bounds)
     verdicts = row_verdicts(TX, *certificate(M_C), DELTA, BOUNDS)  # the fused kernel's certificate, the same rows flagged
-    loads = slice_loads(storage, M_C, KPG, pack_c, ROWMAJOR)
-    tile_rows, add_squares, total_squares = row_staging(ROWMAJOR)
+    loads = slice_loads(storage, M_C, KPG, pack_c, rowmajor)
     INF = np.float32(np.inf)
     GMAX = min(NCT, TX)  # a unit's candidates take one slot of the merging block
     GROUPS = bool(groups)
@@ -453,13 +371,12 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
         sb2 = cuda.shared.array(MN, dtype=float32)
         si1 = cuda.shared.array(MN, dtype=int32)
         syy = cuda.shared.array(BM, dtype=float32)
-        ysq = cuda.shared.array(YSQ, dtype=float32)
-        srow = cuda.shared.array(SROW, dtype=int64)
         last = cuda.shared.array(1, dtype=int32)
         tid = cuda.threadIdx.x
         tx = tid % TX
         ty = tid // TX
-        xr, xk = staging(tid, ROWMAJOR)  # the first row and attribute this thread stages
+        xr = tid % BM  # the row this thread stages
+        xk = tid // BM  # its first attribute of a slice (then every XSTEP)
         cr = tid % BN
         ck = tid // BN
         acc = cuda.local.array(64, dtype=float32)
@@ -481,7 +398,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                 stx(sb1, tx * BM + rr, INF)
                 stx(sb2, tx * BM + rr, INF)
                 stx(si1, tx * BM + rr, 0)
-            i = tile_rows(srow, row0, nrow, idx, gat, xr)
+            i = tile_row(row0 + xr, nrow, idx, gat)
             yp = float32(0.0)
             for ct in range(ct0, (grp + 1) * NCT // ng):
                 for q in range(64):
@@ -489,13 +406,13 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                 for st in range(NST + 1):
                     # load slice st into registers, multiply slice st - 1, store slice st
                     if st < NST:
-                        loads(x, ld, i, srow, p32, p64, cmg, st * BK, ct, xr, xk, ck, cr, px, pc)
+                        loads(x, ld, i, p32, p64, cmg, st * BK, ct, xk, ck, cr, px, pc)
                     if st > 0:
                         bx = ((st - 1) & 1) * XSN
                         bc = ((st - 1) & 1) * CSN
                         for kk in range(BK):
-                            av[0], av[1], av[2], av[3] = ld4(xs, bx + kk * XP + ty * 4)
-                            av[4], av[5], av[6], av[7] = ld4(xs, bx + kk * XP + HM + ty * 4)
+                            av[0], av[1], av[2], av[3] = ld4(xs, bx + kk * BM + ty * 4)
+                            av[4], av[5], av[6], av[7] = ld4(xs, bx + kk * BM + HM + ty * 4)
                             cv[0], cv[1], cv[2], cv[3] = ld4(cs, bc + kk * BN + tx * 4)
                             cv[4], cv[5], cv[6], cv[7] = ld4(cs, bc + kk * BN + HN + tx * 4)
                             for r in range(8):
@@ -505,9 +422,9 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                         bx = (st & 1) * XSN
                         bc = (st & 1) * CSN
                         for q in range(XQ):
-                            stx(xs, bx + (xk + q * KSTEP) * XP + xr + q * RSTEP, px[q])
-                        if ct == ct0:
-                            yp = add_squares(ysq, st == 0, yp, xr, xk, px)
+                            stx(xs, bx + (xk + q * XSTEP) * BM + xr, px[q])
+                            if ct == ct0:
+                                yp += px[q] * px[q]
                         for q in range(CQ):
                             stx(cs, bc + (ck + q * CSTEP) * BN + cr, pc[q])
                     cuda.syncthreads()
@@ -528,7 +445,6 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                     stx(sb1, tx * BM + rr, m1)
                     stx(sb2, tx * BM + rr, m2)
                     stx(si1, tx * BM + rr, mi)
-            yp = total_squares(ysq, yp)
             if ng == 1 or merge_units(sb1, sb2, si1, last, unit, tile, ng, gb1, gb2, gbi, tcount):
                 verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb,
                          gat, flags, fslot)

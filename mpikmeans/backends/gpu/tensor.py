@@ -43,15 +43,14 @@ import functools
 import numpy as np
 
 from .device import HAVE_NUMBA_CUDA, SIM, cuda
-from .bounds import listed_rows
-from .gemm import (BK, BM, BN, COL_STEPS, NT, ROW_STEPS, centre_groups, row_staging, row_verdicts, slice_loads,
-                   staging, unit_merge)
+from .bounds import listed_rows, tile_row
+from .gemm import BK, BM, BN, NT, centre_groups, row_verdicts, slice_loads, unit_merge
 from .intrinsics import ldx, stx
 from .kernels import certificate as float32_certificate
 from .plan import PackLayout
 
 if cuda is not None:
-    from numba import float32, int32, int64
+    from numba import float32, int32
 
 #: the row pitch of the staged slices in words: (lane quad * 136 + group) mod 32 covers every bank
 PITCH = BK * 8 + 8
@@ -64,7 +63,7 @@ MAXREG = 128
 #: the simulator's exchange area for the emulated product: 10 values in and 4 out a lane
 _SCRATCH = NT * 14 if SIM else 1
 #: static shared memory of the screen, bytes
-SCREEN_SMEM = (4 * BK * PITCH + SLOTS * BM * 3 + BM + _SCRATCH + BK * BM + 2 * BM) * 4
+SCREEN_SMEM = (4 * BK * PITCH + SLOTS * BM * 3 + BM + _SCRATCH) * 4
 #: first compute capability with ``mma.sync ... .tf32`` and ``cvt.rna.tf32.f32``
 MIN_CC = (8, 0)
 
@@ -222,18 +221,14 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
     P_ZL = int(L.p32_zl)
     NCT = KPG // BN
     NST = -(-M_C // BK)
-    CSTEP = NT // BN
+    XSTEP, CSTEP = NT // BM, NT // BN
     XQ, CQ = BK * BM // NT, BK * BN // NT
-    ROWMAJOR = bool(rowmajor)
-    RSTEP, KSTEP = ROW_STEPS if ROWMAJOR else COL_STEPS
-    YSQ, SROW = (BK * BM, BM) if ROWMAJOR else (1, 1)
     BUF = BK * PITCH
     BUF2 = 2 * BUF
     SB = SLOTS * BM
     SCR = _SCRATCH
     verdicts = row_verdicts(SLOTS, *certificate(M_C), bool(delta), bool(bounds), bool(cascade))
-    loads = slice_loads(storage, M_C, KPG, pack_c, ROWMAJOR)
-    tile_rows, add_squares, total_squares = row_staging(ROWMAJOR)
+    loads = slice_loads(storage, M_C, KPG, pack_c, rowmajor)
     INF = np.float32(np.inf)
     GMAX = min(NCT, SLOTS)  # a unit's candidates take one slot of the merging block
     GROUPS = bool(groups)
@@ -247,8 +242,6 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
         sb2 = cuda.shared.array(SB, dtype=float32)
         si1 = cuda.shared.array(SB, dtype=int32)
         syy = cuda.shared.array(BM, dtype=float32)
-        ysq = cuda.shared.array(YSQ, dtype=float32)
-        srow = cuda.shared.array(SROW, dtype=int64)
         scr = cuda.shared.array(SCR, dtype=float32)
         last = cuda.shared.array(1, dtype=int32)
         tid = cuda.threadIdx.x
@@ -259,7 +252,8 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
         gid = lane // 4
         tig = lane % 4
         slot = wn * 4 + tig
-        xr, xk = staging(tid, ROWMAJOR)  # the first row and attribute this thread stages
+        xr = tid % BM  # the row this thread stages
+        xk = tid // BM  # its first attribute of a slice (then every XSTEP)
         cr = tid % BN
         ck = tid // BN
         acc = cuda.local.array(64, dtype=float32)
@@ -280,7 +274,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                 stx(sb1, q, INF)
                 stx(sb2, q, INF)
                 stx(si1, q, 0)
-            i = tile_rows(srow, row0, nrow, idx, gat, xr)
+            i = tile_row(row0 + xr, nrow, idx, gat)
             yp = float32(0.0)
             for ct in range(ct0, (grp + 1) * NCT // ng):
                 for q in range(64):
@@ -288,7 +282,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                 for st in range(NST + 1):
                     # load slice st into registers, multiply slice st - 1, store slice st
                     if st < NST:
-                        loads(x, ld, i, srow, p32, p64, cmg, st * BK, ct, xr, xk, ck, cr, px, pc)
+                        loads(x, ld, i, p32, p64, cmg, st * BK, ct, xk, ck, cr, px, pc)
                     if st > 0:
                         bo = ((st - 1) & 1) * BUF
                         for ks in range(BK // 8):
@@ -317,9 +311,9 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                     if st < NST:
                         bo = (st & 1) * BUF
                         for q in range(XQ):
-                            stx(xs, bo + (xk + q * KSTEP) * PITCH + xr + q * RSTEP, tf32_rna(px[q]))
-                        if ct == ct0:
-                            yp = add_squares(ysq, st == 0, yp, xr, xk, px)
+                            stx(xs, bo + (xk + q * XSTEP) * PITCH + xr, tf32_rna(px[q]))
+                            if ct == ct0:
+                                yp += px[q] * px[q]
                         for q in range(CQ):
                             stx(cs, bo + (ck + q * CSTEP) * PITCH + cr, tf32_rna(pc[q]))
                     cuda.syncthreads()
@@ -342,7 +336,6 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                         stx(sb1, q, m1)
                         stx(sb2, q, m2)
                         stx(si1, q, mi)
-            yp = total_squares(ysq, yp)
             if ng == 1 or merge_units(sb1, sb2, si1, last, unit, tile, ng, gb1, gb2, gbi, tcount):
                 verdicts(sb1, sb2, si1, syy, yp, zlim, row0, nrow, labels, newlab, flags, ctr, fslot, idx, ub, lb,
                          gat, cas, cslot)
