@@ -1059,6 +1059,48 @@ def test_gpu_matches_cpu(dtype):
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("case", ["bounds", "delta", "gemm", "one_kernel"])
+def test_gpu_step_graphs_match_cpu_and_the_launches(case):
+    """Resident steps as one CUDA graph each (launch.StepGraph, the default): the CPU's results on full steps,
+    steps on the rows the bounds test lists, incremental steps, the GEMM path and the one-kernel step; the
+    state of a step on the listed rows has both its graphs; with ``{"graph": false}`` none, and the same
+    counts, changes, rows searched and kinds of step, step by step."""
+    tune, shape = {"bounds": ({"bounds": True, "delta": "never"}, (60_000, 16, 40)),
+                   "delta": ({"delta": "always"}, (60_000, 16, 40)),
+                   "gemm": ({"gemm": True, "bounds": True, "delta": "never"}, (30_000, 64, 600)),
+                   "one_kernel": ({}, (200_000, 3, 7))}[case]
+    _gpu_vs_cpu(*shape, tune=tune, iters=5, start_rows=True)  # graphs are the default
+    G = _real_gpu()
+    x, c0 = _blobs(*shape, 0, 0.0)
+    recs, seen = [], []  # seen: after each graph step, whether its state had graphs, both kinds where tested
+    for graph in (True, False):
+        gpu = G.GPUBackend(tune=dict(tune, graph=graph))
+        gpu.load(x)
+        rec = []
+        for c in (x[:shape[2]].copy(), c0):  # labels moving for several steps, then few moving
+            for _ in range(4):
+                r = gpu.step(c)
+                kinds = [set(st.graphs) for key, st in gpu._states.items() if not key[1]]  # the steps' states
+                assert all(g is not None for st in gpu._states.values() for g in st.graphs.values())
+                rec.append((r.counts.tolist(), r.changed, gpu.last_searched, gpu.last_bounds_tested, gpu.last_delta))
+                if graph:  # (a step that switched the GEMM screen dropped its states: none seen)
+                    seen.append((gpu.last_bounds_tested, {False, True} in kinds, any(kinds)))
+                else:
+                    assert all(not k for k in kinds), kinds
+                good = r.counts > 0
+                c = c.copy()
+                c[good] = r.sums[good] / r.counts[good, None]
+            gpu.forget_labels()
+        gpu.close()
+        recs.append(rec)
+    assert recs[0] == recs[1]
+    assert any(made for _t, _b, made in seen), seen
+    if case in ("bounds", "gemm"):  # steps on the listed rows, with both graphs
+        assert any(tested and both for tested, both, _m in seen), seen
+
+
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("k,m", [(50, 100), (200, 8), (1000, 32)])
 def test_gpu_shapes(k, m):
     _gpu_vs_cpu(60_000, m, k, iters=2)
@@ -1417,6 +1459,18 @@ def test_gpu_init_equals_cpu_init(method, weighted):
         backend.close()
     assert got[0].tobytes() == got[1].tobytes()
 
+
+
+def test_step_graphs_only_with_prepared_launches_and_not_simulated():
+    """A step runs as one CUDA graph (launch.StepGraph) only where its launches are prepared parameter blocks,
+    not under the simulator, and unless ``tune={"graph": false}``."""
+    from mpikmeans.backends.gpu import launch
+
+    real = not launch.SIM
+    assert launch.graphs_wanted({}, True) is real
+    assert launch.graphs_wanted({"graph": True}, True) is real
+    assert launch.graphs_wanted({"graph": False}, True) is False
+    assert launch.graphs_wanted({}, False) is False
 
 
 def test_gemm_screen_only_where_the_device_gives_its_shared_memory():

@@ -10,7 +10,7 @@ centres on the host.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available,
 from .hostk import add_step, carry_kept
 from .initpasses import DeviceInitPasses
 from .kept import KeptSums
-from .launch import Pack, cu, cucheck, fast_launch_wanted
+from .launch import Pack, StepGraph, cu, cucheck, fast_launch_wanted, graphs_wanted
 from .launches import StepLaunches
 from .plan import MODE_STEP_SPLIT, SPLIT_MIN_VALUES, Plan, choose_plan
 from .rows import DeviceRows
@@ -52,6 +52,25 @@ class _State:
     launches: list  # [(fused, recheck)] per chunk (one when resident)
     # where the plan keeps bounds: (the moves and the bounds test, fused on the listed rows, the centres kept alone)
     bounds: tuple | None = None
+    #: a resident step's copies and launches as one CUDA graph (:class:`.launch.StepGraph`), by whether
+    #: the bounds are tested; None where it could not be made (the launches then go one by one)
+    graphs: dict = field(default_factory=dict)
+
+    def parts(self, listed: bool) -> list:
+        """A resident step's work in order, each part taking a stream handle (:class:`.launch.StepGraph`)."""
+        fused, recheck = self.launches[0]
+        if listed:
+            kernels = [self.bounds[0].on, self.bounds[1].on]  # the moves and the test, the listed rows' step
+        else:
+            kernels = ([self.bounds[2].on] if self.bounds is not None else []) + [fused.on]
+        return [self.pack.upload, *kernels, recheck.on, self.pack.download]
+
+    def close(self) -> None:
+        """Free the graphs."""
+        for g in self.graphs.values():
+            if g is not None:
+                g.close()
+        self.graphs.clear()
 
 
 class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
@@ -177,6 +196,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         self._states = {}
         self._plans = {}
         self._fast = fast_launch_wanted(self.tune)
+        self._graphs = graphs_wanted(self.tune, self._fast)
         self.profile = bool(self.tune.get("profile"))
         self._events = None
         self.last_flagged = 0
@@ -305,9 +325,25 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         st = _State(plan, pack, launches, bounds)
         if len(self._states) >= 8:
             # k-means|| assigns to a new number of candidates each round: keep the latest few
-            self._states.pop(next(iter(self._states)))
+            self._states.pop(next(iter(self._states))).close()
         self._states[key] = st
+        if self._graphs and not assign and not rows.streaming:
+            for listed in (False, True) if bounds is not None else (False,):
+                self._step_graph(st, listed)  # made with the state: the warm-up's, not a timed step's
         return st
+
+    def _step_graph(self, st: _State, listed: bool):
+        """The state's step as one CUDA graph (made once), or None where it cannot be."""
+        if listed not in st.graphs:
+            graph = None
+            launches = [st.launches[0][0], st.launches[0][1], *(st.bounds or ())]
+            if all(getattr(launch, "fast", False) for launch in launches):
+                try:
+                    graph = StepGraph(st.parts(listed))
+                except Exception as exc:  # pragma: no cover - driver or bindings without graph capture
+                    log.info("GPU backend: no CUDA graph for a step (%s); launches one by one", exc)
+            st.graphs[listed] = graph
+        return st.graphs[listed]
 
     # ------------------------------------------------------------------ one step on the device
     def _run(self, centres: np.ndarray, assign: bool, delta: bool = False, while_busy=None, test: bool = False):
@@ -337,7 +373,6 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         self.last_plan = st.plan
         pack = st.pack
         pack.fill(centres)
-        pack.upload()
         listed = bool(test)
         labels_out = dist_out = None
         if assign:
@@ -346,11 +381,17 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         profile = self.profile and not self.rows.streaming and not SIM
         if profile and self._events is None:
             self._events = (cuda.event(), cuda.event())
-        if not self.rows.streaming:
-            fused, recheck = st.launches[0]
+        resident = not self.rows.streaming
+        graph = self._step_graph(st, listed) if self._graphs and resident and not (assign or profile) else None
+        if resident:
             # kernels of the step before the exact kernel's (the split step: 2, or 1 where the sums
             # kernel assigns the rows itself)
+            fused, recheck = st.launches[0]
             self.last_kernels = len(getattr(fused, "launches", (fused,)))
+        if graph is not None:
+            graph()  # the upload, the kernels and the download in one launch
+        elif resident:
+            pack.upload()
             if profile:
                 self._events[0].record()
             if listed:
@@ -366,9 +407,11 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             if assign:
                 self._alabels.copy_to_host(labels_out)
                 self._adist.copy_to_host(dist_out)
+            pack.download()
         else:
+            pack.upload()
             self.rows.stream_through(st.launches, assign, labels_out, dist_out)
-        pack.download()
+            pack.download()
         busy = while_busy() if while_busy is not None else None
         if not SIM:
             cucheck(cu().cuStreamSynchronize(0), "cuStreamSynchronize")
@@ -414,13 +457,13 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
     def _warm_other_screen(self, k: int, delta: bool) -> None:
         """Compile the GEMM screen (TF32 or float32) a later step may switch to (:meth:`_choose_screen`);
         states dropped."""
-        first = self.tf32
-        kept, self._states, self.tf32 = self._states, {}, not first
+        first, graphs = self.tf32, self._graphs
+        kept, self._states, self.tf32, self._graphs = self._states, {}, not first, False  # no graph: dropped
         try:
             for d in (False, True) if delta else (False,):
                 self._state(k, False, d)
         finally:
-            self._states, self.tf32 = kept, first
+            self._states, self.tf32, self._graphs = kept, first, graphs
 
     # ------------------------------------------------------------------ the step policy
     def _delta_allowed(self) -> bool:
@@ -510,7 +553,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             log.info("GEMM screen: %d of %d rows searched left by the %s screen; the %s screen from now on",
                      left, searched, "TF32" if self.tf32 else "float32", "TF32" if want else "float32")
             self.tf32 = want
-            self._states.clear()  # the launches are prepared again with it
+            self._drop_states()  # the launches are prepared again with it
 
     def forget_labels(self) -> None:
         """Start over: every label unknown, no kept sums (the next step is like a first one).
@@ -546,5 +589,11 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         self._dummy = None
         self._alabels = None
         self._adist = None
-        self._states = {}
+        self._drop_states()
         self._plans = {}
+
+    def _drop_states(self) -> None:
+        """Forget every state (their graphs freed)."""
+        for st in self._states.values():
+            st.close()
+        self._states = {}
