@@ -1065,7 +1065,7 @@ def test_gpu_step_graphs_match_cpu_and_the_launches(case):
     steps on the rows the bounds test lists, incremental steps, the GEMM path and the one-kernel step; the
     state of a step on the listed rows has both its graphs; with ``{"graph": false}`` none, and the same
     counts, changes, rows searched and kinds of step, step by step."""
-    tune, shape = {"bounds": ({"bounds": True, "delta": "never"}, (60_000, 16, 40)),
+    tune, shape = {"bounds": ({"bounds": True, "split": True, "delta": "never"}, (60_000, 16, 40)),
                    "delta": ({"delta": "always"}, (60_000, 16, 40)),
                    "gemm": ({"gemm": True, "bounds": True, "delta": "never"}, (30_000, 64, 600)),
                    "one_kernel": ({}, (200_000, 3, 7))}[case]
