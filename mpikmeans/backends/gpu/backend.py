@@ -65,8 +65,7 @@ class _State:
             kernels = ([self.bounds[2].on] if self.bounds is not None else []) + [fused.on]
         return [self.pack.upload, *kernels, recheck.on, self.pack.download]
 
-    def close(self) -> None:
-        """Free the graphs."""
+    def close(self) -> None:  # the graphs freed
         for g in self.graphs.values():
             if g is not None:
                 g.close()
@@ -109,7 +108,8 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         float32 screen splits the centre tiles of few row tiles over its blocks (:func:`.gemm.centre_groups`);
         ``tf32`` (bool): the GEMM path's screen on the tensor cores from the first step, or never;
         ``tf32_cascade`` (default true): the rows the TF32 screen leaves go to the float32 screen, not
-        straight to the exact kernel.
+        straight to the exact kernel; ``graph`` (default true): a resident step's copies and prepared
+        launches as one CUDA graph (:class:`.launch.StepGraph`), else launched one by one.
 
     Attributes
     ----------
@@ -337,11 +337,10 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         if listed not in st.graphs:
             graph = None
             launches = [st.launches[0][0], st.launches[0][1], *(st.bounds or ())]
-            if all(getattr(launch, "fast", False) for launch in launches):
-                try:
-                    graph = StepGraph(st.parts(listed))
-                except Exception as exc:  # pragma: no cover - driver or bindings without graph capture
-                    log.info("GPU backend: no CUDA graph for a step (%s); launches one by one", exc)
+            try:
+                graph = StepGraph(st.parts(listed)) if all(getattr(x, "fast", False) for x in launches) else None
+            except Exception as exc:  # pragma: no cover - driver or bindings without graph capture
+                log.info("GPU backend: no CUDA graph for a step (%s); launches one by one", exc)
             st.graphs[listed] = graph
         return st.graphs[listed]
 

@@ -4,7 +4,9 @@ Per step the host writes the centre data into a pinned buffer (:class:`Pack`),
 copies it to the device in one asynchronous copy (which also zeroes the outputs),
 launches the fused and the recheck kernels through parameter blocks marshalled
 once (:class:`Launch`), and copies the outputs back in one more copy.  Both
-copies and the launches are asynchronous; the caller synchronises once.
+copies and the launches are asynchronous; the caller synchronises once.  With
+resident rows the copies and launches of a step are one CUDA graph, launched with
+one call (:class:`StepGraph`).
 """
 
 from __future__ import annotations
