@@ -329,7 +329,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         self._states[key] = st
         if self._graphs and not assign and not rows.streaming:
             for listed in (False, True) if bounds is not None else (False,):
-                self._step_graph(st, listed)  # made with the state: the warm-up's, not a timed step's
+                self._step_graph(st, listed)  # made with the state: in the warm-up, or after a change of screen
         return st
 
     def _step_graph(self, st: _State, listed: bool):
