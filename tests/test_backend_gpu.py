@@ -1060,17 +1060,28 @@ def test_gpu_matches_cpu(dtype):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("case", ["bounds", "delta", "gemm", "one_kernel"])
-def test_gpu_step_graphs_match_cpu_and_the_launches(case):
+def test_gpu_step_graphs_match_cpu_and_the_launches(case, monkeypatch):
     """Resident steps as one CUDA graph each (launch.StepGraph, the default): the CPU's results on full steps,
     steps on the rows the bounds test lists, incremental steps, the GEMM path and the one-kernel step; the
     state of a step on the listed rows has both its graphs; with ``{"graph": false}`` none, and the same
-    counts, changes, rows searched and kinds of step, step by step."""
+    counts, changes, rows searched and kinds of step, step by step; each step launched its graph once (none
+    without)."""
     tune, shape = {"bounds": ({"bounds": True, "split": True, "delta": "never"}, (60_000, 16, 40)),
                    "delta": ({"delta": "always"}, (60_000, 16, 40)),
                    "gemm": ({"gemm": True, "bounds": True, "delta": "never"}, (30_000, 64, 600)),
                    "one_kernel": ({}, (200_000, 3, 7))}[case]
-    _gpu_vs_cpu(*shape, tune=tune, iters=5, start_rows=True)  # graphs are the default
+    _gpu_vs_cpu(*shape, tune=tune, iters=5, start_rows=True).close()  # graphs are the default
     G = _real_gpu()
+    from mpikmeans.backends.gpu import launch
+
+    launched = [0]
+    real_launch = launch.StepGraph.__call__
+
+    def counted(graph):
+        launched[0] += 1
+        real_launch(graph)
+
+    monkeypatch.setattr(launch.StepGraph, "__call__", counted)
     x, c0 = _blobs(*shape, 0, 0.0)
     recs, seen = [], []  # seen: after each graph step, whether its state had graphs, both kinds where tested
     for graph in (True, False):
@@ -1079,7 +1090,9 @@ def test_gpu_step_graphs_match_cpu_and_the_launches(case):
         rec = []
         for c in (x[:shape[2]].copy(), c0):  # labels moving for several steps, then few moving
             for _ in range(4):
+                before = launched[0]
                 r = gpu.step(c)
+                assert launched[0] - before == (1 if graph else 0)
                 kinds = [set(st.graphs) for key, st in gpu._states.items() if not key[1]]  # the steps' states
                 assert all(g is not None for st in gpu._states.values() for g in st.graphs.values())
                 rec.append((r.counts.tolist(), r.changed, gpu.last_searched, gpu.last_bounds_tested, gpu.last_delta))

@@ -366,24 +366,28 @@ class StepGraph:
     def __init__(self, parts):
         cub = cu()
         (stream,) = cucheck(cub.cuStreamCreate(int(cub.CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate")
-        self._stream = stream
         self._exec = self._graph = None
         try:
-            cucheck(cub.cuStreamBeginCapture(stream, cub.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                    "cuStreamBeginCapture")
-            try:
-                for part in parts:
-                    part(int(stream))
-            except BaseException:
-                err, graph = cub.cuStreamEndCapture(stream)  # the capture ends either way; its graph is dropped
-                if int(err) == 0:
-                    cub.cuGraphDestroy(graph)
-                raise
-            (self._graph,) = cucheck(cub.cuStreamEndCapture(stream), "cuStreamEndCapture")
+            # Numba frees device memory lazily, in batches: a free (not allowed while a stream captures)
+            # would end the capture, so none happens during it
+            with cuda.defer_cleanup():
+                mode = cub.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+                cucheck(cub.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
+                try:
+                    for part in parts:
+                        part(int(stream))
+                except BaseException:
+                    err, graph = cub.cuStreamEndCapture(stream)  # the capture ends either way; its graph dropped
+                    if int(err) == 0:
+                        cub.cuGraphDestroy(graph)
+                    raise
+                (self._graph,) = cucheck(cub.cuStreamEndCapture(stream), "cuStreamEndCapture")
             (self._exec,) = cucheck(cub.cuGraphInstantiate(self._graph, 0), "cuGraphInstantiate")
         except BaseException:
             self.close()
             raise
+        finally:
+            cub.cuStreamDestroy(stream)  # only the capture used it: the graph keeps no reference
         self._launch = cub.cuGraphLaunch
 
     def __call__(self) -> None:
@@ -392,7 +396,7 @@ class StepGraph:
             raise RuntimeError(f"cuGraphLaunch failed: {err!r}")
 
     def close(self) -> None:
-        """Free the executable graph, the graph and the capture stream (idempotent)."""
+        """Free the executable graph and the graph (idempotent)."""
         cub = cu()
         if self._exec is not None:
             cub.cuGraphExecDestroy(self._exec)
@@ -400,6 +404,3 @@ class StepGraph:
         if self._graph is not None:
             cub.cuGraphDestroy(self._graph)
             self._graph = None
-        if self._stream is not None:
-            cub.cuStreamDestroy(self._stream)
-            self._stream = None
