@@ -213,7 +213,8 @@ def host_timers(be):
     :mod:`mpikmeans.backends.gpu.backend`) in timers (well under a microsecond each), the
     parts of :data:`HOST_PARTS`: ``fill`` (centre data into the pinned buffer), ``upload``,
     ``launch`` (every kernel launch: the step's, the centres' moves and the bounds test, the
-    listed rows'), ``download`` (the asynchronous copies issued), ``take`` (the kept copy of
+    listed rows'; or the step's one CUDA graph launch, :class:`~mpikmeans.backends.gpu.launch.StepGraph`,
+    which also issues the copies: ``upload`` and ``download`` are then 0), ``download`` (the asynchronous copies issued), ``take`` (the kept copy of
     the centres, while the kernels run), ``sync`` (waiting for the GPU), ``add`` (the step's
     sums into the kept ones: :func:`~mpikmeans.backends.gpu.hostk.add_step`).  The states
     for the step's ``k`` must exist (one step before); states made while the context is open
@@ -234,8 +235,9 @@ def host_timers(be):
         return wrapper
 
     states = list(be._states.values())
-    saved_launches = [(st.launches, st.bounds) for st in states]
+    saved_launches = [(st.launches, st.bounds, st.graphs) for st in states]
     for st in states:
+        st.graphs = {kind: timed("launch", g) if g is not None else None for kind, g in st.graphs.items()}
         for name in ("fill", "upload", "download"):
             setattr(st.pack, name, timed(name, getattr(st.pack, name)))
         st.launches = [(timed("launch", f), timed("launch", r)) for f, r in st.launches]
@@ -250,10 +252,10 @@ def host_timers(be):
         yield acc
     finally:
         backend_module.cu, backend_module.add_step, Kept.take = saved_cu, saved_add, saved_take
-        for st, (launches, bounds) in zip(states, saved_launches):
+        for st, (launches, bounds, graphs) in zip(states, saved_launches):
             for name in ("fill", "upload", "download"):
                 delattr(st.pack, name)  # the instance attribute hid the method
-            st.launches, st.bounds = launches, bounds
+            st.launches, st.bounds, st.graphs = launches, bounds, graphs
 
 
 def host_breakdown(be, start: np.ndarray, steps: int = 100) -> dict:
