@@ -214,9 +214,10 @@ def host_timers(be):
     parts of :data:`HOST_PARTS`: ``fill`` (centre data into the pinned buffer), ``upload``,
     ``launch`` (every kernel launch: the step's, the centres' moves and the bounds test, the
     listed rows'; or the step's one CUDA graph launch, :class:`~mpikmeans.backends.gpu.launch.StepGraph`,
-    which also issues the copies: ``upload`` and ``download`` are then 0), ``download`` (the asynchronous copies issued), ``take`` (the kept copy of
-    the centres, while the kernels run), ``sync`` (waiting for the GPU), ``add`` (the step's
-    sums into the kept ones: :func:`~mpikmeans.backends.gpu.hostk.add_step`).  The states
+    which also issues the copies: ``upload`` and ``download`` are then 0), ``download`` (the
+    asynchronous copies issued), ``take`` (the kept copy of the centres, while the kernels run),
+    ``sync`` (waiting for the GPU), ``add`` (the step's sums into the kept ones:
+    :func:`~mpikmeans.backends.gpu.hostk.add_step`).  The states
     for the step's ``k`` must exist (one step before); states made while the context is open
     (a new screen's) go untimed.  Everything is unwrapped on exit, so later timings carry
     no timers.

@@ -56,14 +56,17 @@ class _State:
     #: the bounds are tested; None where it could not be made (the launches then go one by one)
     graphs: dict = field(default_factory=dict)
 
-    def parts(self, listed: bool) -> list:
-        """A resident step's work in order, each part taking a stream handle (:class:`.launch.StepGraph`)."""
+    def kernels(self, listed: bool) -> list:
+        """A resident step's launches in order (each a :class:`.launch.Launch` or :class:`.launch.Steps`)."""
         fused, recheck = self.launches[0]
-        if listed:
-            kernels = [self.bounds[0].on, self.bounds[1].on]  # the moves and the test, the listed rows' step
-        else:
-            kernels = ([self.bounds[2].on] if self.bounds is not None else []) + [fused.on]
-        return [self.pack.upload, *kernels, recheck.on, self.pack.download]
+        if listed:  # the moves and the bounds test, the step on the rows it lists
+            return [self.bounds[0], self.bounds[1], recheck]
+        # the centres the bounds this step writes will hold for, the step
+        return ([self.bounds[2]] if self.bounds is not None else []) + [fused, recheck]
+
+    def parts(self, listed: bool) -> list:
+        """The step's copies and launches in order, each part taking a stream handle (:class:`.launch.StepGraph`)."""
+        return [self.pack.upload, *(k.on for k in self.kernels(listed)), self.pack.download]
 
     def close(self) -> None:  # the graphs freed
         for g in self.graphs.values():
@@ -336,9 +339,8 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         """The state's step as one CUDA graph (made once), or None where it cannot be."""
         if listed not in st.graphs:
             graph = None
-            launches = [st.launches[0][0], st.launches[0][1], *(st.bounds or ())]
             try:
-                graph = StepGraph(st.parts(listed)) if all(getattr(x, "fast", False) for x in launches) else None
+                graph = StepGraph(st.parts(listed)) if all(k.fast for k in st.kernels(listed)) else None
             except Exception as exc:  # pragma: no cover - driver or bindings without graph capture
                 log.info("GPU backend: no CUDA graph for a step (%s); launches one by one", exc)
             st.graphs[listed] = graph
@@ -385,7 +387,7 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
         if resident:
             # kernels of the step before the exact kernel's (the split step: 2, or 1 where the sums
             # kernel assigns the rows itself)
-            fused, recheck = st.launches[0]
+            fused = st.launches[0][0]
             self.last_kernels = len(getattr(fused, "launches", (fused,)))
         if graph is not None:
             graph()  # the upload, the kernels and the download in one launch
@@ -393,14 +395,8 @@ class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
             pack.upload()
             if profile:
                 self._events[0].record()
-            if listed:
-                st.bounds[0]()  # the moves, the test
-                st.bounds[1]()
-            else:
-                if st.bounds is not None:
-                    st.bounds[2]()  # the centres the bounds this step writes will hold for
-                fused()
-            recheck()
+            for launch in st.kernels(listed):
+                launch()
             if profile:
                 self._events[1].record()
             if assign:
