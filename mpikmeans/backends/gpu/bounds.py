@@ -70,6 +70,14 @@ TOL_SHARE = 1.5
 #: measured no faster on the H100: ``bench/results/fullstep_H100_2026-11-26_s11_test_recheck.log``)
 TEST_NT = 32 if SIM else 256
 TEST_RPT = 4
+#: bits of a field of the test's packed scan: a thread's failures counted for each of its rows, a field each
+#: (a field's count is at most TEST_NT)
+FIELD_BITS = TEST_NT.bit_length()
+
+
+def test_rows_max() -> int:
+    """The most rows a thread of the bounds test can take: fields of its packed scan in 63 bits."""
+    return 63 // FIELD_BITS
 
 
 #: threads a block of the moves kernel (a warp a centre) and of the drops kernel
@@ -234,21 +242,30 @@ def store_row_bounds(ub, lb, i, certified, yy, b1, b2, tol):  # pragma: no cover
 
 @functools.lru_cache(maxsize=None)
 def test_kernel(rpt: int = TEST_RPT):
-    """Build the bounds test for ``rpt`` rows a thread (one compile: nothing else is specialised).
+    """Build the bounds test for ``rpt`` rows a thread (one compile: nothing else is specialised;
+    at most :func:`test_rows_max`).
 
     Kernel arguments: ``labels`` int32 (n,); ``ub``, ``lb`` float32 (n,), updated for kept
     rows; ``mv`` float64 (2k,): each centre's move (:func:`moves_kernel`), then the most the others
     moved (:func:`drops_kernel`); ``n``, ``k`` int64; ``idx``
-    int32 (n,), the failed rows in row order; ``ctr`` int64 and ``gslot``: ``ctr[gslot]``
-    counts them (zero on entry); ``newlab`` int32 (n,): a kept row's label where
+    int32 (n,), the failed rows (in row order within each block's tile); ``ctr`` int64 and ``gslot``:
+    ``ctr[gslot]`` counts them (zero on entry); ``newlab`` int32 (n,): a kept row's label where
     ``write_new`` (the split full step's input to the summing kernel).
 
-    A block takes ``TEST_NT x rpt`` consecutive rows at a time, each thread ``rpt``
-    consecutive ones; an exclusive scan of the threads' failed counts in shared
-    memory (the simulator has no warp votes) places them, one global atomic a block.
+    A block takes ``TEST_NT x rpt`` consecutive rows at a time, thread ``t`` rows ``t, t + TEST_NT,
+    ...`` of them, so that a warp's loads and stores are 32 consecutive rows.  (With a thread's rows
+    consecutive each store wrote ``rpt`` times the sectors it filled: A's late steps' test was L2-bound,
+    87 % of its throughput at 34 % of DRAM's, 94 us, ``bench/results/ncu_step_kernels_A_f32_H100_2026-11-26_s11_late.txt``.)
+    The failed rows are placed by one inclusive scan in shared memory (the simulator has no warp
+    votes) of each thread's failures packed a field a row slot: field ``r`` of the scan counts the
+    failed rows ``r TEST_NT + t'`` for ``t' <= t``, so the rows keep their order; one global atomic a tile.
     """
     NT = TEST_NT
     RPT = int(rpt)
+    if not 1 <= RPT <= test_rows_max():
+        raise ValueError(f"test_kernel: rpt must be 1 to {test_rows_max()}, not {rpt}")
+    W = FIELD_BITS
+    FMASK = (1 << W) - 1
     TILE = NT * RPT
     UP = 1.0 + MARGIN
     DOWN = 1.0 - MARGIN
@@ -256,16 +273,15 @@ def test_kernel(rpt: int = TEST_RPT):
     SDOWN = 1.0 - STORE
 
     def km_bounds_test(labels, ub, lb, mv, n, k, idx, ctr, gslot, newlab, write_new):
-        scan = cuda.shared.array(NT, dtype=int32)
+        scan = cuda.shared.array(NT, dtype=int64)
         base_s = cuda.shared.array(1, dtype=int64)
         tid = cuda.threadIdx.x
         ntiles = (n + TILE - 1) // TILE
         for tile in range(cuda.blockIdx.x, ntiles, cuda.gridDim.x):
-            r0 = tile * TILE + tid * RPT
-            fails = 0
-            fmask = 0  # bit r: row r0 + r failed
+            t0 = tile * TILE
+            packed = int64(0)  # field r: row t0 + r NT + tid failed
             for r in range(RPT):
-                i = r0 + r
+                i = t0 + r * NT + tid
                 if i < n:
                     a = labels[i]
                     keep = False
@@ -279,10 +295,9 @@ def test_kernel(rpt: int = TEST_RPT):
                             if write_new != 0:
                                 newlab[i] = a
                     if not keep:
-                        fails += 1
-                        fmask |= 1 << r
-            # inclusive scan of the threads' counts (Hillis-Steele)
-            scan[tid] = fails
+                        packed += int64(1) << (W * r)
+            # inclusive scan of the packed counts (Hillis-Steele; no field carries: each is at most NT)
+            scan[tid] = packed
             cuda.syncthreads()
             off = 1
             while off < NT:
@@ -293,15 +308,20 @@ def test_kernel(rpt: int = TEST_RPT):
                 scan[tid] = v
                 cuda.syncthreads()
                 off *= 2
+            tot = scan[NT - 1]
             if tid == NT - 1:
-                base_s[0] = cuda.atomic.add(ctr, gslot, int64(scan[tid]))
-            cuda.syncthreads()
-            if fails > 0:
-                p = base_s[0] + scan[tid] - fails
+                all_failed = int64(0)
                 for r in range(RPT):
-                    if fmask & (1 << r):
-                        idx[p] = int32(r0 + r)
-                        p += 1
+                    all_failed += (tot >> (W * r)) & FMASK
+                base_s[0] = cuda.atomic.add(ctr, gslot, all_failed)
+            cuda.syncthreads()
+            if packed != 0:
+                before = scan[tid] - packed  # this thread's exclusive prefix, field by field
+                p0 = base_s[0]
+                for r in range(RPT):
+                    if (packed >> (W * r)) & 1:
+                        idx[p0 + ((before >> (W * r)) & FMASK)] = int32(t0 + r * NT + tid)
+                    p0 += (tot >> (W * r)) & FMASK
             cuda.syncthreads()
 
     return cuda.jit(km_bounds_test)
@@ -385,7 +405,7 @@ class DeviceBounds:
         (incremental: the int32 ``dummy_i32`` stands in); ``rpt`` rows a thread (``tune={"bounds_rpt": R}``)."""
         from .compiled import compiled
 
-        rpt = max(1, min(int(rpt), 32))  # the failed rows of a thread are bits of one int32
+        rpt = max(1, min(int(rpt), test_rows_max()))  # the fields of the test's packed scan
         kern = test_kernel(rpt)
         dmv, _ = self.moves_buffers(k, m)
         write = newlab is not None
