@@ -42,7 +42,7 @@ from .bounds import listed_rows, store_row_bounds, tile_row
 from .compiled import compiled
 from .device import SIM, cuda, inline_device
 from .gemmcentres import PREP_C, PREP_J, SHIFT_NT, prep_kernel, shift_grid, shift_kernel
-from .intrinsics import ld4, ldx, stx
+from .intrinsics import fmaxf, fminf, ld4, ldx, stx
 from .kernels import certificate
 from .launch import Launch, Steps
 from .plan import PackLayout
@@ -401,8 +401,12 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
             i = tile_row(row0 + xr, nrow, idx, gat)
             yp = float32(0.0)
             for ct in range(ct0, (grp + 1) * NCT // ng):
-                for q in range(64):
-                    acc[q] = float32(0.0)
+                # the accumulators start at |z_c|^2 (one more term of the sum, in an order the certificate
+                # allows): the fold adds nothing and reads no centre data between its shared-memory stores
+                for c in range(8):
+                    zc = ldx(ccg, ct * BN + (tx * 4 + c if c < 4 else HN + tx * 4 + c - 4))
+                    for r in range(8):
+                        acc[r * 8 + c] = zc
                 for st in range(NST + 1):
                     # load slice st into registers, multiply slice st - 1, store slice st
                     if st < NST:
@@ -429,19 +433,18 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                             stx(cs, bc + (ck + q * CSTEP) * BN + cr, pc[q])
                     cuda.syncthreads()
                 # this centre tile into each row's best and second best (strict '<': lowest index
-                # on ties; an exact tie leaves a gap of 0 and is flagged)
+                # on ties; an exact tie leaves a gap of 0 and is flagged, as does a NaN estimate:
+                # m2 = min(m2, max(m1, d)) is then m1)
                 for r in range(8):
                     rr = ty * 4 + r if r < 4 else HM + ty * 4 + r - 4
                     m1 = ldx(sb1, tx * BM + rr)
                     m2 = ldx(sb2, tx * BM + rr)
                     mi = ldx(si1, tx * BM + rr)
                     for c in range(8):
-                        col = ct * BN + (tx * 4 + c if c < 4 else HN + tx * 4 + c - 4)
-                        d = acc[r * 8 + c] + ldx(ccg, col)
-                        lt1 = d < m1
-                        m2 = m1 if lt1 else (d if d < m2 else m2)
-                        mi = col if lt1 else mi
-                        m1 = d if lt1 else m1
+                        d = acc[r * 8 + c]
+                        mi = ct * BN + (tx * 4 + c if c < 4 else HN + tx * 4 + c - 4) if d < m1 else mi
+                        m2 = fminf(m2, fmaxf(m1, d))
+                        m1 = fminf(m1, d)
                     stx(sb1, tx * BM + rr, m1)
                     stx(sb2, tx * BM + rr, m2)
                     stx(si1, tx * BM + rr, mi)

@@ -45,7 +45,7 @@ import numpy as np
 from .device import HAVE_NUMBA_CUDA, SIM, cuda
 from .bounds import listed_rows, tile_row
 from .gemm import BK, BM, BN, NT, centre_groups, row_verdicts, slice_loads, unit_merge
-from .intrinsics import ldx, stx
+from .intrinsics import fmaxf, fminf, ldx, stx
 from .kernels import certificate as float32_certificate
 from .plan import PackLayout
 
@@ -277,8 +277,16 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
             i = tile_row(row0 + xr, nrow, idx, gat)
             yp = float32(0.0)
             for ct in range(ct0, (grp + 1) * NCT // ng):
-                for q in range(64):
-                    acc[q] = float32(0.0)
+                # the accumulators start at |z_c|^2 (one more term of the sum, in its own order, as the
+                # certificate allows): the fold then adds nothing, and reads no centre data between its
+                # shared-memory stores (the compiler reloaded |z_c|^2 for every row: ncu, 0.9 loads a pair)
+                cb = ct * BN + wn * 32 + 2 * tig
+                for nt in range(4):
+                    for e in range(2):
+                        zc = ldx(ccg, cb + nt * 8 + e)
+                        for mt in range(4):
+                            for h in range(2):
+                                acc[(mt * 4 + nt) * 4 + 2 * h + e] = zc
                 for st in range(NST + 1):
                     # load slice st into registers, multiply slice st - 1, store slice st
                     if st < NST:
@@ -318,7 +326,9 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                             stx(cs, bo + (ck + q * CSTEP) * PITCH + cr, tf32_rna(pc[q]))
                     cuda.syncthreads()
                 # this centre tile into the lane's slot of each of its rows (columns in increasing
-                # order, strict '<': the lowest index on ties; an exact tie leaves a gap of 0, flagged)
+                # order, strict '<': the lowest index on ties; an exact tie leaves a gap of 0, flagged;
+                # so does a NaN estimate, m2 = min(m2, max(m1, d)) then being m1): a compare, a select
+                # and three min/max a pair, where the selects of the old form took six instructions
                 for mt in range(4):
                     for h in range(2):
                         q = slot * BM + wm * 64 + mt * 16 + gid + 8 * h
@@ -327,12 +337,10 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                         mi = ldx(si1, q)
                         for nt in range(4):
                             for e in range(2):
-                                col = ct * BN + wn * 32 + nt * 8 + 2 * tig + e
-                                d = acc[(mt * 4 + nt) * 4 + 2 * h + e] + ldx(ccg, col)
-                                lt1 = d < m1
-                                m2 = m1 if lt1 else (d if d < m2 else m2)
-                                mi = col if lt1 else mi
-                                m1 = d if lt1 else m1
+                                d = acc[(mt * 4 + nt) * 4 + 2 * h + e]
+                                mi = cb + nt * 8 + e if d < m1 else mi
+                                m2 = fminf(m2, fmaxf(m1, d))
+                                m1 = fminf(m1, d)
                         stx(sb1, q, m1)
                         stx(sb2, q, m2)
                         stx(si1, q, mi)
