@@ -77,8 +77,7 @@ _SIM_PROGRAM = textwrap.dedent(
             b = gpu.step(cent)
             cascaded = gpu.last_cascaded  # before the assignment below launches its own kernels
             out["plans"].append([gpu.last_plan.mode, gpu.last_plan.R, gpu.last_plan.TC,
-                                 gpu.last_plan.nct, gpu.last_plan.centres_shared, gpu.last_kernels,
-                                 gpu.last_plan.sums.buckets if gpu.last_plan.sums is not None else 0])
+                                 gpu.last_plan.nct, gpu.last_plan.centres_shared, gpu.last_kernels])
             flagged = gpu.last_flagged
             la, da = cpu.assign(cent)
             lb, db = gpu.assign(cent)
@@ -140,16 +139,6 @@ _SIM_PROGRAM = textwrap.dedent(
     # exact kernel adds them), eight groups, two rows a thread, the centres read from global memory
     compare("split_one_kernel_duplicate_centres", x, np.vstack([c[:3], c[2:3], c[3:]]),
             tune={"split": True, "sums_centres": False}, iters=1)
-    # one copy of the sums (forced: these shapes would have several) in buckets of clusters, threads of their
-    # own each: 10 buckets of 36 clusters, 3 of 40 weighted in float32, and a duplicated centre (its rows
-    # flagged, label -1: they take no slot, the exact kernel adds them)
-    one = {"split": True, "sums_copies": 1}
-    xk_, ck_ = blobs(300, 6, 36, 21)
-    compare("split_buckets", xk_, ck_, tune=one, iters=2)
-    xk2, ck2 = blobs(200, 20, 40, 22)
-    wk2 = np.random.default_rng(22).uniform(0.5, 2.0, xk2.shape[0])
-    compare("split_buckets_weighted_f32", xk2, ck2, dtype="float32", weights=wk2, tune=one, iters=1)
-    compare("split_buckets_duplicate_centres", xk_, np.vstack([ck_[:3], ck_[2:3], ck_[3:]]), tune=one, iters=1)
     # several centre tiles with padding (k=10, tiles of 4)
     x2, c2 = blobs(250, 5, 10, 2)
     compare("centre_tiles", x2, c2, tune={"TC": 4, "centres_shared": False}, iters=1)
@@ -682,20 +671,6 @@ def test_sim_split_step_matches_the_fused_one_and_cpu(sim):
     rec = sim["fused_walk"]
     _assert_parity(rec)
     assert rec["plans"][0][0] == 0
-
-
-def test_sim_split_step_in_buckets(sim):
-    """One copy of the sums kernel's sums in buckets of clusters (plan.SumsLayout.buckets), each summed by
-    threads of its own: every step as the CPU's, weighted in float32, and with flagged rows."""
-    for name, buckets in (("split_buckets", 10), ("split_buckets_weighted_f32", 3),
-                          ("split_buckets_duplicate_centres", 10)):
-        rec = sim[name]
-        if name.endswith("f32"):
-            _assert_parity(rec, sums_tol=1e-6, exact_counts=False)
-        else:
-            _assert_parity(rec)
-        assert {(p[0], p[6]) for p in rec["plans"]} == {(4, buckets)}, (name, rec["plans"])
-    assert sim["split_buckets_duplicate_centres"]["steps"][0]["flagged"] > 0
 
 
 def test_sim_float32(sim):

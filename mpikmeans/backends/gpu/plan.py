@@ -42,9 +42,6 @@ SUMS_COPY_MAX = 96 * 1024
 #: (the tile is in flight while the block sums the last one: more bytes in flight a block;
 #: ``bench/results/fullstep_H100_2026-11-26_s11_gr64.log``)
 SUMS_GROUP_ROWS = 64
-#: the sums kernel's walk takes a bucket's rows this many at a time (:data:`.sums.SUMS_WALK_BATCH`): a
-#: bucketed layout's tiles are a multiple of it
-SUMS_BUCKET_BATCH = 4
 #: ... and at most this many bytes of the next tile a thread holds in registers while the block sums
 #: the last one (:func:`prefetch_values`; 64 registers; under the simulator, whose blocks have a quarter
 #: of the threads, four times as many bytes a thread: the same tiles)
@@ -190,14 +187,6 @@ class SumsLayout(NamedTuple):
     :data:`ASSIGN_TC_MAX`): each thread holds whole rows (``rows`` a multiple of ``nt``), and the
     float32 screen's centres of one tile of ``round_up(k, 4)`` (``-2 (c - s)`` by attribute, then
     ``|c - s|^2``) are staged at ``cf`` (float32 units), the shift ``s`` at ``sh`` (storage units).
-
-    ``buckets > 1`` (one copy, ``groups`` 1): the copy's clusters are split into that many ranges
-    (cluster ``a`` in bucket ``a buckets // K``), each summed by ``cols`` threads of its own, so
-    ``buckets x cols`` threads add into the one copy and still no two into one sum.  As a tile's
-    labels are staged each row is listed in its bucket (``slot``: ``buckets`` lists of up to ``rows``
-    int32 row numbers; ``bcnt``: the buckets' counters, two sets), and a group walks its list.  With
-    one copy of 5000 sums (5e6 x 100, K = 50) 100 of 256 threads summed, and the other 156 waited at
-    the barrier for them (ncu: 44 % of the stall samples, ``bench/GPU_NOTES.md`` v23).
     """
 
     groups: int
@@ -216,14 +205,11 @@ class SumsLayout(NamedTuple):
     cen: int = -1
     cf: int = -1
     sh: int = -1
-    buckets: int = 1
-    slot: int = -1
-    bcnt: int = -1
 
 
 def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
                 group_rows: int = SUMS_GROUP_ROWS, stage_bytes: int = SUMS_STAGE_BYTES,
-                centres: bool = True, buckets: bool = True, copies: int = 0) -> SumsLayout | None:
+                centres: bool = True) -> SumsLayout | None:
     """The split sums kernel's layout for K x M, or None where it does not fit.
 
     As many copies as fill :data:`SUMS_COPIES_BYTES` (small K x M: every thread of a
@@ -238,9 +224,6 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
     budget and :data:`SUMS_CENTRES_BLOCK` allow (the walk reads one per value; from global
     memory they come from L2, as the staged tiles leave the L1 little room).  Tiles of whole rows a
     thread where the kernel can then find the rows' labels itself (``cf``, :data:`ASSIGN_TC_MAX`).
-    ``buckets`` (``tune`` key ``sums_buckets``): one copy's clusters in buckets, threads of their own each
-    (:class:`SumsLayout`), where the block still fits as many bytes.  ``copies`` (``tune`` key
-    ``sums_copies``): at most this many copies (0: as many as fill :data:`SUMS_COPIES_BYTES`).
     """
     dsize = 8 if storage == "float64" else 4
     nt = SUMS_NT
@@ -249,7 +232,7 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
     if copy > SUMS_COPY_MAX or m > nt:
         return None
     # a power of two (it divides the block's threads), each group's rows a multiple of 4 (the walk's batches)
-    groups = 1 << (max(1, min(nt // m, int(copies) or SUMS_COPIES_BYTES // copy)).bit_length() - 1)
+    groups = 1 << (max(1, min(nt // m, SUMS_COPIES_BYTES // copy)).bit_length() - 1)
     want = groups * max(4, min(int(group_rows), int(stage_bytes) // (groups * pitch * dsize)) // 4 * 4)
     # 32 d rows for d a divisor of nt / 32, or multiples of nt: the fewest at least ``want``
     shapes = [32 * d for d in range(1, nt // 32 + 1) if (nt // 32) % d == 0] + [nt * x for x in range(2, 9)]
@@ -261,10 +244,7 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
     if rows * pitch * dsize > SUMS_STAGE_MAX or prefetch_values(rows, m, nt) * dsize > SUMS_PREFETCH_MAX:
         return None
     assign = rows % nt == 0 and rows // nt * tca <= ASSIGN_TC_MAX
-
-    def arena(cen: bool, nb: int) -> SumsLayout:
-        # nb buckets: a list of up to a tile of rows each, and their counters twice (the walk reads one set
-        # while the next tile's labels fill the other)
+    for cen in ([True, False] if centres else [False]):
         a = _Arena()
         sums = a.take(groups * k * m * 8)
         cnt = a.take(groups * k * 8)
@@ -276,24 +256,12 @@ def sums_layout(k: int, m: int, storage: str, weighted: bool, budget: int,
         cs = a.take(k * m * 8 if cen else 0)
         cf = a.take(tca * (m + 1) * 4 if assign else 0)
         sh = a.take(m * dsize if assign else 0)
-        slot = a.take(nb * rows * 4 if nb > 1 else 0)
-        bcnt = a.take(2 * nb * 4 if nb > 1 else 0)
-        return SumsLayout(groups=groups, cols=m, nt=nt, rows=rows, pitch=pitch, sums=sums // 8, cnt=cnt // 8,
-                          w=w // 8, red=red // 8, xs=xs // dsize, lab=lab // 4, tmp=tmp // 4, smem=a.total(),
-                          cen=cs // 8 if cen else -1, cf=cf // 4 if assign else -1,
-                          sh=sh // dsize if assign else -1, buckets=nb, slot=slot // 4 if nb > 1 else -1,
-                          bcnt=bcnt // 4 if nb > 1 else -1)
-
-    for cen in ([True, False] if centres else [False]):
-        cap = min(budget, SUMS_CENTRES_BLOCK) if cen else budget
-        lay = arena(cen, 1)
-        if lay.smem <= cap:
-            # one copy and threads for more: the copy's clusters split into buckets, each summed by threads of
-            # its own (the tile's rows listed by bucket as their labels are staged), where the block still fits
-            nb = nt // m if groups == 1 and not assign and buckets else 1
-            if nb > 1 and rows % SUMS_BUCKET_BATCH == 0 and arena(cen, nb).smem <= cap:
-                return arena(cen, nb)
-            return lay
+        smem = a.total()
+        if smem <= (min(budget, SUMS_CENTRES_BLOCK) if cen else budget):
+            return SumsLayout(groups=groups, cols=m, nt=nt, rows=rows, pitch=pitch, sums=sums // 8, cnt=cnt // 8,
+                              w=w // 8, red=red // 8, xs=xs // dsize, lab=lab // 4, tmp=tmp // 4, smem=smem,
+                              cen=cs // 8 if cen else -1, cf=cf // 4 if assign else -1,
+                              sh=sh // dsize if assign else -1)
     return None
 
 
@@ -426,8 +394,7 @@ def choose_plan(k: int, m: int, storage: str, assign: bool, weighted: bool,
     else:
         modes = [MODE_STEP_SHARED, MODE_STEP_GLOBAL]
         sums = (sums_layout(k, m, storage, weighted, budget, int(tune.get("sums_group_rows", SUMS_GROUP_ROWS)),
-                            int(tune.get("sums_stage_bytes", SUMS_STAGE_BYTES)), bool(tune.get("sums_centres", True)),
-                            bool(tune.get("sums_buckets", True)), int(tune.get("sums_copies", 0)))
+                            int(tune.get("sums_stage_bytes", SUMS_STAGE_BYTES)), bool(tune.get("sums_centres", True)))
                 if tune.get("split", split) else None)
         if sums is not None:
             modes.insert(0, MODE_STEP_SPLIT)

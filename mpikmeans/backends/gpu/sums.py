@@ -21,10 +21,6 @@ then this kernel, small enough for many resident warps:
   owner per sum, so plain loads and stores, no atomics (threads past ``groups x M``
   only stage); a batch of rows with one cluster is added up in registers first, so
   the batch's sums are loaded together and stored together;
-* where one copy fits and the block has threads for more (5e6 x 100, K = 50: 100 of 256
-  threads summed), the copy's clusters are split into buckets instead (:class:`.plan.SumsLayout`
-  ``buckets``), each summed by threads of its own: a tile's rows are staged into their
-  cluster's bucket (a shared-memory counter a bucket), so each group walks only its bucket's rows;
 * at the end the copies are added up and into the global sums, one atomic per
   (cluster, attribute) and block.
 
@@ -120,11 +116,6 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
     if ASG and (int(S.cf) < 0 or TR % NT):
         raise ValueError("sums_kernel: assigning needs a layout with whole rows a thread (SumsLayout.cf)")
     O_CF, O_SH = max(0, int(S.cf)), max(0, int(S.sh))
-    NB = int(S.buckets)  # > 1: the one copy's clusters in NB buckets, a group of threads each (plan.SumsLayout)
-    BUCK = NB > 1
-    O_SLOT, O_BC = max(0, int(S.slot)), max(0, int(S.bcnt))
-    if BUCK and (G != 1 or ASG or TR % 4):
-        raise ValueError("sums_kernel: buckets need one copy, labels from pass 1 and tiles of whole batches")
     TOLF, TINY, BIG = certificate(M)
     F32_INF = np.float32(np.inf)
     # staging: thread t loads rows t % RT (+ RT, ... when the tile has more rows than the
@@ -217,9 +208,6 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         if tid == 0:
             smd[O_RED] = 0.0
             smi[O_TMP] = 0
-        if BUCK:
-            for q in range(tid, 2 * NB, NT):
-                smi[O_BC + q] = 0
         zlim = p32[P_ZL] if ASG else float32(0.0)
         sse_t = 0.0
         chg_t = 0
@@ -233,12 +221,9 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
         wl = cuda.local.array(LA, dtype=float64)
         acc = cuda.local.array(NACC, dtype=float32)
         yy = cuda.local.array(LA, dtype=float32)
-        # this thread's rows in its group (a runtime count: the walk stays a loop, not unrolled); with buckets
-        # ``g`` is the thread's bucket and its rows are counted a tile
+        # this thread's rows in its group (a runtime count: the walk stays a loop, not unrolled)
         nr = NR if g < G else 0
-        so = O_S + (0 if BUCK else g) * KM + c  # its sums (the centres: cb)
-        # where a batch's slot holds no row, the cluster it adds 0 to: one of the thread's own (a bucket's first)
-        lab0 = int32((g * K + NB - 1) // NB) if BUCK else int32(0)
+        so = O_S + g * KM + c  # its sums (the centres: cb)
         cb = (O_CEN if CEN else P_C64) + c
         ntiles = (n + TR - 1) // TR
         first = cuda.blockIdx.x
@@ -270,11 +255,6 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
                             # the row's count, into the copy of the group that sums it (row r: group r % G):
                             # one atomic per row here instead of a read-modify-write per row in the walk
                             cuda.atomic.add(smd, O_CNT + (r % G) * K + lab, wl[a] if WEIGHTED else 1.0)
-                            if BUCK:
-                                # the row into its cluster's bucket: the next entry of the bucket's list (the
-                                # counters of this round's parity); a flagged row (-1) goes to none
-                                b = lab * NB // K
-                                stx(smi, O_SLOT + b * TR + cuda.atomic.add(smi, O_BC + (it & 1) * NB + b, 1), int32(r))
                         if WEIGHTED:
                             stx(smd, O_W + r, wl[a])
                         stx(smi, O_LAB + r, lab)
@@ -304,39 +284,21 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
                 # Offsets advance by constants: the row r = g + s G is at xo + s G PITCH.  No branch on
                 # a flagged row (label -1): it adds 0 to cluster 0, straight-line code (branches per
                 # row cost more instructions than the additions, ncu: issue-bound)
-                if BUCK:
-                    # this bucket's rows of the tile: entries 0 .. nr - 1 of its list; the other parity's counters
-                    # were last used in the round before (a barrier ago): zeroed for the next
-                    nr = ldx(smi, O_BC + (it & 1) * NB + g) if g < NB else 0
-                    if tid < NB:
-                        smi[O_BC + (1 - (it & 1)) * NB + tid] = 0
                 lo = O_LAB + g
                 xo = O_XS + g * PITCH + c
                 wo = O_W + g
-                lst = O_SLOT + g * TR
                 for s0 in range(0, nr, WB):
                     for u in range(WB):
-                        if BUCK:
-                            # past the bucket's rows an entry of an earlier tile (or never written): row 0, not
-                            # added, and into the bucket's own first cluster (no other group's sum is stored)
-                            okr = s0 + u < nr
-                            rr = ldx(smi, lst + u)
-                            rr = rr if okr else 0
-                            lab = ldx(smi, O_LAB + rr)
-                            ok = okr and lab >= 0
-                            xv = ldx(smx, O_XS + rr * PITCH + c)
-                        else:
-                            lab = ldx(smi, lo + u * G)
-                            ok = lab >= 0
-                            xv = ldx(smx, xo + u * G * PITCH)
-                        la = lab if ok else lab0
+                        lab = ldx(smi, lo + u * G)
+                        ok = lab >= 0
+                        la = lab if ok else 0
                         labv[u] = la
                         cv = ldx(smd, cb + la * M) if CEN else ldc32(p64, la, M, cb)
-                        t = float64(xv) - cv
+                        t = float64(ldx(smx, xo + u * G * PITCH)) - cv
                         t = t if ok else 0.0
                         if WEIGHTED:
                             # a flagged row's weight slot holds whatever its row's weight is: dropped too
-                            wi = ldx(smd, O_W + rr) if BUCK else ldx(smd, wo + u * G)
+                            wi = ldx(smd, wo + u * G)
                             wi = wi if ok else 0.0
                             tv[u] = wi * t
                             sse_t += wi * (t * t)
@@ -359,7 +321,6 @@ def sums_kernel(storage: str, weighted: bool, k_c: int, m_c: int, pack_c: tuple,
                     lo += WB * G
                     xo += WB * G * PITCH
                     wo += WB * G
-                    lst += WB
         cuda.syncthreads()
         # the copies added up, into the global sums (q < KM) and counts (the K after them)
         for q in range(tid, KM + K, NT):
