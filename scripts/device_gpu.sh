@@ -13,6 +13,8 @@
 #   STAGES=fullstep FULLSTEP_ARGS="--cases A,D" bash scripts/device_gpu.sh  # full steps against floor, PyTorch
 #   STAGES=tests,ncu GPU_TESTS_K=split NCU_KERNEL=km_sums bash scripts/device_gpu.sh  # some tests; another kernel
 #   STAGES=kernels KERNELS_ARGS="--cases D --dtype float32 --repeats 1" bash scripts/device_gpu.sh  # each step's kernels
+#   STAGES=ncufs NCUFS_CASE=B NCUFS_KERNEL=km_tf32_screen NCUFS_SKIP=1 bash scripts/device_gpu.sh  # one launch of a
+#       real full step under ncu (sections, per-SASS counters, their instruction mix: ncufs_*)
 #
 # On the project's lent GPU machines (numpy 2.5 there breaks numba-cuda) carry a numpy
 # 2.4 wheel in .whl/ (see bench/GPU_NOTES.md); it is installed into /tmp/site first.
@@ -71,6 +73,10 @@ KERNELS_ARGS=${KERNELS_ARGS:---cases D --dtype float32 --repeats 1}  # the fulls
 GPU_TESTS=${GPU_TESTS:-tests/test_backend_gpu.py tests/test_cache.py}  # the files whose gpu tests run
 GPU_TESTS_K=${GPU_TESTS_K:-}              # a pytest -k expression selecting among them
 NCU_KERNEL=${NCU_KERNEL:-km_fused}        # the kernel ncu profiles (a regex: km_fused, km_sums, ...)
+NCUFS_CASE=${NCUFS_CASE:-A}               # ncufs: the bench fullstep case, its dtype, the kernel (a regex)
+NCUFS_DTYPE=${NCUFS_DTYPE:-float32}
+NCUFS_KERNEL=${NCUFS_KERNEL:-km_sums}
+NCUFS_SKIP=${NCUFS_SKIP:-6}               # ... and the launches of it skipped first (A's km_sums: a late step)
 rc=0
 
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -120,6 +126,22 @@ if has ncu && command -v ncu >/dev/null; then
         grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Issued Ipc|No Eligible|Block Limit" \
             "$OUT/ncu_${c}_${d}.txt" | head -30
     done
+fi
+if has ncufs && command -v ncu >/dev/null; then
+    # one launch of a kernel inside bench fullstep's Lloyd run (bench gpu's first launches are its warm-up's)
+    tag=ncufs_${NCUFS_CASE}_${NCUFS_DTYPE}_${NCUFS_KERNEL}
+    echo "== ncu $NCUFS_KERNEL in bench fullstep $NCUFS_CASE $NCUFS_DTYPE (launch $NCUFS_SKIP)"
+    ncu --clock-control none --kernel-name "regex:$NCUFS_KERNEL" --launch-skip "$NCUFS_SKIP" --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats \
+        --section InstructionStats --section SourceCounters --import-source no -f -o "/tmp/$tag" \
+        python3 -m mpikmeans bench fullstep --cases "$NCUFS_CASE" --dtype "$NCUFS_DTYPE" --iters 8 --repeats 1 \
+        --no-torch --out "/tmp/$tag.json" > "$OUT/${tag}_run.log" 2>&1 || rc=1
+    ncu -i "/tmp/$tag.ncu-rep" --page details --print-details all > "$OUT/$tag.txt" 2>&1 || rc=1
+    ncu -i "/tmp/$tag.ncu-rep" --page source --csv --print-source sass > "/tmp/${tag}_source.csv" 2>&1 || rc=1
+    python3 bench/experiments/ncu_sass_mix.py "/tmp/${tag}_source.csv" > "$OUT/${tag}_mix.txt" 2>&1 || rc=1
+    grep -E "Duration|Issued Ipc|No Eligible|Registers Per|Achieved Occupancy" "$OUT/$tag.txt" | head -8
+    head -14 "$OUT/${tag}_mix.txt"
 fi
 if has kernels && command -v ncu >/dev/null; then
     # every kernel of a step, in launch order, through whole Lloyd runs: which one a step waits for

@@ -66,8 +66,8 @@ TINY_UP = 2.0 ** -120
 LB_MAX = 3.0e38
 #: the certificate's tolerance covers two estimates; each bound takes this much of it
 TOL_SHARE = 1.5
-#: threads a block and rows a thread of the test kernel (a thread's rows are consecutive; 8 and 16 rows
-#: measured no faster on the H100: ``bench/results/fullstep_H100_2026-11-26_s11_test_recheck.log``)
+#: threads a block and rows a thread of the test kernel (a thread's rows a block apart; with them consecutive,
+#: 8 and 16 rows measured no faster on the H100: ``bench/results/fullstep_H100_2026-11-26_s11_test_recheck.log``)
 TEST_NT = 32 if SIM else 256
 TEST_RPT = 4
 #: bits of a field of the test's packed scan: a thread's failures counted for each of its rows, a field each
