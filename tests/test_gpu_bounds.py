@@ -55,8 +55,7 @@ for n, rpt, write in ((300, 4, 1), (300, 1, 0), (1000, 8, 1), (5, 4, 1)):
     got = idx.copy_to_host()
     cnt = int(ctr.copy_to_host()[1])
     tile = B.TEST_NT * rpt
-    # the list is each tile's failed rows in row order, the tiles in any order
-    chunks = [sorted(got[:cnt][(got[:cnt] // tile) == t].tolist()) for t in range(-(-n // tile))]
+    # the list is each tile's failed rows in row order, the tiles in any order: runs of one tile each
     runs = []
     p = 0
     while p < cnt:
@@ -69,7 +68,8 @@ for n, rpt, write in ((300, 4, 1), (300, 1, 0), (1000, 8, 1), (5, 4, 1)):
     nl = newlab.copy_to_host()
     out.append(dict(n=n, rpt=rpt, count=cnt, failed=sorted(got[:cnt].tolist()),
                     want=np.flatnonzero(~keep).tolist(), rest=got[cnt:].tolist(),
-                    runs_sorted=all(r == sorted(r) for r in runs), tiles_once=len(runs) == len(set(r[0] // tile for r in runs)),
+                    runs_sorted=all(r == sorted(r) for r in runs),
+                    tiles_once=len(runs) == len({r[0] // tile for r in runs}),
                     ub_kept=bool(np.all(d[1].copy_to_host()[keep] >= u[keep].astype(np.float32))),
                     lb_kept=bool(np.all(d[2].copy_to_host()[keep] <= lo[keep].astype(np.float32))),
                     newlab=bool(np.array_equal(nl[keep], labels[keep]) if write else np.all(nl == -7)),

@@ -255,7 +255,8 @@ def test_kernel(rpt: int = TEST_RPT):
     A block takes ``TEST_NT x rpt`` consecutive rows at a time, thread ``t`` rows ``t, t + TEST_NT,
     ...`` of them, so that a warp's loads and stores are 32 consecutive rows.  (With a thread's rows
     consecutive each store wrote ``rpt`` times the sectors it filled: A's late steps' test was L2-bound,
-    87 % of its throughput at 34 % of DRAM's, 94 us, ``bench/results/ncu_step_kernels_A_f32_H100_2026-11-26_s11_late.txt``.)
+    87 % of its throughput at 34 % of DRAM's, 94 us,
+    ``bench/results/ncu_step_kernels_A_f32_H100_2026-11-26_s11_late.txt``; now 55 us.)
     The failed rows are placed by one inclusive scan in shared memory (the simulator has no warp
     votes) of each thread's failures packed a field a row slot: field ``r`` of the scan counts the
     failed rows ``r TEST_NT + t'`` for ``t' <= t``, so the rows keep their order; one global atomic a tile.

@@ -402,7 +402,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
             yp = float32(0.0)
             for ct in range(ct0, (grp + 1) * NCT // ng):
                 # the accumulators start at |z_c|^2 (one more term of the sum, in an order the certificate
-                # allows): the fold adds nothing and reads no centre data between its shared-memory stores
+                # allows): the fold adds nothing
                 for c in range(8):
                     zc = ldx(ccg, ct * BN + (tx * 4 + c if c < 4 else HN + tx * 4 + c - 4))
                     for r in range(8):

@@ -278,8 +278,7 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
             yp = float32(0.0)
             for ct in range(ct0, (grp + 1) * NCT // ng):
                 # the accumulators start at |z_c|^2 (one more term of the sum, in its own order, as the
-                # certificate allows): the fold then adds nothing, and reads no centre data between its
-                # shared-memory stores (the compiler reloaded |z_c|^2 for every row: ncu, 0.9 loads a pair)
+                # certificate allows): the fold then adds nothing
                 cb = ct * BN + wn * 32 + 2 * tig
                 for nt in range(4):
                     for e in range(2):
