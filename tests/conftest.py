@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -39,6 +40,18 @@ def _env() -> dict:
     env.setdefault("OMPI_MCA_btl", "^ofi")
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
     return env
+
+
+def run_simulated(program: str, timeout: float = 600):
+    """Run ``program`` (Python source) from the repository root in a fresh interpreter under the CUDA
+    simulator (``NUMBA_ENABLE_CUDASIM=1`` set before numba is imported there); its last line of output,
+    parsed as JSON.  A failed run fails the test with its error output."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", program], env=env, cwd=root, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def mpirun_path() -> str | None:

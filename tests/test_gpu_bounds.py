@@ -1,9 +1,10 @@
 """Host side of the GPU's kept bounds (mpikmeans/backends/gpu/bounds.py): the rule that decides where
 bounds are kept.  The kernels (the centres' moves and drops, the test) run in the simulator scenarios of
 tests/test_backend_gpu.py (every step against the CPU; the moves against the CPU bounds') and on a GPU in
-its ``gpu`` tests."""
+its ``gpu`` tests; the test kernel also alone, under the simulator, below."""
 
 import pytest
+from conftest import run_simulated
 
 bounds = pytest.importorskip("mpikmeans.backends.gpu.bounds")
 
@@ -82,21 +83,7 @@ def test_sim_bounds_test_lists_each_tiles_failed_rows_in_row_order():
     """The test kernel under the simulator: the rows whose bounds fail (label -1 among them), each
     tile's in row order; the kept rows' bounds widened by their centres' moves and their labels into
     ``newlab`` where asked; for 1, 4 and 8 rows a thread and a tile past the end of the rows."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    root = Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", _TEST_KERNEL_PROGRAM], env=env, cwd=root, capture_output=True,
-                       text=True, timeout=300)
-    if r.returncode != 0 and "numba" in r.stderr and "ModuleNotFound" in r.stderr:
-        pytest.skip("numba-cuda is not installed")
-    assert r.returncode == 0, r.stderr[-3000:]
-    for rec in json.loads(r.stdout.strip().splitlines()[-1]):
+    for rec in run_simulated(_TEST_KERNEL_PROGRAM, timeout=300):
         assert rec["count"] == len(rec["want"]) and rec["failed"] == rec["want"], rec
         assert all(v == -1 for v in rec["rest"]), rec
         assert rec["runs_sorted"] and rec["tiles_once"], rec

@@ -8,19 +8,15 @@ row-major copy): those would then compile inside the run.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from conftest import run_simulated
 
 pytest.importorskip("numba")
 
 from mpikmeans.warmup import gpu_warm_tune  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 
 
@@ -71,13 +67,7 @@ _PROGRAM = textwrap.dedent(
 
 
 def test_warm_up_on_few_rows_builds_the_runs_split_step_with_bounds():
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    r = subprocess.run([sys.executable, "-c", _PROGRAM], env=env, cwd=ROOT, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    import json
-
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_simulated(_PROGRAM)
     from mpikmeans.backends.gpu.plan import MODE_STEP_SHARED, MODE_STEP_SPLIT
 
     assert out["big"] == {"mode": MODE_STEP_SPLIT, "bounds": True}, out
@@ -120,13 +110,7 @@ def test_the_fixed_part_compiles_the_fixed_point_sums_without_a_gpu():
     label, compiled by the warm-up's ``fixed`` part in a helper of its own and with no GPU context (in the
     rest, the longest helper of a cold run, they were about a third of it; their parallel reduction is the
     assignment part's, below)."""
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    r = subprocess.run([sys.executable, "-c", _FIXED_PROGRAM], env=env, cwd=ROOT, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    import json
-
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["label_sums"]
+    assert run_simulated(_FIXED_PROGRAM) == ["label_sums"]
 
 
 _ASSIGN_PROGRAM = textwrap.dedent(
@@ -154,10 +138,4 @@ def test_the_assignment_part_compiles_the_fixed_point_sums_reductions():
     partials.REDUCE_CHUNK on by the parallel reduction (the specification's example: 50 x 100). The
     warm-up's assignment part compiles both reductions for the run's K x M (a cold run compiled the
     parallel one inside its Lloyd phase: 4.1 of its 4.3 s, bench/GPU_NOTES.md v15)."""
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    r = subprocess.run([sys.executable, "-c", _ASSIGN_PROGRAM], env=env, cwd=ROOT, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    import json
-
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == [[8, 40]]
+    assert run_simulated(_ASSIGN_PROGRAM) == [[8, 40]]
