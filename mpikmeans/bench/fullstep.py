@@ -214,7 +214,7 @@ def run_fullstep(s: FullStepSettings, progress: Progress = quiet) -> dict:
                      f"PyTorch {row.get('torch_ms', float('nan')):.3f} ms; default policy: {pol['full_steps']} full "
                      f"(median {pol['full_median_ms']:.3f}), {pol['delta_steps']} incremental "
                      f"(median {pol['delta_median_ms']:.3f}); labels changed {full['changed']}; "
-                     f"rows searched {full['searched']}"
+                     f"rows searched {full['searched']}; flagged {full['flagged']}"
                      + (f"; of those left by TF32 to float32 {full['cascaded']}" if any(full["cascaded"]) else ""))
             results.append(row)
             del xt

@@ -180,7 +180,7 @@ def lloyd_run(torch, be, start: np.ndarray, iters: int) -> dict:
     be.forget_labels()
     c = np.array(start, dtype=np.float64, copy=True)
     timer = CudaEvents(torch)
-    ms, changed, delta, searched, cascaded = [], [], [], [], []
+    ms, changed, delta, searched, cascaded, flagged = [], [], [], [], [], []
     for _ in range(iters):
         r, step_ms, _ = timer.measure(lambda: be.step(c))
         ms.append(step_ms)
@@ -188,12 +188,14 @@ def lloyd_run(torch, be, start: np.ndarray, iters: int) -> dict:
         delta.append(bool(be.last_delta))
         searched.append(int(getattr(be, "last_searched", be.n)))
         cascaded.append(int(getattr(be, "last_cascaded", 0)))
+        flagged.append(int(getattr(be, "last_flagged", 0)))
         good = r.counts > 0
         c[good] = r.sums[good] / r.counts[good, None]
     full = [t for t, d in zip(ms, delta) if not d]
     inc = [t for t, d in zip(ms, delta) if d]
     nan = float("nan")
     return {"ms": ms, "changed": changed, "incremental": delta, "searched": searched, "cascaded": cascaded,
+            "flagged": flagged,
             "median_ms": statistics.median(ms),
             "mean_ms": statistics.fmean(ms), "full_steps": len(full), "delta_steps": len(inc),
             "full_median_ms": statistics.median(full) if full else nan,
