@@ -23,7 +23,7 @@ from . import __version__
 from .io.arff import read_arff, warm_up
 from .io.header import shared_header
 from .io.split import check_memory
-from .backends import BackendUnavailable, make_backend
+from .backends import BackendUnavailable, cuda_simulator_requested, make_backend
 from .checkpoint import Checkpointer, check_compatible, load
 from .comm import LAUNCHER_VARIABLES, default_threads
 from .errors import MpikmeansError, RunError, UsageError
@@ -111,7 +111,7 @@ def prepare_output_dir(comm, out_dir: str, overwrite: bool) -> None:
 
 def gpu_possible() -> bool:
     """Cheap test before importing numba-cuda (slow): is there an NVIDIA device node or the simulator?"""
-    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.path.exists("/dev/nvidiactl")
+    return cuda_simulator_requested() or os.path.exists("/dev/nvidiactl")
 
 
 def gpu_wanted(cfg) -> bool:
@@ -257,7 +257,7 @@ class BackgroundCompile:
         cold = [] if rest_warm() else ["rest"]
         if not gpu:
             return cold + [f"cpu-{p}" for p in cpu_backend_cold()]
-        if cfg.k is None or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # the simulator compiles no kernels
+        if cfg.k is None or cuda_simulator_requested():  # the simulator compiles no kernels
             return cold
         try:
             from .cache import gpu_shape_key, gpu_shape_warm

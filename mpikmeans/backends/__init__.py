@@ -14,6 +14,7 @@ CPU and GPU paths give identical labels.
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -249,6 +250,12 @@ class BackendUnavailable(RuntimeError):
 
 
 BACKEND_NAMES = ("cpu", "gpu", "auto")
+
+
+def cuda_simulator_requested() -> bool:
+    """Whether this process runs numba-cuda's simulator (``NUMBA_ENABLE_CUDASIM=1``): read from the
+    environment, without importing numba-cuda (slow), for the checks made before a backend exists."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
 def make_backend(name: str, **options) -> Backend:

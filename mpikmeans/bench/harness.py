@@ -36,6 +36,7 @@ from typing import Callable
 import numpy as np
 
 from .. import __version__
+from ..backends import cuda_simulator_requested
 from ..errors import RunError, UsageError
 from ..io.output import write_atomic
 
@@ -305,7 +306,7 @@ def time_cuda(torch, fn: Callable, calls: int, repeats: int, warmup: int = 0) ->
 
 def count_gpus() -> int:
     """NVIDIA GPUs this process may use (``nvidia-smi -L``, narrowed by ``CUDA_VISIBLE_DEVICES``)."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not shutil.which("nvidia-smi"):
+    if cuda_simulator_requested() or not shutil.which("nvidia-smi"):
         return 0
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
