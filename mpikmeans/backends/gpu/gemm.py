@@ -139,6 +139,15 @@ def _merge_slots(sb1, sb2, si1, slots, r):  # pragma: no cover - compiled
 merge_slots = inline_device(_merge_slots)
 
 
+def _half_index(t, q, half):  # pragma: no cover - compiled
+    """The ``q``-th (0-7) of the eight rows or centres thread ``t`` of the float32 screen holds in a tile:
+    four from ``4 t`` and four from ``half + 4 t`` (the two 16-byte loads of each operand)."""
+    return t * 4 + q if q < 4 else half + t * 4 + q - 4
+
+
+half_index = inline_device(_half_index)
+
+
 @functools.lru_cache(maxsize=None)
 def unit_merge(slots: int):
     """The device function that ends a unit of a screen split into centre groups (:func:`centre_groups`).
@@ -394,17 +403,18 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
             ct0 = grp * NCT // ng
             row0 = tile * BM
             for r in range(8):
-                rr = ty * 4 + r if r < 4 else HM + ty * 4 + r - 4
+                rr = half_index(ty, r, HM)
                 stx(sb1, tx * BM + rr, INF)
                 stx(sb2, tx * BM + rr, INF)
                 stx(si1, tx * BM + rr, 0)
             i = tile_row(row0 + xr, nrow, idx, gat)
             yp = float32(0.0)
             for ct in range(ct0, (grp + 1) * NCT // ng):
+                cb = ct * BN  # the tile's first centre
                 # the accumulators start at |z_c|^2 (one more term of the sum, in an order the certificate
                 # allows): the fold adds nothing
                 for c in range(8):
-                    zc = ldx(ccg, ct * BN + (tx * 4 + c if c < 4 else HN + tx * 4 + c - 4))
+                    zc = ldx(ccg, cb + half_index(tx, c, HN))
                     for r in range(8):
                         acc[r * 8 + c] = zc
                 for st in range(NST + 1):
@@ -436,13 +446,13 @@ def screen_kernel(storage: str, m_c: int, kpg_c: int, pack_c: tuple, delta: bool
                 # on ties; an exact tie leaves a gap of 0 and is flagged, as does a NaN estimate:
                 # m2 = min(m2, max(m1, d)) is then m1)
                 for r in range(8):
-                    rr = ty * 4 + r if r < 4 else HM + ty * 4 + r - 4
+                    rr = half_index(ty, r, HM)
                     m1 = ldx(sb1, tx * BM + rr)
                     m2 = ldx(sb2, tx * BM + rr)
                     mi = ldx(si1, tx * BM + rr)
                     for c in range(8):
                         d = acc[r * 8 + c]
-                        mi = ct * BN + (tx * 4 + c if c < 4 else HN + tx * 4 + c - 4) if d < m1 else mi
+                        mi = cb + half_index(tx, c, HN) if d < m1 else mi
                         m2 = fminf(m2, fmaxf(m1, d))
                         m1 = fminf(m1, d)
                     stx(sb1, tx * BM + rr, m1)
