@@ -203,6 +203,12 @@ _SIM_PROGRAM = textwrap.dedent(
     # the sums by label reading the rows from the column-major store (no row-major copy), weighted
     w5 = np.random.default_rng(5).uniform(0.5, 2.0, x5.shape[0])
     compare("gemm_colmajor_weighted", x5, c5, weights=w5, tune=dict(g, rowmajor=False), iters=1)
+    # the count and place kernels with every row's count and place an atomic on global memory (more clusters
+    # than a block's shared-memory counters hold, bylabel.LOCAL_LABELS_MAX): the same sums
+    from mpikmeans.backends.gpu import bylabel
+    local_max, bylabel.LOCAL_LABELS_MAX = bylabel.LOCAL_LABELS_MAX, 0
+    compare("gemm_global_counters", x5, c5, tune=g, iters=2)
+    bylabel.LOCAL_LABELS_MAX = local_max
     # the same on the tensor cores (tensor.py; the simulator emulates the warp's product, slowly:
     # two row tiles, one of them short)
     t = {"gemm": True, "tf32": True}
@@ -638,6 +644,12 @@ def test_sim_exact_kernel_groups_of_several_warps(sim):
 def test_sim_gemm_sums_from_the_column_major_rows(sim):
     """The GEMM path's sums by label where there is no row-major copy of the rows: the same sums."""
     _assert_parity(sim["gemm_colmajor_weighted"], exact_counts=False)
+
+
+def test_sim_gemm_sums_with_global_counters(sim):
+    """The sums by label with each row counted and placed by an atomic on global memory, as where the clusters
+    are more than a block's shared-memory counters hold: the same sums and counts."""
+    _assert_parity(sim["gemm_global_counters"])
 
 
 def test_sim_float64_matches_cpu(sim):

@@ -11,15 +11,19 @@ label order first (a counting sort) and then summed in registers, one thread an 
 1. :func:`count_kernel` (a thread a row): each certified row (``newlab >= 0``) counts
    towards its cluster (``hist``: :data:`.plan.HIST_COPIES` copies of K int32 counters in
    the step buffer, which every step's upload zeroes; a block counts into copy
-   ``block % HIST_COPIES``: one copy took D's 3e5 rows into 4 KB of counters, 35 us; with
-   weights also its float64 count), and a changed label is counted and stored;
+   ``block % HIST_COPIES``: one copy took D's 3e5 rows into 4 KB of counters, 35 us; up to
+   :data:`LOCAL_LABELS_MAX` clusters a block counts in shared memory first and adds each
+   cluster's total once; with weights also its float64 count), and a changed label is
+   counted and stored;
 2. :func:`offsets_kernel` (one block): each cluster's first place in label order, the
    exclusive prefix sum of the copies' totals, into ``start``, and each copy's first place
    within its cluster into ``cursor`` (a copy's rows after the lower copies'); unweighted
    counts from ``hist``;
 3. :func:`place_kernel` (a thread a row, the count kernel's grid, so a row's block and
    copy are the same): each certified row's index and label at its place (``order``,
-   ``slab``: the places within a cluster in whatever order the atomics hand them out);
+   ``slab``: the places within a cluster in whatever order the atomics hand them out; up to
+   :data:`LOCAL_LABELS_MAX` clusters a block takes a run of places a cluster from its copy's
+   cursor and hands them out in shared memory);
 4. :func:`walk_kernel`: a block takes :data:`SEG` places at a time, its threads on the
    attributes; each thread adds ``w (x - c)`` and ``w (x - c)^2`` of the segment's rows in
    float64 registers, batches of :data:`BATCH` rows of one cluster loaded together, and
@@ -63,6 +67,17 @@ BATCH = 8 if SIM else 16
 WALK_NT_MAX = 512
 
 
+#: the most clusters whose counts the count and place kernels keep in a block's shared memory (32 KB of
+#: int32 counters); beyond it each row's count and place is an atomic on global memory
+LOCAL_LABELS_MAX = 8192
+
+
+def local_labels(k: int) -> int:
+    """Counters a block of the count and place kernels keeps in shared memory for ``k`` clusters: ``k``,
+    or 0 (the global counters alone) beyond :data:`LOCAL_LABELS_MAX`."""
+    return int(k) if 0 < int(k) <= LOCAL_LABELS_MAX else 0
+
+
 def walk_threads(m: int) -> int:
     """Threads a block of the walk for rows of ``m`` attributes: the attributes in as few passes of at
     most :data:`WALK_NT_MAX` as they need, rounded up to whole warps."""
@@ -71,19 +86,26 @@ def walk_threads(m: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def count_kernel(weighted: bool, pack_c: tuple):
+def count_kernel(weighted: bool, pack_c: tuple, local_k: int = 0):
     """Arguments: n, k, newlab (n,) int32, labels (n,) int32, w (n,) float64, and the step buffer's float64,
-    int64 and int32 views p64, ctr, i32."""
+    int64 and int32 views p64, ctr, i32.  ``local_k`` (:func:`local_labels`): the block counts its rows in
+    shared memory first and adds each cluster's total into its copy once."""
     WEIGHTED = weighted
     L = PackLayout(*pack_c)
     P_CNT, I_CHG, H = int(L.p64_cnt), int(L.i64_chg), int(L.i32_hist)
     NT = NT_ROWS
+    KL = int(local_k)
+    LOCAL = KL > 0
 
     def km_label_count(n, k, newlab, labels, w, p64, ctr, i32):
         chg = cuda.shared.array(1, dtype=int32)
+        hist = cuda.shared.array(max(1, KL), dtype=int32)
         tid = cuda.threadIdx.x
         if tid == 0:
             chg[0] = 0
+        if LOCAL:
+            for c in range(tid, KL, NT):
+                hist[c] = 0
         cuda.syncthreads()
         mine = 0
         hc = H + (cuda.blockIdx.x % HIST_COPIES) * k  # this block's copy of the counters
@@ -93,12 +115,20 @@ def count_kernel(weighted: bool, pack_c: tuple):
                 if ldx(labels, i) != lab:
                     mine += 1
                     stx(labels, i, lab)
-                cuda.atomic.add(i32, hc + lab, 1)
+                if LOCAL:
+                    cuda.atomic.add(hist, lab, 1)
+                else:
+                    cuda.atomic.add(i32, hc + lab, 1)
                 if WEIGHTED:
                     cuda.atomic.add(p64, P_CNT + lab, ldx(w, i))
         if mine != 0:
             cuda.atomic.add(chg, 0, mine)
         cuda.syncthreads()
+        if LOCAL:
+            for c in range(tid, k, NT):
+                v = hist[c]
+                if v != 0:
+                    cuda.atomic.add(i32, hc + c, v)
         if tid == 0 and chg[0] != 0:
             cuda.atomic.add(ctr, I_CHG, int64(chg[0]))
 
@@ -149,17 +179,43 @@ def offsets_kernel(weighted: bool, pack_c: tuple):
 
 
 @functools.lru_cache(maxsize=None)
-def place_kernel():
+def place_kernel(local_k: int = 0):
     """Arguments: n, k, newlab (n,) int32, cursor (HIST_COPIES k,) int32, order (n,) int32, slab (n,) int32;
-    the count kernel's grid (a row's block takes the cursors of the copy it was counted in)."""
+    the count kernel's grid (a row's block takes the cursors of the copy it was counted in).
+
+    ``local_k`` (:func:`local_labels`): the block counts its rows by cluster in shared memory, takes each
+    cluster's run of places with one atomic on its copy's cursor, and hands the places of a run out with
+    shared-memory atomics: an atomic on global memory a cluster and block, not a row (B, 1e7 rows in 1000
+    clusters: 0.60 ms with one a row, ``bench/results/kernels_B_f32_H100_2026-11-27_s18_rowstage.log``).
+    """
     NT = NT_ROWS
+    KL = int(local_k)
+    LOCAL = KL > 0
 
     def km_label_place(n, k, newlab, cursor, order, slab):
+        hist = cuda.shared.array(max(1, KL), dtype=int32)
+        tid = cuda.threadIdx.x
         hc = (cuda.blockIdx.x % HIST_COPIES) * k
-        for i in range(cuda.blockIdx.x * NT + cuda.threadIdx.x, n, cuda.gridDim.x * NT):
+        first = cuda.blockIdx.x * NT + tid
+        step = cuda.gridDim.x * NT
+        if LOCAL:
+            for c in range(tid, KL, NT):
+                hist[c] = 0
+            cuda.syncthreads()
+            for i in range(first, n, step):  # the rows the count kernel's block counted
+                lab = ldx(newlab, i)
+                if lab >= 0:
+                    cuda.atomic.add(hist, lab, 1)
+            cuda.syncthreads()
+            for c in range(tid, k, NT):  # each cluster's run: its first place
+                v = hist[c]
+                if v != 0:
+                    hist[c] = cuda.atomic.add(cursor, hc + c, v)
+            cuda.syncthreads()
+        for i in range(first, n, step):
             lab = ldx(newlab, i)
             if lab >= 0:
-                p = cuda.atomic.add(cursor, hc + lab, 1)
+                p = cuda.atomic.add(hist, lab, 1) if LOCAL else cuda.atomic.add(cursor, hc + lab, 1)
                 stx(order, p, int32(i))
                 stx(slab, p, lab)
 
@@ -262,11 +318,12 @@ def launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int, pack
     order = cuda.device_array(max(1, rows), dtype=np.int32)
     slab = cuda.device_array(max(1, rows), dtype=np.int32)
     rgrid = max(1, min(-(-rows // NT_ROWS), 2 if SIM else 8 * limits.sm_count))
-    ck = count_kernel(weighted, layout)
+    kl = local_labels(k)
+    ck = count_kernel(weighted, layout, kl)
     cargs = (int(rows), int(k), newlab, labels, w, pack.dev, pack.ctr, pack.i32)
     ok = offsets_kernel(weighted, layout)
     oargs = (int(k), start, cursor, pack.dev, pack.i32)
-    pk = place_kernel()
+    pk = place_kernel(kl)
     pargs = (int(rows), int(k), newlab, cursor, order, slab)
     rowmajor = xr is not None
     wspec = (storage, weighted, int(m), layout, rowmajor)
@@ -274,9 +331,9 @@ def launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int, pack
     wargs = (xr if rowmajor else x, int(ld), int(k), pack.dev, start, order, slab, w)
     # a block of the walk leaves room for several more on a multiprocessor: enough segments in flight
     wgrid = max(1, min(-(-rows // SEG), 2 if SIM else 16 * limits.sm_count))
-    return [Launch(ck, compiled("label_count", (weighted, layout), ck, cargs), cargs, rgrid, NT_ROWS, 0, stream,
-                   fast),
+    return [Launch(ck, compiled("label_count", (weighted, layout, kl), ck, cargs), cargs, rgrid, NT_ROWS, 0,
+                   stream, fast),
             Launch(ok, compiled("label_offsets", (weighted, layout), ok, oargs), oargs, 1, NT_SCAN, 0, stream,
                    fast),
-            Launch(pk, compiled("label_place", (), pk, pargs), pargs, rgrid, NT_ROWS, 0, stream, fast),
+            Launch(pk, compiled("label_place", (kl,), pk, pargs), pargs, rgrid, NT_ROWS, 0, stream, fast),
             Launch(wk, compiled("label_walk", wspec, wk, wargs), wargs, wgrid, walk_threads(m), 0, stream, fast)]
