@@ -96,10 +96,11 @@ def count_kernel(weighted: bool, pack_c: tuple, local_k: int = 0):
     NT = NT_ROWS
     KL = int(local_k)
     LOCAL = KL > 0
+    HS = max(1, KL)  # the shared counters' size, a constant of the kernel (one where there are none)
 
     def km_label_count(n, k, newlab, labels, w, p64, ctr, i32):
         chg = cuda.shared.array(1, dtype=int32)
-        hist = cuda.shared.array(max(1, KL), dtype=int32)
+        hist = cuda.shared.array(HS, dtype=int32)
         tid = cuda.threadIdx.x
         if tid == 0:
             chg[0] = 0
@@ -191,9 +192,10 @@ def place_kernel(local_k: int = 0):
     NT = NT_ROWS
     KL = int(local_k)
     LOCAL = KL > 0
+    HS = max(1, KL)  # the shared counters' size, a constant of the kernel (one where there are none)
 
     def km_label_place(n, k, newlab, cursor, order, slab):
-        hist = cuda.shared.array(max(1, KL), dtype=int32)
+        hist = cuda.shared.array(HS, dtype=int32)
         tid = cuda.threadIdx.x
         hc = (cuda.blockIdx.x % HIST_COPIES) * k
         first = cuda.blockIdx.x * NT + tid
