@@ -13,17 +13,15 @@ label order first (a counting sort) and then summed in registers, one thread an 
    the step buffer, which every step's upload zeroes; a block counts into copy
    ``block % HIST_COPIES``: one copy took D's 3e5 rows into 4 KB of counters, 35 us; up to
    :data:`LOCAL_LABELS_MAX` clusters a block counts in shared memory first and adds each
-   cluster's total once; with weights also its float64 count), and a changed label is
-   counted and stored;
+   cluster's total once: B's 1e7 rows in 1000 clusters 0.29 -> 0.055 ms; with weights also
+   its float64 count), and a changed label is counted and stored;
 2. :func:`offsets_kernel` (one block): each cluster's first place in label order, the
    exclusive prefix sum of the copies' totals, into ``start``, and each copy's first place
    within its cluster into ``cursor`` (a copy's rows after the lower copies'); unweighted
    counts from ``hist``;
 3. :func:`place_kernel` (a thread a row, the count kernel's grid, so a row's block and
    copy are the same): each certified row's index and label at its place (``order``,
-   ``slab``: the places within a cluster in whatever order the atomics hand them out; up to
-   :data:`LOCAL_LABELS_MAX` clusters a block takes a run of places a cluster from its copy's
-   cursor and hands them out in shared memory);
+   ``slab``: the places within a cluster in whatever order the atomics hand them out);
 4. :func:`walk_kernel`: a block takes :data:`SEG` places at a time, its threads on the
    attributes; each thread adds ``w (x - c)`` and ``w (x - c)^2`` of the segment's rows in
    float64 registers, batches of :data:`BATCH` rows of one cluster loaded together, and
@@ -67,14 +65,14 @@ BATCH = 8 if SIM else 16
 WALK_NT_MAX = 512
 
 
-#: the most clusters whose counts the count and place kernels keep in a block's shared memory (32 KB of
-#: int32 counters); beyond it each row's count and place is an atomic on global memory
+#: the most clusters whose counts the count kernel keeps in a block's shared memory (32 KB of int32
+#: counters); beyond it each row's count is an atomic on global memory
 LOCAL_LABELS_MAX = 8192
 
 
 def local_labels(k: int) -> int:
-    """Counters a block of the count and place kernels keeps in shared memory for ``k`` clusters: ``k``,
-    or 0 (the global counters alone) beyond :data:`LOCAL_LABELS_MAX`."""
+    """Counters a block of the count kernel keeps in shared memory for ``k`` clusters: ``k``, or 0 (the
+    global counters alone) beyond :data:`LOCAL_LABELS_MAX`."""
     return int(k) if 0 < int(k) <= LOCAL_LABELS_MAX else 0
 
 
@@ -180,44 +178,23 @@ def offsets_kernel(weighted: bool, pack_c: tuple):
 
 
 @functools.lru_cache(maxsize=None)
-def place_kernel(local_k: int = 0):
+def place_kernel():
     """Arguments: n, k, newlab (n,) int32, cursor (HIST_COPIES k,) int32, order (n,) int32, slab (n,) int32;
     the count kernel's grid (a row's block takes the cursors of the copy it was counted in).
 
-    ``local_k`` (:func:`local_labels`): the block counts its rows by cluster in shared memory, takes each
-    cluster's run of places with one atomic on its copy's cursor, and hands the places of a run out with
-    shared-memory atomics: an atomic on global memory a cluster and block, not a row (B, 1e7 rows in 1000
-    clusters: 0.60 ms with one a row, ``bench/results/kernels_B_f32_H100_2026-11-27_s18_rowstage.log``).
+    A row's place is an atomic on its copy's cursor: rows of a cluster counted at about the same time get
+    places next to each other, so the order and label stores fill whole sectors.  Runs of places taken a
+    block and cluster at a time (the count kernel's shared counters) left each block's stores a sector
+    apart over its whole run: B's place kernel 0.60 -> 1.05 ms (``bench/results/kernels_B_f32_H100_2026-11-27_s20_local_place.log``).
     """
     NT = NT_ROWS
-    KL = int(local_k)
-    LOCAL = KL > 0
-    HS = max(1, KL)  # the shared counters' size, a constant of the kernel (one where there are none)
 
     def km_label_place(n, k, newlab, cursor, order, slab):
-        hist = cuda.shared.array(HS, dtype=int32)
-        tid = cuda.threadIdx.x
         hc = (cuda.blockIdx.x % HIST_COPIES) * k
-        first = cuda.blockIdx.x * NT + tid
-        step = cuda.gridDim.x * NT
-        if LOCAL:
-            for c in range(tid, KL, NT):
-                hist[c] = 0
-            cuda.syncthreads()
-            for i in range(first, n, step):  # the rows the count kernel's block counted
-                lab = ldx(newlab, i)
-                if lab >= 0:
-                    cuda.atomic.add(hist, lab, 1)
-            cuda.syncthreads()
-            for c in range(tid, k, NT):  # each cluster's run: its first place
-                v = hist[c]
-                if v != 0:
-                    hist[c] = cuda.atomic.add(cursor, hc + c, v)
-            cuda.syncthreads()
-        for i in range(first, n, step):
+        for i in range(cuda.blockIdx.x * NT + cuda.threadIdx.x, n, cuda.gridDim.x * NT):
             lab = ldx(newlab, i)
             if lab >= 0:
-                p = cuda.atomic.add(hist, lab, 1) if LOCAL else cuda.atomic.add(cursor, hc + lab, 1)
+                p = cuda.atomic.add(cursor, hc + lab, 1)
                 stx(order, p, int32(i))
                 stx(slab, p, lab)
 
@@ -325,7 +302,7 @@ def launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int, pack
     cargs = (int(rows), int(k), newlab, labels, w, pack.dev, pack.ctr, pack.i32)
     ok = offsets_kernel(weighted, layout)
     oargs = (int(k), start, cursor, pack.dev, pack.i32)
-    pk = place_kernel(kl)
+    pk = place_kernel()
     pargs = (int(rows), int(k), newlab, cursor, order, slab)
     rowmajor = xr is not None
     wspec = (storage, weighted, int(m), layout, rowmajor)
@@ -337,5 +314,5 @@ def launches(limits, storage: str, weighted: bool, k: int, m: int, ld: int, pack
                    stream, fast),
             Launch(ok, compiled("label_offsets", (weighted, layout), ok, oargs), oargs, 1, NT_SCAN, 0, stream,
                    fast),
-            Launch(pk, compiled("label_place", (kl,), pk, pargs), pargs, rgrid, NT_ROWS, 0, stream, fast),
+            Launch(pk, compiled("label_place", (), pk, pargs), pargs, rgrid, NT_ROWS, 0, stream, fast),
             Launch(wk, compiled("label_walk", wspec, wk, wargs), wargs, wgrid, walk_threads(m), 0, stream, fast)]
