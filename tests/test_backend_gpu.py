@@ -203,8 +203,8 @@ _SIM_PROGRAM = textwrap.dedent(
     # the sums by label reading the rows from the column-major store (no row-major copy), weighted
     w5 = np.random.default_rng(5).uniform(0.5, 2.0, x5.shape[0])
     compare("gemm_colmajor_weighted", x5, c5, weights=w5, tune=dict(g, rowmajor=False), iters=1)
-    # the count and place kernels with every row's count and place an atomic on global memory (more clusters
-    # than a block's shared-memory counters hold, bylabel.LOCAL_LABELS_MAX): the same sums
+    # the count kernel with every row's count an atomic on global memory (more clusters than a block's
+    # shared-memory counters hold, bylabel.LOCAL_LABELS_MAX): the same sums
     from mpikmeans.backends.gpu import bylabel
     local_max, bylabel.LOCAL_LABELS_MAX = bylabel.LOCAL_LABELS_MAX, 0
     compare("gemm_global_counters", x5, c5, tune=g, iters=2)
@@ -647,8 +647,8 @@ def test_sim_gemm_sums_from_the_column_major_rows(sim):
 
 
 def test_sim_gemm_sums_with_global_counters(sim):
-    """The sums by label with each row counted and placed by an atomic on global memory, as where the clusters
-    are more than a block's shared-memory counters hold: the same sums and counts."""
+    """The sums by label with each row counted by an atomic on global memory, as where the clusters are more
+    than a block's shared-memory counters hold: the same sums and counts."""
     _assert_parity(sim["gemm_global_counters"])
 
 
