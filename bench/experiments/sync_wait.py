@@ -66,8 +66,8 @@ def part1(torch, k: int, m: int, tc: int, wait_ms: float, repeats: int) -> None:
     }
     for f in calls.values():
         f()
-    cycles = int(torch.cuda.get_device_properties(0).clock_rate * wait_ms) if hasattr(
-        torch.cuda.get_device_properties(0), "clock_rate") else int(1.98e6 * wait_ms)
+    # the SM clock in kHz is cycles a millisecond (the H100's 1.98 GHz where torch does not report it)
+    cycles = int(getattr(torch.cuda.get_device_properties(0), "clock_rate", 1.98e6) * wait_ms)
 
     def cpu_spin():
         t0 = time.perf_counter()
