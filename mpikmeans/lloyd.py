@@ -1,12 +1,13 @@
 """The backend-agnostic Lloyd loop: iterations, convergence, empty clusters (collective).
 
 Every rank runs this same code on its own rows.  Per iteration the backend
-returns local float64 sums, counts, SSE and the number of changed labels; one
-``Allreduce`` merges them; every rank then computes the same new centres, so
-the centres never need to be broadcast.  Nothing here depends on the number of
-ranks except the order in which the Allreduce adds the partial sums, which
-moves only the last bits of the centres.  Initial centres come from
-:mod:`mpikmeans.init`; several initialisations from :mod:`mpikmeans.restarts`.
+returns its rows' per-cluster sums, counts and SSE as exact fixed-point
+integers (:mod:`mpikmeans.fixedsums`) and the number of changed labels; one
+integer ``Allreduce`` merges them; every rank then decodes the same totals into
+the same new centres, so the centres never need to be broadcast.  Integers add
+up to the same totals in any order, so the centres, the SSE and the labels are
+the same bits at any number of ranks and on any backend.  Initial centres come
+from :mod:`mpikmeans.init`; several initialisations from :mod:`mpikmeans.restarts`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .faults import fault_point
+from .fixedsums import Scales, cluster_sums, decode, row_limbs
 
 log = logging.getLogger("mpikmeans")
 
@@ -100,63 +102,58 @@ class KMeansResult:
     cluster_sse: np.ndarray | None = None
 
 
-class _Scratch:
-    """The loop's K x M work arrays, kept from iteration to iteration (made again when K or M changes).
+def run_scales(comm, backend, weights: np.ndarray | None) -> Scales:
+    """The fixed-point scales of a run: the global bounds on each column's magnitude and on the weights (collective)."""
+    local = np.append(backend.magnitudes(), weights.max() if weights is not None and len(weights) else 0.0)
+    both = comm.allreduce(np.ascontiguousarray(local, dtype=np.float64), "max")
+    return Scales.of(both[:-1], float(both[-1]) if weights is not None else 1.0)
 
-    At K x M = 257,000 each fresh 2 MB array met its pages for the first time
-    every iteration: the merge, the new centres and the shift took 4.8 ms an
-    iteration on the 2-core Xeon with fresh arrays and 0.8 ms with these.
+
+class _Merged:
+    """One iteration's totals over all ranks, decoded: the same values on every rank.
+
+    Attributes
+    ----------
+    limbs : ndarray, shape (k, m + 1, 4), int64
+        The merged sums' limbs (:class:`~mpikmeans.backends.StepResult`); the
+        farthest-point relocation of empty clusters edits them.
+    sse : float
+    changed, searched : int (searched: None where a rank's backend does not count)
+    stop : bool
+        Some rank was asked to stop.
     """
 
-    def __init__(self):
-        self.packed = np.empty(0)
-        self.diff = np.empty((0, 0))
+    def __init__(self, comm, part, stop: bool, scales: Scales, sse_exponent: int):
+        k, mc, _ = part.sums.shape
+        ns = k * mc * 4
+        buf = np.empty(ns + 4 + 4, dtype=np.int64)
+        buf[:ns] = part.sums.ravel()
+        buf[ns:ns + 4] = part.sse.sum(axis=0)  # integers: the clusters' SSE in any order
+        buf[ns + 4:] = (part.changed, max(part.searched, 0), part.searched < 0, stop)
+        comm.allreduce_in_place(buf, "sum")
+        self.limbs = buf[:ns].reshape(k, mc, 4)
+        self.scales = scales
+        self.sse = float(decode(buf[ns:ns + 4], sse_exponent))
+        self.changed = int(buf[ns + 4])
+        self.searched = None if buf[ns + 6] else int(buf[ns + 5])
+        self.stop = bool(buf[ns + 7])
 
-    def merge_buffer(self, k: int, m: int) -> np.ndarray:
-        """The flat buffer of :func:`_merge`: K x M sums, K counts, rows searched, SSE, changes, stop."""
-        if self.packed.size != k * m + k + 4:
-            self.packed = np.empty(k * m + k + 4, dtype=np.float64)
-        return self.packed
-
-    def diff_buffer(self, shape: tuple) -> np.ndarray:
-        """A (k, m) float64 array for :func:`_shift`."""
-        if self.diff.shape != shape:
-            self.diff = np.empty(shape, dtype=np.float64)
-        return self.diff
-
-
-def _merge(comm, part, stop: bool, scratch: _Scratch) -> tuple:
-    """One Allreduce for sums, counts, rows searched, SSE, the change count and stop requests.
-
-    A signal reaches the ranks at slightly different times; adding the ranks'
-    stop flags into the same Allreduce makes every rank see the request at the
-    same iteration.  The sums and counts returned are views of ``scratch``'s
-    buffer: valid until the next merge.  Rows searched is None where a backend
-    does not count them.
-    """
-    k, m = part.sums.shape
-    buf = scratch.merge_buffer(k, m)
-    np.copyto(buf[: k * m].reshape(k, m), part.sums)
-    buf[k * m : k * m + k] = part.counts
-    buf[-4] = part.searched if part.searched >= 0 else np.nan  # a rank that does not count makes the sum NaN
-    buf[-3] = part.sse
-    buf[-2] = part.changed  # exact in float64 below 2**53 rows
-    buf[-1] = 1.0 if stop else 0.0
-    comm.allreduce_in_place(buf, "sum")
-    searched = None if np.isnan(buf[-4]) else int(buf[-4])
-    return (buf[: k * m].reshape(k, m), buf[k * m : k * m + k], float(buf[-3]), int(buf[-2]), buf[-1] > 0,
-            searched)
+    def sums_counts(self) -> tuple:
+        """The decoded sums ``(k, m)`` and counts (weights) ``(k,)``, float64."""
+        values = decode(self.limbs, self.scales.columns)
+        return values[:, :-1], values[:, -1]
 
 
-def _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights=None) -> int:
+def _relocate_empty(comm, backend, x, row_offset, centres, merged: _Merged, weights=None) -> int:
     """Move each empty cluster to one of the points farthest from their centre.
 
     As scikit-learn does: the e farthest points (globally, ties to the lower
     row index) are taken out of their clusters' sums and each becomes the sole
-    member of one empty cluster.  Works on the merged sums, so every rank
-    makes the same change.  Returns the number of clusters moved.
+    member of one empty cluster.  Works on the merged totals, exactly, so every
+    rank makes the same change.  Returns the number of clusters moved.
     """
-    empty = np.flatnonzero(counts == 0)
+    counts = merged.limbs[:, -1, :]
+    empty = np.flatnonzero(~counts.any(axis=1))
     e = len(empty)
     labels, dist2 = backend.assign(centres)
     take = min(e, len(dist2))
@@ -171,29 +168,11 @@ def _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights
     for cluster, (neg_d, _, owner, row, w) in zip(empty, candidates):
         if neg_d == 0.0:  # every remaining point sits on its centre: nothing to gain
             break
-        sums[owner] -= w * row
-        counts[owner] -= w
-        sums[cluster] = w * row
-        counts[cluster] = w
+        contribution = row_limbs(row, w, merged.scales)
+        merged.limbs[owner] -= contribution
+        merged.limbs[cluster] = contribution
         moved += 1
     return moved
-
-
-def _label_means(comm, x: np.ndarray, labels: np.ndarray, weights, centres: np.ndarray, layout=None) -> np.ndarray:
-    """Centres as the global means of the rows with each label, summed in a fixed order (collective).
-
-    An empty cluster keeps its centre; nominal attributes take their cluster's mode (``layout``).
-    """
-    from .backends.cpu import label_sums
-
-    k, m = centres.shape
-    sums, counts = label_sums(x, labels, k, weights)
-    buf = comm.allreduce(np.concatenate([sums.ravel(), counts]), "sum")
-    sums, counts = buf[: k * m].reshape(k, m), buf[k * m:]
-    filled = counts > 0
-    new = centres.copy()
-    new[filled] = _means(sums, counts, filled, layout, weights is not None)
-    return new
 
 
 def _means(sums: np.ndarray, counts: np.ndarray, filled: np.ndarray, layout, weighted: bool) -> np.ndarray:
@@ -222,21 +201,18 @@ def _new_centres(sums: np.ndarray, counts: np.ndarray, centres: np.ndarray, layo
     """
     filled = counts > 0
     if layout is None and filled.all():
-        # the same divisions as below in one pass, without the row selections' copies
         return np.divide(sums, counts[:, None]), filled
     new = centres.copy()
     new[filled] = _means(sums, counts, filled, layout, weighted)
     return new, filled
 
 
-def _shift(new: np.ndarray, centres: np.ndarray, diff: np.ndarray) -> float:
+def _shift(new: np.ndarray, centres: np.ndarray) -> float:
     """The largest Euclidean distance a centre moved, ``new`` and ``centres`` (k, m).
 
-    ``diff`` (k, m) is scratch.  An empty cluster kept its centre, so its row of
-    differences is zero and adds nothing; each row is summed as NumPy sums a
-    contiguous row, so the figure is the same bits as summing only the moved rows.
+    An empty cluster kept its centre, so its row of differences is zero and adds nothing.
     """
-    np.subtract(new, centres, out=diff)
+    diff = np.subtract(new, centres)
     np.square(diff, out=diff)
     return float(np.sqrt(diff.sum(axis=1)).max(initial=0.0))
 
@@ -287,27 +263,28 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
     KMeansResult
         With ``interrupted`` set (and no labels) when a stop request ended it.
     """
+    scales = run_scales(comm, backend, weights)
     if resume is not None:
         state = resume
         if state.prev_centres is not None and state.prev_centres.shape == state.centres.shape:
-            backend.step(state.prev_centres)  # the labels the uninterrupted run had
+            backend.step(state.prev_centres, scales)  # the labels the uninterrupted run had
     else:
         state = LoopState(0, np.array(centres, dtype=np.float64, copy=True), None, [])
     reason, converged, interrupted = STOP_MAX_ITER, False, False
-    scratch = _Scratch()
     while state.iteration < max_iter:
         it = state.iteration + 1
         fault_point(comm.rank, "iteration")
         t0 = time.perf_counter()
         centres = state.centres
-        part = backend.step(centres)
-        sums, counts, sse, changed, stop, searched = _merge(comm, part, bool(stop_requested and stop_requested()),
-                                                            scratch)
+        sse_exponent = scales.sse_exponent(centres)
+        part = backend.step(centres, scales)
+        merged = _Merged(comm, part, bool(stop_requested and stop_requested()), scales, sse_exponent)
         relocated, dropped = state.relocated, state.dropped
-        if empty_cluster == "farthest" and (counts == 0).any():
-            relocated += _relocate_empty(comm, backend, x, row_offset, centres, sums, counts, weights)
+        if empty_cluster == "farthest" and not merged.limbs[:, -1, :].any(axis=1).all():
+            relocated += _relocate_empty(comm, backend, x, row_offset, centres, merged, weights)
+        sums, counts = merged.sums_counts()
         new, filled = _new_centres(sums, counts, centres, layout, weights is not None)
-        shift = _shift(new, centres, scratch.diff_buffer(new.shape))
+        shift = _shift(new, centres)
         if empty_cluster == "drop" and not filled.all():
             # Weka's SimpleKMeans: an empty cluster is removed, the others keep their order.
             # The backend's labels name the old clusters: it starts its count of changes again
@@ -316,6 +293,7 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
             backend.forget_labels()
             log.info("iteration %d: %d empty cluster(s) dropped, %d left", it, int((~filled).sum()), len(new))
         seconds = time.perf_counter() - t0
+        sse, changed, searched = merged.sse, merged.changed, merged.searched
         entry = {"iteration": it, "sse": sse, "shift": shift, "changed": changed, "seconds": seconds}
         if searched is not None:
             entry["searched"] = searched
@@ -329,7 +307,7 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
         if tol > 0 and shift <= tol:
             reason, converged = STOP_TOL, True
             break
-        if stop:
+        if merged.stop:
             reason, interrupted = STOP_INTERRUPTED, True
         if after_iteration is not None and state.iteration < max_iter:
             after_iteration(state, interrupted)
@@ -340,24 +318,18 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
                                 state=state, dropped=state.dropped)
     centres = state.centres
     labels, dist2 = backend.assign(centres)
-    if reason == STOP_UNCHANGED and not getattr(backend, "deterministic", True) and len(x) == len(labels):
-        # a fixed point: the centres are the means of these labels.  The device added
-        # them with atomics, in an order that changes from run to run; summed again
-        # here in a fixed order, they are the same bits in every run
-        centres = _label_means(comm, x, labels, weights, centres, layout)
-        labels, dist2 = backend.assign(centres)
-        state.centres = centres
     k = centres.shape[0]
-    wd2 = dist2 if weights is None else weights * dist2
-    tail = np.empty(2 * k, dtype=np.float64)
+    sse_exponent = scales.sse_exponent(centres)
+    tail = np.empty(k + 4 * k, dtype=np.int64)
     tail[:k] = np.bincount(labels, minlength=k)
-    tail[k:] = np.bincount(labels, weights=wd2, minlength=k)
+    tail[k:] = cluster_sums(labels, dist2, weights, k, sse_exponent).ravel()
     tail = comm.allreduce(tail, "sum")
-    sizes = tail[:k].astype(np.int64)
+    sizes = tail[:k].copy()
+    cluster_limbs = tail[k:].reshape(k, 4)
     if (sizes == 0).any():
         log.warning("%d of %d clusters are empty at the end (fewer distinct rows than k, or a poor start)",
                     int((sizes == 0).sum()), k)
-    return KMeansResult(centres=centres, labels=labels, inertia=float(tail[k:].sum()), sizes=sizes,
-                        iterations=state.iteration, converged=converged, stop_reason=reason,
-                        history=state.history, relocated=state.relocated, state=state, cluster_sse=tail[k:],
-                        dropped=state.dropped)
+    return KMeansResult(centres=centres, labels=labels, inertia=float(decode(cluster_limbs.sum(axis=0), sse_exponent)),
+                        sizes=sizes, iterations=state.iteration, converged=converged, stop_reason=reason,
+                        history=state.history, relocated=state.relocated, state=state,
+                        cluster_sse=decode(cluster_limbs, sse_exponent), dropped=state.dropped)

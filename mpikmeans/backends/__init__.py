@@ -24,16 +24,18 @@ from ..exact import HostFixed, fixed_potential, limbs_to_int, scale_factors, to_
 
 @dataclass
 class StepResult:
-    """What one rank contributes to one Lloyd iteration.
+    """What one rank contributes to one Lloyd iteration: exact fixed-point totals (:mod:`mpikmeans.fixedsums`).
 
     Attributes
     ----------
-    sums : ndarray, shape (k, m), float64
-        Per-cluster sums of the rows assigned to each centre.
-    counts : ndarray, shape (k,), float64
-        Rows (or, with weights, total weight) assigned to each centre.
-    sse : float
-        Sum over local rows of the squared distance to the assigned centre.
+    sums : ndarray, shape (k, m + 1, 4), int64
+        Per cluster, the limbs of ``sum(w x_j)`` over its rows for each column
+        ``j < m``, and of ``sum(w)`` (its row count without weights) at ``m``,
+        at the step's :class:`~mpikmeans.fixedsums.Scales`.  Valid until the next step.
+    sse : ndarray, shape (k, 4), int64
+        Per cluster, the limbs of ``sum(w d²)``, ``d²`` each row's exact squared
+        distance to the centre it was assigned to, at the scale
+        ``scales.sse_exponent(centres)``.
     changed : int
         Local rows whose label differs from the previous step (all rows on
         the first step).
@@ -43,8 +45,7 @@ class StepResult:
     """
 
     sums: np.ndarray
-    counts: np.ndarray
-    sse: float
+    sse: np.ndarray
     changed: int
     searched: int = -1
 
@@ -192,11 +193,10 @@ class Backend(RowDistances):
     """
 
     name: str = "abstract"
-    #: whether a step's sums are the same bits in every run (no atomics in an order that varies)
-    deterministic: bool = True
+    _magnitudes: np.ndarray = np.zeros(0)
 
     @abc.abstractmethod
-    def load(self, x: np.ndarray, weights: np.ndarray | None = None) -> None:
+    def load(self, x: np.ndarray, weights: np.ndarray | None = None, magnitudes: np.ndarray | None = None) -> None:
         """Take this rank's rows.
 
         Parameters
@@ -206,26 +206,44 @@ class Backend(RowDistances):
         weights : ndarray, shape (n_local,), float64, optional
             Instance weights (ARFF ``{w}``); every row weighs 1 when omitted.
             Counts, sums and SSE are weighted.
+        magnitudes : ndarray, shape (m,), float64, optional
+            A bound on each column's magnitude ``|x_j|`` over these rows (or
+            over all ranks' rows); computed here when omitted (:meth:`magnitudes`).
         """
 
     @abc.abstractmethod
-    def step(self, centres: np.ndarray) -> StepResult:
+    def step(self, centres: np.ndarray, scales) -> StepResult:
         """Assign every local row to its nearest centre and accumulate.
+
+        Ties go to the lowest centre index; distances are summed in attribute
+        order with one rounding per operation; the sums are exact integers, so
+        every backend returns the same totals for the same labels.
 
         Parameters
         ----------
         centres : ndarray, shape (k, m), float64
+        scales : mpikmeans.fixedsums.Scales
+            The run's fixed-point scales (the same on every rank).
 
         Returns
         -------
         StepResult
-            Float64 sums, counts and SSE of the local rows, and how many
+            Fixed-point sums, counts and SSE of the local rows, and how many
             labels changed since the previous call.
         """
 
     @abc.abstractmethod
     def info(self) -> BackendInfo:
         """What this backend runs on."""
+
+    def magnitudes(self) -> np.ndarray:
+        """Each column's largest magnitude over this rank's rows, shape (m,), float64 (0 without rows).
+
+        The Lloyd loop takes the global maximum as the bound of its fixed-point
+        scales; :meth:`load` may be given it (``magnitudes=``) where the caller
+        knows it already.
+        """
+        return self._magnitudes
 
     def warmup(self, k: int, m: int) -> None:
         """Compile (or load from the cache) every kernel for k centres of m attributes.

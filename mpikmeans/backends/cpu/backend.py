@@ -9,14 +9,17 @@ import numpy as np
 
 from ...cpus import process_threads
 from ...exact import BlockFixed, limbs_to_int, scale_factors
+from ...fixedsums import Scales, cluster_sums, column_magnitudes, sum_rows
 from ...memory import available_memory
 from .. import Backend, BackendInfo, StepResult
 from .blas import one_thread
 from .bounds import assign_pass, bound_drops, centre_moves, half_gaps, step_pass
 from .certified import centre_data, screen_rows
 from .seeding import SeedingRows, candidate_data, fixed_blocks, potentials_pass
-from .partials import compile_reductions, reduce_blocks
-from .tiles import _BLOCKS, _tile_dist2, _tile_rows
+from .tiles import _tile_dist2, _tile_rows
+
+#: row blocks of a step, handed to the threads one at a time as each comes free
+STEP_BLOCKS = 64
 
 
 @contextlib.contextmanager
@@ -99,21 +102,26 @@ class CPUBackend(Backend):
         self.threads = max(1, min(threads or process_threads(), numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self.threads)
         self._x = None
-        self._labels = None
+        self._labels = None  # the last step's labels (-1: none)
+        self._spare = None  # the next step writes its labels here, then the two swap
+        self._dist2 = None  # the last step's exact squared distances
         self._weights = None
         self._cand_dists = None  # (candidates, their distances): what lower_d2 may reuse
         self._seeding = None  # SeedingRows of the k-means++ under way
         #: k-means++ passes: None screens when it pays (SeedingRows.screen_next); True / False always / never
         self.seed_screen = None
-        self._parts = None  # the step's per-block partial results (_partials)
         self._lower = None  # per row: a lower bound on its distance to every centre but its own (.bounds)
         self._bounds_for = None  # the centres the labels and bounds hold for (None: they hold for none)
+        self._totals = None  # the sums of self._labels' clusters (fixedsums limbs), and the scales they are at
+        self._totals_scales = None
         #: rows of the last step that float32 could not certify (computed again exactly)
         self.rows_rechecked = 0
         #: rows of the last step (or assignment) whose nearest centre was searched (the others kept theirs)
         self.rows_searched = 0
+        #: whether the last step added every row to the sums (else only the rows that changed label)
+        self.full_sums = True
 
-    def load(self, x: np.ndarray, weights: np.ndarray | None = None) -> None:
+    def load(self, x: np.ndarray, weights: np.ndarray | None = None, magnitudes: np.ndarray | None = None) -> None:
         """Keep this rank's rows (see :meth:`Backend.load`).
 
         Parameters
@@ -121,38 +129,54 @@ class CPUBackend(Backend):
         x : ndarray, shape (n_local, m), float64
         weights : ndarray, shape (n_local,), float64, optional
             Instance weights; all ones when omitted.
+        magnitudes : ndarray, shape (m,), float64, optional
         """
         self._x = np.ascontiguousarray(x, dtype=np.float64)
         self._cand_dists = None
         self._seeding = None
         n = self._x.shape[0]
         self._labels = np.full(n, -1, dtype=np.int32)
+        self._spare = np.full(n, -1, dtype=np.int32)
+        self._dist2 = np.zeros(n)
         self._lower = np.zeros(n)
         self._bounds_for = None
+        self._totals = None
+        self._magnitudes = (column_magnitudes(self._x) if magnitudes is None
+                            else np.asarray(magnitudes, dtype=np.float64))
         if weights is None:
-            self._weights = np.ones(0, dtype=np.float64)
+            self._weights = None
         else:
             self._weights = np.ascontiguousarray(weights, dtype=np.float64)
 
-    def step(self, centres: np.ndarray) -> StepResult:
+    def step(self, centres: np.ndarray, scales: Scales) -> StepResult:
         centres = np.ascontiguousarray(centres, dtype=np.float64)
         # seeding is over: the candidates' distances it kept for lower_d2 (t x n float64,
         # 240 MB for 5 10^6 rows and 6 candidates) and its float32 rows are not needed through the iterations
         self._cand_dists = None
         self._seeding = None
         k, m = centres.shape
-        part_sums, part_counts, part_sse, part_changed, part_searched, part_exact = self._partials(k, m)
+        n = len(self._x)
         plan, tile = search_plan(centres)
         use_bounds, drops, halves = self._drops(centres)
-        with _parallel_pass():
-            step_pass(self._x, centres, plan, tile, self._labels, self._lower, use_bounds, drops, halves, self._weights,
-                      self._weights.size > 0, part_sums, part_counts, part_sse, part_changed, part_searched,
-                      part_exact)
+        parts = np.zeros((3, STEP_BLOCKS), dtype=np.int64)
+        old, new = self._labels, self._spare
+        if n:
+            with _parallel_pass():
+                step_pass(self._x, centres, plan, tile, old, self._lower, use_bounds, drops, halves, new, self._dist2,
+                          parts[0], parts[1], parts[2])
+        self._labels, self._spare = new, old
         self._bounds_for = centres.copy() if self.bounds else None
-        self.rows_rechecked = int(part_exact.sum())
-        self.rows_searched = int(part_searched.sum())
-        sums, counts, sse, changed = reduce_blocks(part_sums, part_counts, part_sse, part_changed)
-        return StepResult(sums=sums, counts=counts, sse=float(sse), changed=int(changed), searched=self.rows_searched)
+        changed, self.rows_searched, self.rows_rechecked = (int(v) for v in parts.sum(axis=1))
+        # the sums move with the rows that changed label, while that is less work than adding every row
+        keep = (self._totals is not None and self._totals.shape == (k, m + 1, 4)
+                and np.array_equal(self._totals_scales, scales.columns) and 2 * changed <= n)
+        if not keep:
+            self._totals = np.zeros((k, m + 1, 4), dtype=np.int64)
+            self._totals_scales = scales.columns
+        self.full_sums = not keep
+        sum_rows(self._x, self._weights, new, old if keep else None, scales, self._totals, self.threads)
+        sse = cluster_sums(new, self._dist2, self._weights, k, scales.sse_exponent(centres))
+        return StepResult(sums=self._totals, sse=sse, changed=changed, searched=self.rows_searched)
 
     def _drops(self, centres: np.ndarray) -> tuple:
         """Whether the labels and bounds of the last step can serve for ``centres``, how much each
@@ -165,18 +189,6 @@ class CPUBackend(Backend):
         # the gaps cost K^2 M, worth it while that is well below the step's own n K M
         halves = half_gaps(centres) if 4 * k <= len(self._x) else np.zeros(k)
         return True, bound_drops(centre_moves(old, centres)), halves
-
-    def _partials(self, k: int, m: int) -> tuple:
-        """The blocks' partial results, kept from step to step while K x M stays the same.
-
-        A fresh array each step met its pages for the first time each step: at
-        K = 1000, M = 257 the partial sums are 64 x 2 MB, 32,000 page faults a step.
-        """
-        if self._parts is None or self._parts[0].shape[1:] != (k, m):
-            nb = _BLOCKS
-            self._parts = (np.empty((nb, k, m)), np.empty((nb, k)), np.empty(nb), np.empty(nb, dtype=np.int64),
-                           np.empty(nb, dtype=np.int64), np.empty(nb, dtype=np.int64))
-        return self._parts
 
     def assign(self, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Nearest centre and exact squared distance of every row (see :meth:`Backend.assign`).
@@ -277,24 +289,29 @@ class CPUBackend(Backend):
         his, los = hi.sum(axis=0), lo.sum(axis=0)
         return [(limbs_to_int(his[j], los[j]), float(vmax[:, j].max())) for j in range(t)]
 
-    def warmup(self, k: int, m: int, every_plan: bool = False) -> None:
-        """Compile (or load) the step and assignment kernels.
+    def warmup(self, k: int, m: int) -> None:
+        """Compile (or load) the step's, the sums' and the assignment's kernels.
 
-        Both plans (and steps with or without bounds) run the same compiled
-        kernels, so one shape compiles them all; ``every_plan`` changes nothing.
+        Both search plans (and steps with or without bounds) run the same
+        compiled kernels, and Numba's kernels take any shape: one call compiles
+        everything a step runs.
         """
         x = np.zeros((1, m))
         cen = np.zeros((k, m))
-        parts = (np.empty((1, k, m)), np.empty((1, k)), np.empty(1), np.empty(1, dtype=np.int64),
-                 np.empty(1, dtype=np.int64), np.empty(1, dtype=np.int64))
         plan, tile = search_plan(cen)
         drops = np.zeros(k)
+        labels = np.full(1, -1, dtype=np.int32)
         with _parallel_pass():
-            step_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, drops, drops,
-                      np.ones(0), False, *parts)
-            assign_pass(x, cen, plan, tile, np.full(1, -1, dtype=np.int32), np.zeros(1), False, drops, drops,
-                        np.empty(1, dtype=np.int32), np.empty(1))
-            compile_reductions(*parts[:4])
+            step_pass(x, cen, plan, tile, labels, np.zeros(1), False, drops, drops, np.zeros(1, dtype=np.int32),
+                      np.zeros(1), *np.zeros((3, 1), dtype=np.int64))
+            assign_pass(x, cen, plan, tile, labels, np.zeros(1), False, drops, drops, np.empty(1, dtype=np.int32),
+                        np.empty(1))
+        scales = Scales.of(np.ones(m))
+        for weights in (None, np.ones(1)):
+            sum_rows(x, weights, labels + 1, labels, scales, np.zeros((k, m + 1, 4), dtype=np.int64), 1)
+            sum_rows(x, weights, labels + 1, None, scales, np.zeros((k, m + 1, 4), dtype=np.int64), 1)
+            cluster_sums(labels + 1, np.zeros(1), weights, k, 0)
+        column_magnitudes(x)
 
     def info(self) -> BackendInfo:
         return BackendInfo(name="cpu", devices=[], threads=self.threads, dtype="float64")
@@ -303,11 +320,14 @@ class CPUBackend(Backend):
         if self._labels is not None:
             self._labels[:] = -1
         self._bounds_for = None
+        self._totals = None
 
     def close(self) -> None:
         self._x = None
         self._seeding = None
-        self._parts = None
+        self._totals = None
+        self._spare = None
+        self._dist2 = None
         self._labels = None
         self._lower = None
         self._bounds_for = None

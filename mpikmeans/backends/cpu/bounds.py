@@ -30,15 +30,13 @@ computed distance is strictly below every other centre's computed distance:
   makes every bound of the other labels fail.  The gaps between centres come
   from a matrix product less a bound on its rounding (:func:`half_gaps`).
 
-The distance to the row's centre is the one the sums need anyway (the SSE is
-the sum of exact distances), so a kept row costs ``m`` operations instead of
-the search's ``k m``.  Rows go a chunk at a time (about 256 KB, in L2): the
-chunk's rows are tested, the ones not kept are searched a full tile at a time,
-then the chunk is summed in row order.  Short rows kept from the start of a
-chunk are tested and summed in one pass (:func:`_keep_sum`).  The labels,
-distances, sums, counts and SSE are those of the exact kernels
-(:func:`mpikmeans.backends.cpu.tiles._lloyd_pass`), for any thread count, with
-or without bounds.
+The distance to the row's centre is the one the SSE needs anyway (the sum of
+exact distances), so a kept row costs ``m`` operations instead of the search's
+``k m``.  Rows go a chunk at a time (about 256 KB, in L2): the chunk's rows are
+tested, and the ones not kept are searched a full tile at a time.  The labels
+and distances are those of searching every row with the exact kernels, for any
+thread count, with or without bounds; the sums are added afterwards, in fixed
+point (:mod:`mpikmeans.fixedsums`).
 """
 
 from __future__ import annotations
@@ -269,65 +267,6 @@ def _keep(x, t0, rt, cen, labels, lower, update, mg, eps, lab, dt, rows):  # pra
 
 
 @njit(cache=True, forceinline=True)
-def _keep_sum(x, c0, rc, cen, labels, lower, mg, eps, weights, use_weights, sums, counts, sse, ahead,
-              inline):  # pragma: no cover - compiled
-    """Rows ``c0, c0+1, ...`` tested against their margins ``mg`` (:func:`_margins`) four neighbours at a
-    time and summed at once, in row order (as :func:`_sum_rows` sums them); a row not kept is searched
-    on the spot, alone and exactly (:func:`.tiles.nearest_two`), while at most ``inline`` were.
-
-    One pass instead of the test, a batched search and then the sums: 10^6 x 16, K = 8, one Zen 4
-    core, about 14 against 20 ms a step once under 1 % of rows are searched.  Returns the first row of
-    the first group that would search more than ``inline`` rows (``rc`` when none did), from which
-    the chunk goes the other way, the new ``sse``, the labels changed and the rows searched.
-    """
-    m = x.shape[1]
-    up = (1.0 + eps) * (1.0 + eps)
-    changed = 0
-    searched = 0
-    for q in range(0, rc - rc % 4, 4):
-        i = c0 + q
-        d4 = _four_chains(x[i], x[i + 1], x[i + 2], x[i + 3], cen[labels[i]], cen[labels[i + 1]],
-                          cen[labels[i + 2]], cen[labels[i + 3]])
-        ka = d4[0] * up < mg[q] * mg[q]
-        kb = d4[1] * up < mg[q + 1] * mg[q + 1]
-        kc = d4[2] * up < mg[q + 2] * mg[q + 2]
-        kd = d4[3] * up < mg[q + 3] * mg[q + 3]
-        if not (ka and kb and kc and kd) and searched + 4 - ka - kb - kc - kd > inline:
-            return q, sse, changed, searched
-        for g in range(4):
-            r = i + g
-            _prefetch_row(x, r + ahead)
-            a = labels[r]
-            d = _nth(d4, g)
-            if ka if g == 0 else (kb if g == 1 else (kc if g == 2 else kd)):
-                lower[r] = mg[q + g]
-            else:
-                b, d, second = nearest_two(x[r], cen)
-                lower[r] = _lower_from(second * (1.0 - eps), eps)
-                searched += 1
-                if b != a:
-                    changed += 1
-                    labels[r] = b
-                    a = b
-            # the sums of _sum_rows, written out here: the same lines as a shared inlined helper made
-            # both passes slower (10^6 x 16 K8, one Zen 4 core, mean step 26 -> 36 ms, interleaved runs)
-            row = x[r]
-            acc = sums[a]
-            if use_weights:
-                w = weights[r]
-                counts[a] += w
-                for j in range(m):
-                    acc[j] += w * row[j]
-                sse += w * d
-            else:
-                counts[a] += 1.0
-                for j in range(m):
-                    acc[j] += row[j]
-                sse += d
-    return rc - rc % 4, sse, changed, searched
-
-
-@njit(cache=True, forceinline=True)
 def _lower_from(v, eps):  # pragma: no cover - compiled
     """``sqrt(v) (1 - eps)`` for a lower bound ``v`` on a squared distance, clipped to the bounds' range
     (0 where ``v`` bounds nothing, NaN included).  No branch: a loop of these runs in vectors."""
@@ -376,41 +315,7 @@ def _search(x, t0, rows, f, cen, plan, eps, sbuf, ebuf, lab, dt, lower, update):
     return exact
 
 
-@njit(cache=True, forceinline=True)
-def _sum_rows(x, t0, rt, lab, dt, labels, weights, use_weights, sums, counts, sse, ahead):  # pragma: no cover
-    """Add the tile's rows, in increasing index (the exact kernels' order), to their clusters' sums
-    and counts, and their weighted squared distances ``dt`` to ``sse``; store the labels ``lab``.
-    Returns the new ``sse`` (one running sum over the block's rows, as the exact kernels add it) and
-    how many labels changed.  Asks for the rows ``ahead`` rows on meanwhile (the next tile's)."""
-    m = x.shape[1]
-    changed = 0
-    for r in range(rt):
-        i = t0 + r
-        _prefetch_row(x, i + ahead)
-        bi = lab[r]
-        if labels[i] != bi:
-            changed += 1
-            labels[i] = bi
-        row = x[i]
-        acc = sums[bi]
-        if use_weights:
-            w = weights[i]
-            counts[bi] += w
-            for j in range(m):
-                acc[j] += w * row[j]
-            sse += w * dt[r]
-        else:
-            # w = 1: w * v is v, the same sums as the weighted form without its multiplies
-            counts[bi] += 1.0
-            for j in range(m):
-                acc[j] += row[j]
-            sse += dt[r]
-    return sse, changed
-
-
-#: rows ahead whose lines the one-pass test-and-sum asks for
-_AHEAD_ROWS = 64
-#: bytes of rows one pass of the bounds tests and the sums covers (a chunk of rows, in L2 between the two)
+#: bytes of rows one pass of the bounds tests covers (a chunk of rows, in L2 while its searched rows are gathered)
 _CHUNK_BYTES = 1 << 18
 
 
@@ -418,9 +323,9 @@ _CHUNK_BYTES = 1 << 18
 def chunk_rows(tile, m):  # pragma: no cover - compiled
     """Rows per chunk: whole search tiles, about ``_CHUNK_BYTES`` of rows, at least one tile.
 
-    The bounds test a chunk, its searched rows are gathered into full tiles
-    (a search of a few rows costs nearly what a full tile does), and the chunk
-    is summed while its rows are still in the cache.
+    The bounds test a chunk and its searched rows are gathered into full tiles
+    (a search of a few rows costs nearly what a full tile does) while the
+    chunk's rows are still in the cache.
     """
     return max(1, _CHUNK_BYTES // (8 * m * tile)) * tile
 
@@ -459,9 +364,9 @@ def _chunk(x, c0, rc, cen, labels, lower, update, use_bounds, mg, plan, tile, ep
 
 
 @njit(parallel=True, cache=True)
-def step_pass(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, weights, use_weights, part_sums,
-              part_counts, part_sse, part_changed, part_searched, part_exact):  # pragma: no cover - compiled
-    """A Lloyd step: labels (kept by the bounds, else searched by the plan), then sums, counts, SSE.
+def step_pass(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, out_labels, out_dist2, part_changed,
+              part_searched, part_exact):  # pragma: no cover - compiled
+    """A Lloyd step's assignment: labels (kept by the bounds, else searched by the plan) and exact distances.
 
     Parameters
     ----------
@@ -474,7 +379,7 @@ def step_pass(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, weig
     tile : int
         Rows per search tile (the plan's).
     labels : ndarray, shape (n,), int32
-        In: the last step's labels (-1: none); out: this step's.
+        The last step's labels (-1: none); read only.
     lower : ndarray, shape (n,), float64
         In: the last step's bounds (read only with ``use_bounds``); out: this step's.
     use_bounds : bool
@@ -484,77 +389,53 @@ def step_pass(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, weig
         :func:`bound_drops` of the centres' moves since the last step.
     halves : ndarray, shape (k,), float64
         :func:`half_gaps` of ``cen``.
-    weights : ndarray, shape (n,) or (0,), float64
-    use_weights : bool
-    part_sums, part_counts, part_sse, part_changed, part_searched, part_exact : ndarray
-        Out, one entry per row block (``part_sums.shape[0]`` blocks): sums
-        (nb, k, m), counts (nb, k), SSE, labels changed, rows searched, rows
-        the screen computed exactly.
-
-    Notes
-    -----
-    Block ``b`` of ``nb`` (rows ``n b / nb`` to ``n (b + 1) / nb``) is summed in
-    row order, as :func:`mpikmeans.backends.cpu.tiles._lloyd_pass` sums it: the
-    same bits for any thread count.
+    out_labels : ndarray, shape (n,), int32
+        Out: this step's labels.
+    out_dist2 : ndarray, shape (n,), float64
+        Out: each row's exact squared distance to its centre.
+    part_changed, part_searched, part_exact : ndarray, shape (nb,), int64
+        Out, one entry per row block: labels changed, rows searched, rows the
+        screen computed exactly.
     """
-    nb = part_sums.shape[0]
+    nb = part_changed.shape[0]
     for b in prange(nb):
-        _step_block(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, weights, use_weights, part_sums,
-                    part_counts, part_sse, part_changed, part_searched, part_exact, b)
+        _step_block(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, out_labels, out_dist2, part_changed,
+                    part_searched, part_exact, b)
 
 
 @njit(cache=True)
-def _step_block(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, weights, use_weights, part_sums,
-                part_counts, part_sse, part_changed, part_searched, part_exact, b):  # pragma: no cover - compiled
+def _step_block(x, cen, plan, tile, labels, lower, use_bounds, drops, halves, out_labels, out_dist2, part_changed,
+                part_searched, part_exact, b):  # pragma: no cover - compiled
     """Row block ``b`` of :func:`step_pass`.
 
     A function of its own, called from the ``prange`` loop rather than written
-    in it: Numba compiles a parallel loop's body less well (10^6 x 16, K = 8,
-    every row kept, one thread: 17.2 against 14.5 ms a pass).
+    in it: Numba compiles a parallel loop's body less well.
     """
     n, m = x.shape
     k = cen.shape[0]
-    nb = part_sums.shape[0]
+    nb = part_changed.shape[0]
     eps = bound_eps_c(m)
     chunk = chunk_rows(tile, m) if use_bounds else tile  # without bounds every row is searched: no batches to gather
-    spread = m > _SPREAD_M
     sbuf, ebuf, tbuf = _buffers(plan[0], tile, chunk, k, m)
     lab, dt, _, mg = tbuf
     lo = n * b // nb
     hi = n * (b + 1) // nb
-    # the block's own sums, copied out at its end: the blocks' rows of part_sums and part_counts share
-    # cache lines (numpy aligns to 16 bytes; K = 8 counts are 64), and a store per row into a line
-    # that a neighbouring block's thread also writes bounces it between cores
-    sums = np.zeros((k, m))
-    counts = np.zeros(k)
-    sse = 0.0
     changed = 0
     searched = 0
     exact = 0
     for c0 in range(lo, hi, chunk):
         rc = min(chunk, hi - c0)
-        done = 0
         if use_bounds:
             _margins(labels, lower, drops, halves, eps, c0, rc, mg)
-            if not spread:
-                # tested, the few rows not kept searched on the spot, and summed in one pass, while the
-                # searches stay few (a row's search alone costs about K of its tests)
-                done, sse, moved, found = _keep_sum(x, c0, rc, cen, labels, lower, mg, eps, weights, use_weights,
-                                                    sums, counts, sse, _AHEAD_ROWS, rc // (2 * k))
-                changed += moved
-                searched += found
-                if done == rc:
-                    continue
-        f, e = _chunk(x, c0 + done, rc - done, cen, labels, lower, True, use_bounds, mg[done:], plan, tile, eps, sbuf,
-                      ebuf, tbuf)
+        f, e = _chunk(x, c0, rc, cen, labels, lower, True, use_bounds, mg, plan, tile, eps, sbuf, ebuf, tbuf)
         searched += f
         exact += e
-        sse, moved = _sum_rows(x, c0 + done, rc - done, lab, dt, labels, weights, use_weights, sums, counts, sse,
-                               chunk)
-        changed += moved
-    part_sums[b] = sums
-    part_counts[b] = counts
-    part_sse[b] = sse
+        for r in range(rc):
+            i = c0 + r
+            _prefetch_row(x, i + chunk)
+            changed += labels[i] != lab[r]
+            out_labels[i] = lab[r]
+            out_dist2[i] = dt[r]
     part_changed[b] = changed
     part_searched[b] = searched
     part_exact[b] = exact

@@ -1,17 +1,11 @@
 """The CPU backend's exact kernels: float64 distances in attribute order, tile by tile.
 
-Rows are cut into a fixed number of contiguous blocks (``_BLOCKS``), whatever the
-thread count; each block accumulates its own float64 partial sums and the
-partials are added in block order.  So the result of a step is bit-for-bit the
-same for any number of threads, and only the number of MPI ranks (which changes
-the order of the final Allreduce) can move the last bits.
-
-Within a block, rows go through the distance kernel (:func:`_nearest_tile`) a
-tile at a time: the tile is transposed so that the innermost loop runs over its
-rows (one vector lane per row) and each loaded value serves several centres and
-attributes.  Each distance is still summed attribute by attribute in order, with
-no FMA, so the labels, distances and sums are bit-for-bit those of a plain
-row-at-a-time loop; the row loop that adds the sums runs in row order as before.
+Rows go through the distance kernel (:func:`_nearest_tile`) a tile at a time:
+the tile is transposed so that the innermost loop runs over its rows (one
+vector lane per row) and each loaded value serves several centres and
+attributes.  Each distance is still summed attribute by attribute in order,
+with no FMA, so the labels and distances are bit-for-bit those of a plain
+row-at-a-time loop, whatever the tile or the thread count.
 """
 
 from __future__ import annotations
@@ -20,12 +14,7 @@ import numpy as np
 
 from ...exact import fixed_potential
 from ...jit import njit, prange
-from .partials import reduce_blocks
 from .prefetch import prefetch
-
-#: Row blocks with private partial sums.  Bounds the useful thread count and the
-#: scratch memory (_BLOCKS * k * m float64).
-_BLOCKS = 64
 
 #: Centres whose distances one pass over a row tile computes together.  Each
 #: loaded attribute value then feeds four accumulators, which keeps the inner
@@ -358,10 +347,6 @@ def label_dists(x, t0, rows, f, cen, lab, dt):  # pragma: no cover - compiled
             dt[rows[q + g]] = _nth(d4, g)
 
 
-#: Tiles ahead whose rows a pass asks for while it sums the current one (:mod:`.prefetch`).
-_AHEAD = 2
-
-
 @njit(cache=True, forceinline=True)
 def _prefetch_row(x, i):  # pragma: no cover - compiled
     """Ask for the cache lines of row ``i`` of ``x`` (none past the last row)."""
@@ -369,114 +354,6 @@ def _prefetch_row(x, i):  # pragma: no cover - compiled
     if i < n:
         for j in range(0, m, 8):  # 8 float64: a 64-byte line
             prefetch(x, i * m + j)
-
-
-@njit(parallel=True, cache=True, fastmath=False)
-def _lloyd_pass(x, cen, tile, labels, weights, use_weights, part_sums, part_counts, part_sse, part_changed):
-    n, m = x.shape
-    k = cen.shape[0]
-    nb = part_sums.shape[0]
-    for b in prange(nb):
-        xt = np.zeros((m, tile + _PAD), dtype=np.float64)
-        acc = np.empty((_GROUP, tile), dtype=np.float64)
-        best_d = np.empty(tile, dtype=np.float64)
-        best = np.empty(tile, dtype=np.int64)
-        lo = n * b // nb
-        hi = n * (b + 1) // nb
-        sums = part_sums[b]
-        counts = part_counts[b]
-        sse = 0.0
-        changed = 0
-        for c in range(k):
-            counts[c] = 0.0
-            for j in range(m):
-                sums[c, j] = 0.0
-        for t0 in range(lo, hi, tile):
-            rt = min(tile, hi - t0)
-            _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best)
-            # rows in increasing index within the block: the same order of
-            # additions into sums, counts and sse as a row-at-a-time loop
-            for r in range(rt):
-                i = t0 + r
-                _prefetch_row(x, i + _AHEAD * tile)
-                bi = best[r]
-                if labels[i] != bi:
-                    changed += 1
-                    labels[i] = bi
-                w = weights[i] if use_weights else 1.0
-                counts[bi] += w
-                for j in range(m):
-                    sums[bi, j] += w * x[i, j]
-                sse += w * best_d[r]
-        part_sse[b] = sse
-        part_changed[b] = changed
-
-
-@njit(parallel=True, cache=True, fastmath=False)
-def _assign_pass(x, cen, tile, labels, dist2):
-    n, m = x.shape
-    nb = min(n, 256)
-    for b in prange(nb):
-        xt = np.zeros((m, tile + _PAD), dtype=np.float64)
-        acc = np.empty((_GROUP, tile), dtype=np.float64)
-        best_d = np.empty(tile, dtype=np.float64)
-        best = np.empty(tile, dtype=np.int64)
-        hi = n * (b + 1) // nb
-        for t0 in range(n * b // nb, hi, tile):
-            rt = min(tile, hi - t0)
-            _nearest_tile(x, t0, rt, cen, xt, acc, best_d, best)
-            for r in range(rt):
-                _prefetch_row(x, t0 + r + _AHEAD * tile)
-                labels[t0 + r] = best[r]
-                dist2[t0 + r] = best_d[r]
-
-
-@njit(parallel=True, cache=True, fastmath=False)
-def _label_sums(x, labels, weights, use_weights, part_sums, part_counts):  # pragma: no cover - compiled
-    n, m = x.shape
-    nb = part_sums.shape[0]
-    k = part_sums.shape[1]
-    for b in prange(nb):
-        # the block's own sums, copied out at its end (as bounds._step_block: the blocks' rows of the
-        # partials share cache lines)
-        sums = np.zeros((k, m))
-        counts = np.zeros(k)
-        for i in range(n * b // nb, n * (b + 1) // nb):
-            c = labels[i]
-            w = weights[i] if use_weights else 1.0
-            counts[c] += w
-            for j in range(m):
-                sums[c, j] += w * x[i, j]
-        part_sums[b] = sums
-        part_counts[b] = counts
-
-
-def label_sums(x: np.ndarray, labels: np.ndarray, k: int, weights: np.ndarray | None = None) -> tuple:
-    """Per-cluster sums and counts (weights) of rows with the given labels, in a fixed order.
-
-    The Lloyd step's own summation (:data:`_BLOCKS` row blocks, each in row order,
-    the blocks added in order), so the result is the same bits for any thread count.
-
-    Parameters
-    ----------
-    x : ndarray, shape (n, m), float64
-    labels : ndarray, shape (n,), int, values in ``[0, k)``
-    k : int
-    weights : ndarray, shape (n,), float64, optional
-
-    Returns
-    -------
-    sums : ndarray, shape (k, m), float64
-    counts : ndarray, shape (k,), float64
-    """
-    x = np.ascontiguousarray(x, dtype=np.float64)
-    part_sums = np.empty((_BLOCKS, k, x.shape[1]))
-    part_counts = np.empty((_BLOCKS, k))
-    use_w = weights is not None
-    w = np.ascontiguousarray(weights, dtype=np.float64) if use_w else np.ones(0)
-    _label_sums(x, np.ascontiguousarray(labels), w, use_w, part_sums, part_counts)
-    sums, counts, _, _ = reduce_blocks(part_sums, part_counts, np.zeros(_BLOCKS), np.zeros(_BLOCKS, np.int64))
-    return sums, counts
 
 
 @njit(cache=True, forceinline=True)
