@@ -479,7 +479,10 @@ def run_job(comm, data: str, cfg, launched_at: float | None = None) -> RunOutcom
         backend = _make_backend(cfg, threads, gpu_start.result(), gpu_start.reason, comm.node_size)
         setup_parts["backend_s"] = time.perf_counter() - t  # imports, device context
         t = time.perf_counter()
-        backend.load(x, local.weights)
+        # the reader's global bounds, scaled as the rows were (each scaling is monotonic):
+        # the fixed-point sums' scales without another pass over the rows
+        bounds = scaler.transform(np.vstack([local.mins, local.maxs]))
+        backend.load(x, local.weights, magnitudes=np.abs(bounds).max(axis=0))
         setup_parts["load_s"] = time.perf_counter() - t  # the rows to the backend
         t = time.perf_counter()
         backend.warmup(cfg.k, local.m)
