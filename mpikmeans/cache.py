@@ -41,9 +41,9 @@ _KERNEL_MARKERS = (b"njit", b"numba.jit")
 
 
 #: Modules whose code is compiled into the GPU kernels (their store's keys hold these sources' hash).
-GPU_SOURCES = tuple(os.path.join(_PACKAGE, "backends", "gpu", f)
-                    for f in ("intrinsics.py", "kernels.py", "recheck.py", "rows.py", "initk.py", "gemm.py", "sums.py",
-                              "bylabel.py", "bounds.py", "tensor.py", "gemmcentres.py", "plan.py"))
+GPU_SOURCES = tuple(os.path.join(_PACKAGE, *f.split("/"))
+                    for f in ("backends/gpu/intrinsics.py", "backends/gpu/stepk.py", "backends/gpu/rows.py",
+                              "backends/gpu/initk.py", "fixedsums.py"))
 
 
 def cache_root() -> str:

@@ -1,594 +1,398 @@
-"""``GPUBackend``: the state of one rank's GPU between steps, and when a step is incremental.
+"""``GPUBackend``: one rank's rows on one GPU, a Lloyd step as named stages, and the initialisations' passes.
 
-The backend owns the rows on the device (:class:`.rows.DeviceRows`), one
-:class:`_State` per number of centres (plan, step buffer, prepared launches), and
-what an incremental step builds on (:class:`.kept.KeptSums`).  A step fills the step
-buffer, launches, and while the GPU works carries the kept sums over to the new
-centres on the host.
+A step (:meth:`GPUBackend.step`) is, for every block of rows (one when the rows
+are resident, each chunk when they stream):
+
+1. ``centres``: the centre data (:func:`.hostk.fill_centres`) written into one
+   pinned buffer and copied to the device in one copy;
+2. ``screen``: certified float32 nearest centre (:mod:`.stepk`);
+3. ``recheck``: exact float64 labels of the rows the screen could not certify;
+4. ``accumulate``: every row's exact SSE and the fixed-point sums of the rows
+   that changed label (``delta``) or of every row (``full``), as
+   :func:`.policy.step_kind` decides;
+5. ``download``: the sums, SSE and counters in one copy, one synchronisation.
+
+The device keeps the sums of the last step's labels between steps, so a
+``delta`` step adds only what moved; integers make that exact.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...exact import BlockFixed, limbs_to_int, scale_factors
+from ...fixedsums import Scales, column_magnitudes
 from .. import Backend, BackendInfo, BackendUnavailable, StepResult
-from ...cache import gpu_shape_key, mark_gpu_shape_warm
-from . import tensor
-from .bounds import bounds_wanted
+from . import initk
+from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
-from .hostk import add_step, carry_kept
-from .initpasses import DeviceInitPasses
-from .kept import KeptSums
-from .launch import Pack, StepGraph, cu, cucheck, fast_launch_wanted, graphs_wanted
-from .launches import StepLaunches
-from .plan import MODE_STEP_SPLIT, SPLIT_MIN_VALUES, Plan, choose_plan
-from .rows import DeviceRows
+from .hostk import fill_centres
+from .launch import allow_shared, launch, pinned
+from .policy import FULL, step_kind, step_layout, screen_grid
+from .rows import DeviceRows, transpose_args, transpose_kernel
+from .stepk import NT, R, RC_NT, SUM_ROWS, TC, certificate, step_kernels
 
 log = logging.getLogger("mpikmeans.backends.gpu")
 
 SUPPORTED_DTYPES = ("float64", "float32")
-
-#: steps in a row that may be incremental before a full one (bounds rounding drift)
-DELTA_REFRESH = 32
-#: When an incremental step pays (H100, bench/GPU_NOTES.md, v5): each row that changed
-#: label costs the exact kernel about MOVE_NS + MOVE_NS_PER_ELEM * K * M nanoseconds
-#: (26 ns at K x M = 5000, 110 ns at 32000); a full step's pass 2, which an incremental
-#: step saves, about PASS2_NS_PER_ELEM per element of the rows (0.005 measured, less a
-#: margin).  The last step's change count predicts the next one's.
-MOVE_NS = 10.5
-MOVE_NS_PER_ELEM = 0.0031
-PASS2_NS_PER_ELEM = 0.004
+#: what the step kernels are specialised on besides the dtype (the store's key)
+_SPEC = (NT, R, TC, SUM_ROWS, RC_NT)
 
 
-@dataclass
-class _State:
-    """Everything a step with k centres reuses: plan, step buffer, prepared launches."""
+def _memset(arr, stream=0) -> None:
+    """Zero a device array on ``stream`` (asynchronously)."""
+    if arr.size == 0:
+        return
+    if SIM:
+        arr.copy_to_device(np.zeros(arr.shape, dtype=arr.dtype))
+        return
+    from numba.cuda.cudadrv.driver import device_memset
 
-    plan: Plan
-    pack: Pack
-    launches: list  # [(fused, recheck)] per chunk (one when resident)
-    # where the plan keeps bounds: (the moves and the bounds test, fused on the listed rows, the centres kept alone)
-    bounds: tuple | None = None
-    #: a resident step's copies and launches as one CUDA graph (:class:`.launch.StepGraph`), by whether
-    #: the bounds are tested; None where it could not be made (the launches then go one by one)
-    graphs: dict = field(default_factory=dict)
-
-    def kernels(self, listed: bool) -> list:
-        """A resident step's launches in order (each a :class:`.launch.Launch` or :class:`.launch.Steps`)."""
-        fused, recheck = self.launches[0]
-        if listed:  # the moves and the bounds test, the step on the rows it lists
-            return [self.bounds[0], self.bounds[1], recheck]
-        # the centres the bounds this step writes will hold for, the step
-        return ([self.bounds[2]] if self.bounds is not None else []) + [fused, recheck]
-
-    def parts(self, listed: bool) -> list:
-        """The step's copies and launches in order, each part taking a stream handle (:class:`.launch.StepGraph`)."""
-        return [self.pack.upload, *(k.on for k in self.kernels(listed)), self.pack.download]
-
-    def close(self) -> None:  # the graphs freed
-        for g in self.graphs.values():
-            if g is not None:
-                g.close()
-        self.graphs.clear()
+    device_memset(arr, 0, arr.size * arr.dtype.itemsize, stream=stream)
 
 
-class GPUBackend(DeviceInitPasses, StepLaunches, Backend):
+def example_args(dtype: str) -> dict:
+    """Arguments of the step kernels' types, for compiling them before any data is there."""
+    d = lambda dt: cuda.device_array(1, dtype=dt)  # noqa: E731
+    x, f32, f64, i32, i64 = d(dtype), d(np.float32), d(np.float64), d(np.int32), d(np.int64)
+    one = np.float32(1.0)
+    return {
+        "screen": (x, 1, 1, 1, 1, 1, f32, f32, x, f32, one, one, one, i32, i32, i64),
+        "recheck": (x, 1, 1, 1, f64, i32, i64, i32),
+        "accumulate": (x, 1, 1, 1, 1, f64, i32, i32, f64, False, False, f64, f64, 1.0, 1.0, 1, 1, i64, i64, i64),
+        "distances": (x, 1, 1, 1, 1, f64, i32, f64),
+    }
+
+
+@functools.lru_cache(maxsize=None)
+def compile_kernels(dtype: str) -> dict:
+    """Every step kernel for rows of ``dtype``, compiled or loaded from the store (:mod:`.compiled`).
+
+    Returns
+    -------
+    dict
+        name -> (dispatcher, compiled kernel or None under the simulator)
+    """
+    disp = step_kernels(dtype)
+    args = example_args(dtype)
+    out = {name: (disp[name], compiled(name, (dtype, *_SPEC), disp[name], args[name])) for name in disp}
+    tk = transpose_kernel(dtype)
+    out["transpose"] = (tk, compiled("transpose", (dtype,), tk, transpose_args(dtype)))
+    return out
+
+
+class _Centres:
+    """A step's centre data: one pinned host buffer, one device buffer, typed views of both."""
+
+    def __init__(self, k: int, m: int, dtype: str):
+        self.k, self.m = k, m
+        ntiles = -(-k // TC)
+        parts = [("cm", np.float32, ntiles * m * TC), ("cc", np.float32, ntiles * TC), ("zl", np.float32, 4),
+                 ("sh", np.dtype(dtype), m), ("ct", np.float64, m * k), ("f1", np.float64, m + 1),
+                 ("f2", np.float64, m + 1)]
+        offsets, end = {}, 0
+        for name, dt, count in parts:
+            end = -(-end // 16) * 16
+            offsets[name] = (end, np.dtype(dt), count)
+            end += count * np.dtype(dt).itemsize
+        self.host = pinned(end, np.uint8)
+        self.host[:] = 0
+        self.dev = cuda.device_array(end, dtype=np.uint8)
+        self.h, self.d = {}, {}
+        for name, (off, dt, count) in offsets.items():
+            self.h[name] = self.host[off:off + count * dt.itemsize].view(dt)
+            self.d[name] = self.dev[off:off + count * dt.itemsize].view(dt)
+        self.h["cc"][:] = np.inf  # padding centres are never nearest
+        self.cm3 = self.h["cm"].reshape(ntiles, m, TC)
+        self.ct2 = self.h["ct"].reshape(m, k)
+
+    def upload(self, centres: np.ndarray, f32: bool, scales: Scales | None = None) -> None:
+        """The centres' data (and the sums' scale factors) to the device, in one copy."""
+        fill_centres(np.ascontiguousarray(centres, dtype=np.float64), f32, self.h["sh"], self.h["cc"], self.cm3,
+                     self.ct2, self.h["zl"])
+        if scales is not None:
+            self.h["f1"][:] = scales.factors[:, 0]
+            self.h["f2"][:] = scales.factors[:, 1]
+        self.dev.copy_to_device(self.host)
+
+
+class _Outputs:
+    """A step's outputs on the device (sums, SSE, counters) and their pinned host mirror."""
+
+    def __init__(self, k: int, m: int, streams: int):
+        self.ns, self.nsse = k * (m + 1) * 4, k * 4
+        self.dev = cuda.device_array(self.ns + self.nsse + 2 * streams, dtype=np.int64)
+        self.host = pinned(self.dev.size, np.int64)
+        self.sums = self.dev[: self.ns]
+        self.sse = self.dev[self.ns:self.ns + self.nsse]
+        self.counters = [self.dev[self.ns + self.nsse + 2 * s:self.ns + self.nsse + 2 * s + 2] for s in range(streams)]
+        self.after_sums = self.dev[self.ns:]
+
+
+class GPUBackend(Backend):
     """Lloyd iteration on one NVIDIA GPU with Numba CUDA kernels.
 
     Parameters
     ----------
     device : int, optional
-        CUDA device index (default 0; the caller picks it with :func:`select_device_for`).
+        CUDA device index (default: the current one, 0).
     dtype : {"float64", "float32"}
-        Storage precision of the rows on the device.  Sums, counts and SSE are
-        float64 either way; labels are those of the exact float64 distances of the
-        stored values.
+        Storage precision of the rows on the device; distances that decide a
+        label are exact float64 either way (of the stored values), sums are
+        exact fixed point.
     chunk_rows : int, optional
-        Stream the rows through the device in chunks of this many rows (pinned host
-        memory, two streams) instead of keeping them resident.  Chosen automatically
-        when the rows do not fit in device memory.
-    tune : dict, optional
-        Kernel overrides for benchmarks and tests: ``R``, ``TC``, ``NT``,
-        ``sum_mode`` ("global"), ``centres_shared`` (bool), ``smem_budget`` (bytes),
-        ``maxreg``, ``blocks``, ``JC``; ``launch="numba"`` launches through Numba's
-        dispatcher instead of the prepared launches; ``profile`` sets :attr:`profile`;
-        ``delta`` ("auto", "always", "never"), see below; ``split`` (bool) and
-        ``sums_maxreg``: the split full step of :mod:`.sums` (taken with resident rows
-        from :data:`.plan.SPLIT_MIN_VALUES` values on, or where it is one kernel) and its sums
-        kernel's register cap; ``sums_assign`` (default true): the split step as one kernel, the sums
-        kernel finding the labels itself, where its layout allows and no bounds are kept;
-        ``bounds`` (true, false or the default "auto"): keep each row's bounds on the device
-        (below; "auto": where :func:`.bounds.bounds_pay`); ``rowmajor`` (true, false, "auto"):
-        pass 1 reads the rows the bounds test lists, and the GEMM path's sums by label all rows,
-        from a row-major copy of the rows ("auto": where it leaves :data:`.launches.ROWMAJOR_MARGIN`
-        free); ``sums_centres``, ``sums_wb``, ``sums_group_rows``, ``sums_stage_bytes``: the sums
-        kernel's layout (:mod:`.sums`); ``bounds_rpt``: rows a thread of the bounds test;
-        ``rc_blocks``: the exact kernel's blocks a multiprocessor; ``rc_threads``: its threads a
-        flagged row (:func:`.recheck.row_threads`); ``centre_groups`` (default true): the GEMM path's
-        float32 screen splits the centre tiles of few row tiles over its blocks (:func:`.gemm.centre_groups`);
-        ``tf32`` (bool): the GEMM path's screen on the tensor cores from the first step, or never;
-        ``tf32_cascade`` (default true): the rows the TF32 screen leaves go to the float32 screen, not
-        straight to the exact kernel; ``graph`` (default true): a resident step's copies and prepared
-        launches as one CUDA graph (:class:`.launch.StepGraph`), else launched one by one.
-
-    Attributes
-    ----------
-    last_searched : int
-        Rows the last step's pass 1 searched (``n`` unless the bounds test ran).
-    last_bounds_tested : bool
-        Whether the last step tested the kept bounds.
-    last_kernels : int
-        Kernels the last resident step launched before the exact kernel (the split step: 2, or 1
-        where the sums kernel assigns the rows itself; 0 before a step, or streamed rows).
-    profile : bool
-        Record :attr:`last_kernel_ms`, the kernels' time in the last step or assignment
-        (CUDA events around them; two event records per step; not when streaming).
-
-    Notes
-    -----
-    Deviation sums.  The kernels sum ``x - c`` (``c`` the centre a row is assigned
-    to), not ``x``; :meth:`step` returns ``sums = dev + counts c``.  Deviations are
-    small where the data are far from the origin, so nothing cancels, and they are
-    what an incremental step needs.
-
-    Incremental steps.  After a step the backend keeps, in float64, each cluster's
-    deviation sum and count, the total SSE and the centres used (:mod:`.kept`).
-    When few labels changed in the last step (:meth:`_next_step_incremental`), the
-    next step does no per-row work beyond the certified assignment (pass 1) for rows
-    that keep their label: their deviation sums and SSE are carried over to the new
-    centres exactly on the host (:meth:`.kept.Kept.carry_from`), O(K M) work.  Rows whose
-    label changes leave the old cluster (``x - c_old`` and ``|x - c_old|^2`` taken
-    away) and join the new one (global atomics).  The results equal a full step's up
-    to float64 rounding.  A full step runs at least every ``DELTA_REFRESH`` steps,
-    after a step that changed many labels, with weights (float weights summed and
-    taken away need not return to 0 for an emptied cluster) and after :meth:`load`.
-
-    Kept bounds.  Where pass 1 writes labels that a later kernel takes up (the split full
-    step, an incremental step, the GEMM path's screens), on resident rows, it also writes
-    each searched row's bounds (:mod:`.bounds`).
-    The next step with the same K first tests them against the centres' moves, on the
-    device: the rows that pass keep their label, and pass 1 searches only the others.
-    A test that leaves more than :data:`.bounds.BACKOFF_SHARE` of the rows to pass 1, or a
-    step that changed more than :data:`.bounds.CHANGED_SHARE` of the labels, is followed by
-    a step without the test (a full pass 1 refreshes every bound).  Labels, sums and
-    counts are those of a step without bounds.
+        Stream the rows through the device in chunks of this many rows.
     """
 
     name = "gpu"
-    #: sums come from atomics, added in an order that changes from run to run (see lloyd.py)
-    deterministic = False
 
-    def __init__(self, device: int | None = None, dtype: str = "float64", chunk_rows: int | None = None,
-                 *, tune: dict | None = None):
+    def __init__(self, device: int | None = None, dtype: str = "float64", chunk_rows: int | None = None):
         if not gpu_available():
             raise BackendUnavailable("the GPU backend needs numba-cuda and a usable CUDA GPU")
         dtype = str(np.dtype(dtype))
         if dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"GPU dtype must be one of {', '.join(SUPPORTED_DTYPES)}, not {dtype!r}")
-        self.device_index = 0 if device is None else int(device)
-        if SIM and self.device_index != 0:
-            self.device_index = 0  # the simulator has one device
+        self.device = 0 if device is None or SIM else int(device)  # the simulator has one device
         count = gpu_count()
-        if not 0 <= self.device_index < count:
-            raise BackendUnavailable(f"CUDA device {self.device_index} does not exist ({count} visible)")
-        cuda.select_device(self.device_index)
+        if not 0 <= self.device < count:
+            raise BackendUnavailable(f"CUDA device {self.device} does not exist ({count} visible)")
+        cuda.select_device(self.device)
         self.dtype = dtype
         self.chunk_rows = int(chunk_rows) if chunk_rows else None
         if self.chunk_rows is not None and self.chunk_rows <= 0:
             raise ValueError("chunk_rows must be positive")
-        self.tune = dict(tune or {})
         self.limits = DeviceLimits()
-        self._tf32_allowed = tensor.wanted(self.limits, self.tune)
-        # the GEMM path's first screen (_choose_screen decides the later ones): TF32 where the rows it leaves
-        # go to the float32 screen (the cascade), else only with tune {"tf32": true}
-        self._cascade = self._tf32_allowed and tensor.cascade_wanted(self.tune)
-        self.tf32 = self._tf32_allowed and bool(self.tune.get("tf32", self._cascade))
-        self._desc = device_descriptions()
         self.rows = DeviceRows(dtype, self.limits)
-        self._dummy = None
-        self._dummy32 = None
-        self._dummyi = None
-        self._bounds = None  # DeviceBounds, allocated with the first state that keeps bounds
-        self.last_searched = 0
-        self.last_bounds_tested = False
-        self._alabels = None
-        self._adist = None
-        self._states = {}
-        self._plans = {}
-        self._fast = fast_launch_wanted(self.tune)
-        self._graphs = graphs_wanted(self.tune, self._fast)
-        self.profile = bool(self.tune.get("profile"))
-        self._events = None
-        self.last_flagged = 0
-        #: rows the TF32 screen left to the float32 screen in the last step (its cascade, :mod:`.tensor`)
-        self.last_cascaded = 0
-        self.last_plan = None
-        self.last_grid = 0
-        self.last_kernels = 0
-        self.last_regs = None
-        self.last_fast_launch = None
-        self._occupancy = {}
-        self.last_kernel_ms = float("nan")
-        self._kept = KeptSums()  # what an incremental step builds on
-        self._forget_kept()
-        self.last_delta = False
+        self.n = self.m = 0
+        self._weights = None
+        self._kernels = None
+        self._centres = None
+        self._outputs = None
+        self._flags = []
+        self._sums_for = None  # (k, scales) of the sums the device holds for its labels, or None
 
-    @property
-    def n(self) -> int:
-        return self.rows.n
-
-    @property
-    def m(self) -> int:
-        return self.rows.m
-
-    # ------------------------------------------------------------------ load
-    def load(self, x: np.ndarray, weights: np.ndarray | None = None) -> None:
-        """Copy this rank's rows to the device (see :meth:`Backend.load`).
-
-        Parameters
-        ----------
-        x : ndarray, shape (n_local, m), float64
-            May have zero rows.
-        weights : ndarray, shape (n_local,), float64, optional
-            Instance weights; an empty or omitted array means unweighted.
-        """
-        self.close()
+    # ------------------------------------------------------------------ set-up
+    def load(self, x: np.ndarray, weights: np.ndarray | None = None, magnitudes: np.ndarray | None = None) -> None:
         x = np.ascontiguousarray(x, dtype=np.float64)
-        if x.ndim != 2:
-            raise ValueError(f"x must be 2-D (n, m), got shape {x.shape}")
-        w = None
-        if weights is not None and np.size(weights) > 0:
-            w = np.ascontiguousarray(weights, dtype=np.float64).ravel()
-            if w.shape[0] != x.shape[0]:
-                raise ValueError(f"weights has {w.shape[0]} entries for {x.shape[0]} rows")
-        self.rows.load(x, w, self.chunk_rows)
+        self.n, self.m = x.shape
+        self._weights = None if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
+        self._magnitudes = column_magnitudes(x) if magnitudes is None else np.asarray(magnitudes, dtype=np.float64)
+        self.rows.load(x, self._weights, self.chunk_rows)
+        rows_per_pass = self.rows.chunk if self.rows.streaming else self.n
+        self._flags = [cuda.device_array(max(1, rows_per_pass), dtype=np.int32)
+                       for _ in range(2 if self.rows.streaming else 1)]
+        self._sums_for = None
+        self._centres = self._outputs = None
 
-    def load_device(self, x_soa, weights: np.ndarray | None = None) -> None:
-        """Take rows that are already on this device, column-major.
+    def kernels(self) -> dict:
+        """The step kernels of this dtype: compiled once per machine type, loaded from the store after."""
+        if self._kernels is None:
+            self._kernels = compile_kernels(self.dtype)
+        return self._kernels
 
-        For benchmarks that generate data on the GPU: no host copy, no transpose.
+    def warmup(self, k: int, m: int) -> None:
+        """Compile (or load) every kernel a run with this dtype launches: none depends on ``k`` or ``m``."""
+        self.kernels()
+        for weighted in (False, True):
+            initk_kernels(self.dtype, weighted)
 
-        Parameters
-        ----------
-        x_soa : device array (numba, CuPy, PyTorch...), shape (m, n), backend dtype
-            C-contiguous, so that attribute ``j`` of row ``i`` is at ``j * n + i``.
-        weights : ndarray, shape (n,), float64, optional
-        """
-        self.close()
-        w = None if weights is None or np.size(weights) == 0 else np.ascontiguousarray(weights, np.float64)
-        self.rows.load_device(x_soa, w)
+    # ------------------------------------------------------------------ the step
+    def _buffers(self, k: int) -> tuple:
+        c = self._centres
+        if c is None or c.k != k or c.m != self.m:
+            self._centres = _Centres(k, self.m, self.dtype)
+            self._outputs = _Outputs(k, self.m, len(self._flags))
+            self._sums_for = None
+        return self._centres, self._outputs
 
-    # ------------------------------------------------------------------ plans and launches
-    def _plan(self, k: int, assign: bool, delta: bool = False) -> Plan:
-        key = (k, assign, delta)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plan_for(k, assign, delta, self.n)
-            self._plans[key] = plan
-        return plan
+    def _assign_chunk(self, x, ld, a, b, stream, flags, counters, labels, lay, k) -> None:
+        """Stages 2 and 3 on rows ``a .. b-1``: every row's exact label into ``labels`` (that block's view)."""
+        ks = self.kernels()
+        c = self._centres.d
+        tolf, tiny, big = certificate(self.m)
+        _memset(counters[:1], stream)
+        disp, kern = ks["screen"]
+        allow_shared(kern, lay.screen_smem)
+        launch(disp, kern, (x, ld, b - a, self.m, lay.ntiles, lay.chunk, c["cm"], c["cc"], c["sh"], c["zl"], tolf, tiny,
+                            big, labels, flags, counters), screen_grid(b - a, self.limits.sm_count), NT, stream,
+               lay.screen_smem)
+        disp, kern = ks["recheck"]
+        launch(disp, kern, (x, ld, self.m, k, c["ct"], flags, counters, labels),
+               1 if SIM else 4 * self.limits.sm_count, RC_NT, stream)
 
-    def _plan_for(self, k: int, assign: bool, delta: bool, n: int) -> Plan:
-        """The plan this backend takes for ``n`` rows of its kind (resident or streamed, dtype, weights)."""
-        limit = min(self.limits.smem_optin, 200 * 1024) if not SIM else 48 * 1024
-        split = not self.rows.streaming and n * self.m >= SPLIT_MIN_VALUES  # the split full step's rule
-        plan = choose_plan(k, self.m, self.dtype, assign, self.rows.weighted, limit, self.tune,
-                           self.limits.smem_sm, delta, split)
-        if not (split or self.rows.streaming or assign or delta or "split" in self.tune):
-            # fewer rows: the split step where it is one kernel, the sums kernel finding the labels
-            # itself (no second launch; H100, 2e6 x 3, K = 7: 0.099 against the fused kernel's 0.117 ms)
-            one = choose_plan(k, self.m, self.dtype, False, self.rows.weighted, limit, self.tune,
-                              self.limits.smem_sm, False, True)
-            if (one.mode == MODE_STEP_SPLIT and self._sums_assign(one, k)
-                    and not bounds_wanted(self.tune.get("bounds", "auto"), k, self.m, self.dtype)):
-                plan = one
-        return plan
-
-    def _state(self, k: int, assign: bool, delta: bool = False) -> _State:
-        """Plan, step buffer and prepared launches for k centres: built once, reused every step."""
-        key = (k, assign, delta)
-        st = self._states.get(key)
-        if st is not None:
-            return st
-        plan = self._plan(k, assign, delta)
-        rows = self.rows
-        if self._dummy is None:
-            self._dummy = cuda.device_array(1, dtype=np.float64)
-            self._dummy32 = cuda.device_array(1, dtype=np.float32)
-            self._dummyi = cuda.device_array(1, dtype=np.int32)
-        if not rows.streaming:
-            # the GEMM path makes the screen's centre data on the device (:mod:`.gemmcentres`)
-            pack = Pack(k, self.m, plan.TC, plan.nct, self.dtype, 1, on_device=self.gemm_wanted(plan, assign, k))
-            if assign:
-                if self._alabels is None:
-                    self._alabels = cuda.device_array(self.n, dtype=np.int32)
-                    self._adist = cuda.device_array(self.n, dtype=np.float64)
-                labels, dist2 = self._alabels, self._adist
-            else:
-                labels, dist2 = rows.labels, self._dummy
-            w = rows.dw if rows.weighted else self._dummy
-            fslot = pack.layout.i64_chg + 1
-            fused, recheck, bounds = self._launches(plan, pack, k, assign, rows.dx, self.n, labels, rows.flags, w,
-                                                    dist2, fslot, 0, delta)
-            launches = [(fused, recheck)]
-        else:
-            pack = Pack(k, self.m, plan.TC, plan.nct, self.dtype, rows.nchunks)
-            launches = []
-            for c in range(rows.nchunks):
-                s = c % 2
-                w = rows.dwbuf[s] if rows.weighted else self._dummy
-                # one flagged-row counter per chunk: the outputs' upload zeroes them all
-                fslot = pack.layout.i64_chg + 1 + c
-                launches.append(self._launches(plan, pack, k, assign, rows.dbuf[s], rows.chunk_rows(c),
-                                               rows.dlab[s], rows.dflags[s], w, rows.ddist[s], fslot,
-                                               rows.streams[s], delta)[:2])
-            bounds = None  # streamed rows keep none
-        st = _State(plan, pack, launches, bounds)
-        if len(self._states) >= 8:
-            # k-means|| assigns to a new number of candidates each round: keep the latest few
-            self._states.pop(next(iter(self._states))).close()
-        self._states[key] = st
-        if self._graphs and not assign and not rows.streaming:
-            for listed in (False, True) if bounds is not None else (False,):
-                self._step_graph(st, listed)  # made with the state: in the warm-up, or after a change of screen
-        return st
-
-    def _step_graph(self, st: _State, listed: bool):
-        """The state's step as one CUDA graph (made once), or None where it cannot be."""
-        if listed not in st.graphs:
-            graph = None
-            try:
-                graph = StepGraph(st.parts(listed)) if all(k.fast for k in st.kernels(listed)) else None
-            except Exception as exc:  # pragma: no cover - driver or bindings without graph capture
-                log.info("GPU backend: no CUDA graph for a step (%s); launches one by one", exc)
-            st.graphs[listed] = graph
-        return st.graphs[listed]
-
-    # ------------------------------------------------------------------ one step on the device
-    def _run(self, centres: np.ndarray, assign: bool, delta: bool = False, while_busy=None, test: bool = False):
-        """One step (or assignment) on the device.
-
-        Host work per call, once the state for this k exists: fill the pinned input
-        buffer; one asynchronous copy in (centre data and zeroed outputs); the fused
-        and recheck launches (per chunk when streaming); one asynchronous copy out of
-        sums, counts, SSE and counters; ``while_busy()`` if given (host work that then
-        overlaps the kernels); one synchronisation.  ``test``: the kept bounds hold; the centres'
-        moves from those they hold for, the bounds test and pass 1 on the rows it lists, all on the
-        device.  Where the state keeps bounds, the device keeps this step's centres for the next
-        step's moves (:meth:`.bounds.DeviceBounds.moves_launch`).
-
-        Returns
-        -------
-        (labels, dist2) for an assignment, else (StepResult, what ``while_busy`` returned)
-        """
+    def step(self, centres: np.ndarray, scales: Scales) -> StepResult:
         centres = np.ascontiguousarray(centres, dtype=np.float64)
-        if centres.ndim != 2 or centres.shape[1] != self.m:
-            raise ValueError(f"centres must have shape (k, {self.m}), got {centres.shape}")
-        k = centres.shape[0]
-        n = self.n
-        if k == 0:
-            raise ValueError("at least one centre is needed")
-        st = self._state(k, assign, delta)
-        self.last_plan = st.plan
-        pack = st.pack
-        pack.fill(centres)
-        listed = bool(test)
-        labels_out = dist_out = None
-        if assign:
-            labels_out = np.empty(n, dtype=np.int32)
-            dist_out = np.empty(n, dtype=np.float64)
-        profile = self.profile and not self.rows.streaming and not SIM
-        if profile and self._events is None:
-            self._events = (cuda.event(), cuda.event())
-        resident = not self.rows.streaming
-        graph = self._step_graph(st, listed) if self._graphs and resident and not (assign or profile) else None
-        if resident:
-            # kernels of the step before the exact kernel's (the split step: 2, or 1 where the sums
-            # kernel assigns the rows itself)
-            fused = st.launches[0][0]
-            self.last_kernels = len(getattr(fused, "launches", (fused,)))
-        if graph is not None:
-            graph()  # the upload, the kernels and the download in one launch
-        elif resident:
-            pack.upload()
-            if profile:
-                self._events[0].record()
-            for launch in st.kernels(listed):
-                launch()
-            if profile:
-                self._events[1].record()
-            if assign:
-                self._alabels.copy_to_host(labels_out)
-                self._adist.copy_to_host(dist_out)
-            pack.download()
-        else:
-            pack.upload()
-            self.rows.stream_through(st.launches, assign, labels_out, dist_out)
-            pack.download()
-        busy = while_busy() if while_busy is not None else None
-        if not SIM:
-            cucheck(cu().cuStreamSynchronize(0), "cuStreamSynchronize")
-        if profile:
-            self.last_kernel_ms = cuda.event_elapsed_time(*self._events)
-        ctr = pack.r_ctr
-        self.last_flagged = int(ctr[1:].sum())
-        self.last_cascaded = int(pack.r_cas[0])
-        if assign:
-            return labels_out, dist_out
-        # views of the pinned output buffer: step() consumes them before the next step
-        return StepResult(sums=pack.r_sums, counts=pack.r_cnt, sse=float(pack.hout[pack.r_sse]),
-                          changed=int(ctr[0])), busy
-
-    #: The kernel pairs of a run with k centres: the full step, the final assignment, the incremental step
-    STEP_KINDS = ("full", "assign", "delta")
-
-    def warmup(self, k: int, m: int, kinds: tuple = STEP_KINDS) -> None:
-        """Compile the step's and the final assignment's kernels for k centres (see :meth:`Backend.warmup`).
-
-        Building the per-k state prepares (so compiles) both launches: the first step and the
-        closing assignment carry no JIT into the timed loop.  ``kinds`` (of :data:`STEP_KINDS`)
-        chooses which: a cold run's helper processes compile them side by side.
-        """
-        if self.n == 0 or k < 1:
-            return
-        if "full" in kinds:  # and the host-side helpers (CPU kernels, cached on disk)
-            st = self._state(k, False)
-            zeros = np.zeros((k, self.m))
-            st.pack.fill(zeros)  # overwritten by every step's fill
-            add_step(zeros.copy(), np.zeros(k), zeros, np.zeros(k), zeros, zeros.copy())
-            carry_kept(zeros, np.zeros(k), zeros, zeros, zeros.copy(), np.zeros(k))
-            if self._tf32_allowed and self.gemm_wanted(self._plan(k, False), False, k):
-                self._warm_other_screen(k, "delta" in kinds and self._delta_allowed())
-        if "assign" in kinds:
-            self._state(k, True)
-        if "delta" in kinds and self._delta_allowed():
-            self._state(k, False, True)
-        if not SIM and set(kinds) >= set(self.STEP_KINDS):  # a helper's share leaves the marking to the run
-            idx64 = bool(self.tune.get("idx64")) or self.m * self.rows.ld >= 2**31
-            mark_gpu_shape_warm(gpu_shape_key(k, self.m, self.dtype, idx64))
-
-    def _warm_other_screen(self, k: int, delta: bool) -> None:
-        """Compile the GEMM screen (TF32 or float32) a later step may switch to (:meth:`_choose_screen`);
-        states dropped."""
-        first, graphs = self.tf32, self._graphs
-        kept, self._states, self.tf32, self._graphs = self._states, {}, not first, False  # no graph: dropped
-        try:
-            for d in (False, True) if delta else (False,):
-                self._state(k, False, d)
-        finally:
-            self._states, self.tf32, self._graphs = kept, first, graphs
-
-    # ------------------------------------------------------------------ the step policy
-    def _delta_allowed(self) -> bool:
-        """Whether incremental steps may run at all: not when switched off, not with weights."""
-        return self.tune.get("delta", "auto") != "never" and not self.rows.weighted
-
-    def _moving_costs_less(self, k: int) -> bool:
-        """Whether moving the last step's changed rows costs less than a full step's summing pass."""
-        move_ns = self._last_changed * (MOVE_NS + MOVE_NS_PER_ELEM * k * self.m)
-        return move_ns <= PASS2_NS_PER_ELEM * self.n * self.m
-
-    def _next_step_incremental(self, k: int) -> bool:
-        """Whether the next step with ``k`` centres is incremental (see the class notes)."""
-        if not self._delta_allowed() or not self._kept.fits(k):
-            return False
-        if self.tune.get("delta", "auto") == "always":
-            return True
-        drift_bounded = self._delta_run < DELTA_REFRESH
-        few_changed = self._last_changed * 16 <= self.n
-        return drift_bounded and few_changed and self._moving_costs_less(k)
-
-    def step(self, centres: np.ndarray) -> StepResult:
-        """One Lloyd step on the device (see :meth:`Backend.step`), incremental where it pays.
-
-        The returned ``sums`` array is the backend's own buffer (the step's kept slot, :mod:`.kept`):
-        valid until the next step but one, as the Lloyd loop uses it (copied into its reduction
-        buffer at once); a fresh K x M array every step cost its page faults every other step.
-        """
-        k = centres.shape[0]
+        k, m = centres.shape
         if self.n == 0:
-            return StepResult(sums=np.zeros((k, self.m if self.m else centres.shape[1])),
-                              counts=np.zeros(k), sse=0.0, changed=0)
-        delta = self._next_step_incremental(k)
-        centres = np.ascontiguousarray(centres, dtype=np.float64)
-        # this step's sums go to the slot the last step's are not in; its copy of the centres is
-        # taken, and the last step's sums carried over to them, on the host while the kernels run
-        new = self._kept.spare(k, centres.shape[1])
-        last = self._kept.last
-
-        def busy():
-            new.take(centres)
-            return new.carry_from(last) if delta else 0.0
-
-        st = self._state(k, False, delta)
-        bd = self._bounds if st.bounds is not None else None
-        # the bounds hold for the last step's centres, which its kept sums hold
-        listed = bd is not None and last is not None and bd.wanted(k)
-        try:
-            res, carried = self._run(centres, assign=False, delta=delta, while_busy=busy, test=listed)
-        except BaseException:
-            if self._bounds is not None:
-                self._bounds.invalidate()
-            raise
-        self.last_searched = int(st.pack.r_gat[0]) if listed else self.n
-        self.last_bounds_tested = listed
-        if bd is not None:
-            bd.kept(k, self.last_searched, listed, res.changed)
-        elif self._bounds is not None:
-            self._bounds.invalidate()  # this step's labels came from a pass that keeps no bounds
-        if delta:
-            # then the rows that changed label: they left one cluster and joined another
-            sse = carried + res.sse
-            self._delta_run += 1
-        else:
-            sse = res.sse
-            self._delta_run = 0
-        # the device sums deviations from the centres (no cancellation far from the
-        # origin, and what the carry-over above needs); the raw sums are dev + n c (a full
-        # step's are the device's alone)
-        sums = add_step(new.dev, new.counts, res.sums, res.counts, new.centres, new.sums, fresh=not delta)
-        new.sse = sse
-        self._kept.last = new
-        self._last_changed = res.changed
-        self.last_delta = delta
-        if not delta:  # after the step buffer's views are consumed: a new screen drops the buffers
-            self._choose_screen(k)
-        return StepResult(sums=sums, counts=new.counts.copy(), sse=sse, changed=res.changed)
-
-    def _choose_screen(self, k: int) -> None:
-        """After a full step on the GEMM path: the screen of the steps to come (:func:`.tensor.next_screen`)."""
-        if not self._tf32_allowed or not self.gemm_wanted(self._plan(k, False), False, k):
-            return
-        searched = self.last_searched
-        left = self.last_cascaded if self.tf32 and self._cascade else self.last_flagged
-        want = tensor.next_screen(self.tf32, left, searched, self._cascade)
-        if want != self.tf32:
-            log.info("GEMM screen: %d of %d rows searched left by the %s screen; the %s screen from now on",
-                     left, searched, "TF32" if self.tf32 else "float32", "TF32" if want else "float32")
-            self.tf32 = want
-            self._drop_states()  # the launches are prepared again with it
-
-    def forget_labels(self) -> None:
-        """Start over: every label unknown, no kept sums (the next step is like a first one).
-
-        For benchmarks that time several runs on one loaded backend.
-        """
-        self._forget_kept()
-        self.rows.forget_labels()
-        if self._bounds is not None:
-            self._bounds.invalidate()
-
-    def _forget_kept(self) -> None:
-        """Drop the kept sums: the next step is a full one."""
-        self._kept.forget()
-        self._delta_run = 0
-        self._last_changed = None
+            return StepResult(np.zeros((k, m + 1, 4), dtype=np.int64), np.zeros((k, 4), dtype=np.int64), 0)
+        cen, out = self._buffers(k)
+        key = (k, scales.columns.tobytes(), scales.wmax)
+        kind = step_kind(self._sums_for == key)
+        lay = step_layout(k, m)
+        cen.upload(centres, self.dtype == "float32", scales)
+        _memset(out.dev if kind == FULL else out.after_sums)
+        self.rows.swap_labels()
+        f1, f2 = cen.d["f1"], cen.d["f2"]
+        sf1, sf2 = scale_factors(scales.sse_exponent(centres))
+        disp, kern = self.kernels()["accumulate"]
+        allow_shared(kern, lay.sum_smem)
+        w_all = self.rows.dw if self.rows.weighted else cen.d["ct"]
+        for s, (stream, x, ld, a, b) in enumerate(self.rows.chunks()):
+            slot = s % len(self._flags)
+            labels, old = self.rows.labels[a:b], self.rows.old[a:b]
+            w = w_all[a:b] if self.rows.weighted else w_all
+            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], labels, lay, k)
+            launch(disp, kern, (x, ld, b - a, m, k, cen.d["ct"], labels, old, w, self.rows.weighted, kind == FULL,
+                                f1, f2, sf1, sf2, lay.jc, lay.copies, out.sums, out.sse, out.counters[slot]),
+                   lay.sum_grid(b - a, m), NT, stream, lay.sum_smem)
+        out.dev.copy_to_host(out.host)  # the legacy default stream: after every chunk
+        self._sums_for = key
+        host = out.host
+        changed = int(host[out.ns + out.nsse + 1::2].sum())
+        return StepResult(sums=host[: out.ns].reshape(k, m + 1, 4).copy(),
+                          sse=host[out.ns:out.ns + out.nsse].reshape(k, 4).copy(), changed=changed)
 
     def assign(self, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Nearest centre and exact float64 squared distance for every local row (see :meth:`Backend.assign`)."""
+        """Nearest centre and exact squared distance of every row; the step's labels are left alone."""
+        centres = np.ascontiguousarray(centres, dtype=np.float64)
+        k, m = centres.shape
+        labels = np.empty(self.n, dtype=np.int32)
+        dist2 = np.empty(self.n, dtype=np.float64)
         if self.n == 0:
-            return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.float64)
-        return self._run(np.asarray(centres, dtype=np.float64), assign=True)
+            return labels, dist2
+        cen, out = self._buffers(k)
+        lay = step_layout(k, m)
+        cen.upload(centres, self.dtype == "float32")
+        dlab = cuda.device_array(self.n, dtype=np.int32)
+        ddist = cuda.device_array(self.n, dtype=np.float64)
+        disp, kern = self.kernels()["distances"]
+        for s, (stream, x, ld, a, b) in enumerate(self.rows.chunks()):
+            slot = s % len(self._flags)
+            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], dlab[a:b], lay, k)
+            launch(disp, kern, (x, ld, b - a, m, k, cen.d["ct"], dlab[a:b], ddist[a:b]), -(-(b - a) // NT), NT,
+                   stream)
+        dlab.copy_to_host(labels)
+        ddist.copy_to_host(dist2)
+        return labels, dist2
 
+    def forget_labels(self) -> None:
+        self.rows.forget_labels()
+        self._sums_for = None
+
+    # ------------------------------------------------------------------ the initialisations' passes
+    def _on_device(self, d2) -> bool:
+        return d2 is not None and not isinstance(d2, np.ndarray)
+
+    def _init_launch(self, name: str, weighted, args: tuple, grid) -> None:
+        disp, kern = initk_kernels(self.dtype, weighted)[name]
+        launch(disp, kern, args, grid, initk.NT)
+
+    def _d2_pass(self, d2, centre: np.ndarray, lower: bool) -> None:
+        c = cuda.to_device(np.ascontiguousarray(centre, dtype=np.float64).ravel())
+        self._init_launch("d2_lower" if lower else "d2", False, (self.rows.dx, self.n, self.rows.ld, self.m, c, d2),
+                          -(-self.n // initk.NT))
+
+    def dist2_to(self, centre: np.ndarray):
+        """D² to one point, kept on the device (see :meth:`RowDistances.dist2_to`)."""
+        if self.n == 0 or self.rows.streaming:
+            return super().dist2_to(centre)
+        d2 = cuda.device_array(self.n, dtype=np.float64)
+        self._d2_pass(d2, centre, lower=False)
+        return d2
+
+    def lower_d2(self, d2, centre: np.ndarray):
+        """``min(D², squared distance to centre)``, in place on the device."""
+        if not self._on_device(d2):
+            return super().lower_d2(d2, centre)
+        self._d2_pass(d2, centre, lower=True)
+        return d2
+
+    def nearest(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Nearest of a few points (the initialisations' candidates), on the device."""
+        if self.n == 0 or self.rows.streaming:
+            return super().nearest(points)
+        pts = np.ascontiguousarray(points, dtype=np.float64)
+        labels = cuda.device_array(self.n, dtype=np.int32)
+        dist2 = cuda.device_array(self.n, dtype=np.float64)
+        self._init_launch("nearest", False, (self.rows.dx, self.n, self.rows.ld, self.m, cuda.to_device(pts.ravel()),
+                                             len(pts), labels, dist2), -(-self.n // initk.NT))
+        return labels.copy_to_host(), dist2.copy_to_host()
+
+    def d2_host(self, d2) -> np.ndarray:
+        return d2.copy_to_host() if self._on_device(d2) else d2
+
+    def _fixed_blocks(self, d2, weights, s: int):
+        """Exact limb sums and the largest ``w * D²`` of consecutive row blocks, on the host."""
+        nb = max(1, min(1024, -(-self.n // initk.NT)))
+        hi = cuda.device_array(nb, dtype=np.int64)
+        lo = cuda.device_array(nb, dtype=np.int64)
+        vmax = cuda.device_array(nb, dtype=np.float64)
+        f1, f2 = scale_factors(s)
+        weighted = weights is not None
+        w = self.rows.dw if weighted else d2
+        self._init_launch("fixed_blocks", weighted, (d2, w, self.n, nb, f1, f2, hi, lo, vmax), nb)
+        return nb, hi.copy_to_host(), lo.copy_to_host(), vmax.copy_to_host()
+
+    def d2_max(self, d2, weights: np.ndarray | None) -> float:
+        if not self._on_device(d2):
+            return super().d2_max(d2, weights)
+        return float(self._fixed_blocks(d2, weights, 0)[3].max())
+
+    def d2_fixed(self, d2, weights: np.ndarray | None, s: int):
+        """Exact block totals on the device; a draw refines one block on the host (``exact.BlockFixed``)."""
+        if not self._on_device(d2):
+            return super().d2_fixed(d2, weights, s)
+        nb, hi, lo, _ = self._fixed_blocks(d2, weights, s)
+        return BlockFixed(initk.device_values(d2, weights), s, self.n, nb, [limbs_to_int(*p) for p in zip(hi, lo)])
+
+    def potentials(self, d2, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
+        """All candidates' exact potentials, :data:`.initk.MAX_TRIALS` candidates a pass over the rows."""
+        if not self._on_device(d2):
+            return super().potentials(d2, cands, weights, s)
+        cands = np.ascontiguousarray(cands, dtype=np.float64)
+        f1, f2 = scale_factors(s)
+        weighted = weights is not None
+        w = self.rows.dw if weighted else d2
+        grid = 2 if SIM else max(1, min(-(-self.n // initk.NT), 8 * self.limits.sm_count))
+        out = []
+        for a in range(0, len(cands), initk.MAX_TRIALS):
+            group = cands[a:a + initk.MAX_TRIALS]
+            t = len(group)
+            hi = cuda.to_device(np.zeros(t, dtype=np.int64))
+            lo = cuda.to_device(np.zeros(t, dtype=np.int64))
+            vmax = cuda.to_device(np.zeros(t, dtype=np.float64))
+            self._init_launch("potentials", weighted, (self.rows.dx, self.n, self.rows.ld, self.m,
+                                                       cuda.to_device(group.ravel()), t, d2, w, f1, f2, hi, lo, vmax),
+                              grid)
+            h, l_, v = hi.copy_to_host(), lo.copy_to_host(), vmax.copy_to_host()
+            out += [(limbs_to_int(h[j], l_[j]), float(v[j])) for j in range(t)]
+        return out
+
+    # ------------------------------------------------------------------ the rest
     def info(self) -> BackendInfo:
-        d = next((d for d in self._desc if d["index"] == self.device_index), None)
-        name = d["name"] if d else "unknown"
-        return BackendInfo(name="gpu", devices=[f"{self.device_index}: {name}"], threads=1, dtype=self.dtype)
+        d = next((d for d in device_descriptions() if d["index"] == self.device), None)
+        return BackendInfo(name="gpu", devices=[f"{self.device}: {d['name'] if d else 'unknown'}"], threads=1,
+                           dtype=self.dtype)
 
     def close(self) -> None:
-        self._forget_kept()
         self.rows.close()
-        self._bounds = None
-        self._dummy = None
-        self._alabels = None
-        self._adist = None
-        self._drop_states()
-        self._plans = {}
+        self._centres = self._outputs = None
+        self._flags = []
 
-    def _drop_states(self) -> None:
-        """Forget every state (their graphs freed)."""
-        for st in self._states.values():
-            st.close()
-        self._states = {}
+
+@functools.lru_cache(maxsize=None)
+def initk_kernels(dtype: str, weighted: bool) -> dict:
+    """The initialisations' kernels for rows of ``dtype``, compiled or loaded: name -> (dispatcher, kernel)."""
+    d = lambda dt: cuda.device_array(1, dtype=dt)  # noqa: E731
+    x, f64, i32, i64 = d(dtype), d(np.float64), d(np.int32), d(np.int64)
+    specs = {
+        "d2": (initk.d2_kernel(False), (x, 1, 1, 1, f64, f64)),
+        "d2_lower": (initk.d2_kernel(True), (x, 1, 1, 1, f64, f64)),
+        "nearest": (initk.nearest_kernel(), (x, 1, 1, 1, f64, 1, i32, f64)),
+        "fixed_blocks": (initk.fixed_blocks_kernel(weighted), (f64, f64, 1, 1, 1.0, 1.0, i64, i64, f64)),
+        "potentials": (initk.potentials_kernel(weighted), (x, 1, 1, 1, f64, 1, f64, f64, 1.0, 1.0, i64, i64, f64)),
+    }
+    return {name: (disp, compiled(name, (dtype, weighted), disp, args)) for name, (disp, args) in specs.items()}

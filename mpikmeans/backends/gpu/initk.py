@@ -50,26 +50,30 @@ def d2_kernel(lower: bool):
     return cuda.jit(km_d2)
 
 
+#: candidates one pass of :func:`potentials_kernel` takes at most (more go in several passes)
+MAX_TRIALS = 8
+
+
 @functools.lru_cache(maxsize=None)
-def potentials_kernel(trials: int, weighted: bool):
+def potentials_kernel(weighted: bool):
     """Per candidate: the exact fixed-point total of ``v = min(D², |x - c|²) (* w)`` and the largest ``v``.
 
-    Arguments: x, n, ld, m, cands (trials * m,) float64, d2 (n,), w (n,) or (1,),
-    f1, f2 (the scale ``2**s`` as two exact factors), hi, lo (trials,) int64 and
-    vmax (trials,) float64, accumulated (the caller zeroes them).  Each thread
-    keeps its rows' limbs per candidate in registers; a block adds them in
-    shared memory, then into the outputs: integer atomics, so the order never
-    matters.
+    Arguments: x, n, ld, m, cands (t * m,) float64, t (at most :data:`MAX_TRIALS`),
+    d2 (n,), w (n,) or (1,), f1, f2 (the scale ``2**s`` as two exact factors), hi,
+    lo (t,) int64 and vmax (t,) float64, accumulated (the caller zeroes them).
+    Each thread keeps its rows' limbs per candidate in registers; a block adds
+    them in shared memory, then into the outputs: integer atomics, so the order
+    never matters.
     """
-    T = int(trials)
+    T = MAX_TRIALS
     WEIGHTED = weighted
 
-    def km_potentials(x, n, ld, m, cands, d2, w, f1, f2, hi, lo, vmax):
+    def km_potentials(x, n, ld, m, cands, t, d2, w, f1, f2, hi, lo, vmax):
         s_hi = cuda.shared.array(T, dtype=int64)
         s_lo = cuda.shared.array(T, dtype=int64)
         s_vm = cuda.shared.array(T, dtype=float64)
         tid = cuda.threadIdx.x
-        if tid < T:
+        if tid < t:
             s_hi[tid] = 0
             s_lo[tid] = 0
             s_vm[tid] = 0.0
@@ -83,15 +87,15 @@ def potentials_kernel(trials: int, weighted: bool):
             a_lo[q] = 0
             a_vm[q] = 0.0
         for i in range(cuda.grid(1), n, cuda.gridsize(1)):
-            for q in range(T):
+            for q in range(t):
                 dd[q] = 0.0
             for j in range(m):
                 xj = float64(x[j * ld + i])
-                for q in range(T):
-                    t = xj - cands[q * m + j]
-                    dd[q] = dadd_rn(dd[q], dmul_rn(t, t))
+                for q in range(t):
+                    e = xj - cands[q * m + j]
+                    dd[q] = dadd_rn(dd[q], dmul_rn(e, e))
             di = d2[i]
-            for q in range(T):
+            for q in range(t):
                 v = min(di, dd[q])
                 if WEIGHTED:
                     v = v * w[i]
@@ -100,12 +104,12 @@ def potentials_kernel(trials: int, weighted: bool):
                 iq = int64(rint(v * f1 * f2))
                 a_hi[q] += iq >> 27
                 a_lo[q] += iq & _LIMB_MASK
-        for q in range(T):
+        for q in range(t):
             cuda.atomic.add(s_hi, q, a_hi[q])
             cuda.atomic.add(s_lo, q, a_lo[q])
             cuda.atomic.max(s_vm, q, a_vm[q])
         cuda.syncthreads()
-        if tid < T:
+        if tid < t:
             cuda.atomic.add(hi, tid, s_hi[tid])
             cuda.atomic.add(lo, tid, s_lo[tid])
             cuda.atomic.max(vmax, tid, s_vm[tid])

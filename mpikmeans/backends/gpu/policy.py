@@ -1,0 +1,102 @@
+"""Which GPU step runs, and with which tiles: pure functions of the shape, the dtype and the state.
+
+Nothing here touches a device, so the whole policy is tested without a GPU.
+
+:func:`step_kind` — the one decision a step makes:
+
+===============================================  ==========  ==================================================
+state                                            kind        what the accumulation adds
+===============================================  ==========  ==================================================
+no sums kept for this K (first step, new K,      ``full``    every row's ``w x_j`` and ``w`` to its cluster
+labels forgotten, other scales)
+sums kept from the last step                     ``delta``   only rows whose label changed: taken from the old
+                                                             cluster, added to the new (exact integers: no drift)
+===============================================  ==========  ==================================================
+
+Both kinds screen every row (float32, certified), recheck the rows the screen
+cannot certify exactly, and add every row's exact ``w d²`` to the SSE.  Rows
+resident on the device and rows streamed through in chunks run the same kernels
+and the same kinds; an assignment without a step (:meth:`.backend.GPUBackend.assign`)
+runs the screen, the recheck and the distances kernel.
+
+:func:`step_layout` — the tiles, from K, M and the shared memory a block may use:
+
+=======================================  ===============================================================
+shape                                    layout
+=======================================  ===============================================================
+``ceil(K / TC) * M * 4`` bytes fit        the screen stages every centre once per block
+otherwise                                the screen stages its centres a chunk of tiles at a time
+``K (2 (M + 1) + 2) * 8`` bytes fit       the sums take every column, in up to 8 copies (one per warp)
+otherwise, ``K <= slots / 4``            the sums take a chunk of columns per block (grid y)
+larger K                                 the sums go straight into the global limbs with atomics
+=======================================  ===============================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .stepk import NT, R, SUM_ROWS, TC, sum_layout, sum_shared_bytes
+
+FULL = "full"
+DELTA = "delta"
+
+#: dynamic shared memory the step's kernels use at most a block (bytes): the default limit, no opt-in,
+#: so that two blocks share a multiprocessor
+SMEM_BYTES = 48 * 1024
+
+
+def step_kind(sums_kept: bool) -> str:
+    """``delta`` where the device keeps the sums of the last step's labels at this step's K and scales, else ``full``."""
+    return DELTA if sums_kept else FULL
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """The launch shapes of one step (see the module docstring).
+
+    Attributes
+    ----------
+    ntiles : int
+        Register tiles of ``TC`` centres (the last one padded).
+    chunk : int
+        Tiles the screen stages in shared memory at once (``>= ntiles``: all, once).
+    screen_smem : int
+        The screen's dynamic shared memory, bytes.
+    jc, copies : int
+        The accumulation's columns per block and copies of its sums (:func:`.stepk.sum_layout`).
+    sum_smem : int
+        The accumulation's dynamic shared memory, bytes.
+    """
+
+    ntiles: int
+    chunk: int
+    screen_smem: int
+    jc: int
+    copies: int
+    sum_smem: int
+
+    def sum_grid(self, n: int, m: int) -> tuple:
+        """The accumulation's grid for ``n`` rows of ``m`` attributes."""
+        return max(1, -(-n // SUM_ROWS)), -(-(m + 1) // self.jc)
+
+
+def step_layout(k: int, m: int) -> StepLayout:
+    """The tiles of a step with ``k`` centres of ``m`` attributes, in :data:`SMEM_BYTES` of shared memory a block
+    (the screen takes one tile at least: where that is more, the kernel opts in to it).
+
+    Parameters
+    ----------
+    k, m : int
+    """
+    ntiles = -(-k // TC)
+    tile_bytes = m * TC * 4
+    chunk = max(1, min(ntiles, SMEM_BYTES // tile_bytes))
+    jc, copies = sum_layout(k, m, SMEM_BYTES)
+    return StepLayout(ntiles=ntiles, chunk=chunk, screen_smem=chunk * tile_bytes, jc=jc, copies=copies,
+                      sum_smem=sum_shared_bytes(k, jc, copies))
+
+
+def screen_grid(n: int, sm_count: int) -> int:
+    """Blocks of the screen: enough for every multiprocessor several times over, at most one per tile of rows."""
+    return max(1, min(-(-n // (NT * R)), 8 * sm_count))

@@ -1,0 +1,364 @@
+"""The Lloyd step's GPU kernels: a certified float32 screen, the exact recheck, the fixed-point sums.
+
+Every kernel takes the shape (rows ``n``, attributes ``m``, centres ``k``) as
+run-time arguments; only the storage dtype of the rows and a few tile sizes
+(:data:`NT`, :data:`R`, :data:`TC`, :data:`SUM_ROWS`) are fixed when a kernel
+is compiled, so the set of compiled kernels is finite and known before any run
+(:func:`step_kernels`: three kernels per dtype).
+
+The stages of a step, in launch order:
+
+1. **screen** (:func:`step_kernels`'s ``screen``): every thread owns ``R`` rows
+   and keeps ``R x TC`` running float32 distances in registers; the centres sit in
+   shared memory as ``-2 z`` (``z = c - s``, ``s`` the centres' mean), read four at a
+   time, so one 16-byte broadcast load feeds ``4 R`` FMAs.  Distances are the
+   dot-product form ``|z|^2 - 2 y.z`` on ``y = x - s``.  A row keeps the best
+   centre only when the gap to the second best exceeds a rigorous bound on the
+   float32 rounding (:func:`certificate`); every other row is listed for step 2.
+   Centres that do not fit in shared memory at once are staged there a chunk of
+   tiles at a time.
+2. **recheck**: one warp per listed row (its lanes take the centres in turn)
+   computes the row's exact float64 distance to every centre (``(x - c)^2`` summed in attribute order, one rounding per
+   operation, no FMA: the CPU backend's numbers) and takes the nearest, ties to
+   the lowest index.  So the labels are those of the exact computation.
+3. **accumulate**: each block takes :data:`SUM_ROWS` rows and a chunk of the
+   summed columns; for every row it adds ``w d²`` (exact, as step 2 computes it)
+   to its cluster's SSE, and for every row whose label changed (or every row, in
+   a full step) the fixed-point integers of ``w x_j`` and ``w``
+   (:func:`mpikmeans.fixedsums.encode_py`) to its new cluster and takes them from
+   its old one.  Integers go into shared memory with atomics (one copy per warp
+   where K is small, against contention), then each block's totals into the
+   global limbs: no order of the atomics changes a bit.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ...fixedsums import LIMB, LIMB_MASK, encode_py
+from .device import SIM, cuda
+from .intrinsics import dadd_rn, dmul_rn, ld4
+
+if cuda is not None:
+    from numba import float32, float64, int32, int64
+
+#: threads per block of the screen and the accumulation
+NT = 64 if SIM else 256
+#: rows per thread of the screen
+R = 4
+#: centres per register tile of the screen (a multiple of 4: one 16-byte load feeds 4 of them)
+TC = 8
+#: rows per accumulation block: ``|h| < 2**50`` a row, so a block's shared int64 sums stay below ``2**62``
+SUM_ROWS = 4096
+#: threads per block of the recheck (a warp per listed row)
+RC_NT = 64 if SIM else 128
+#: float32 unit roundoff; the certificate is written in multiples of it
+_U32 = 2.0 ** -24
+#: rows whose ``|y|^2 + 2 max|z|^2`` exceeds this go to the exact path (float32 overflow guard)
+_BIG = 1.0e30
+#: the 16-byte centre loads need an aligned shared base (the simulator refuses the argument)
+_SMEM_ALIGN = None if SIM else 16
+
+
+def certificate(m: int) -> tuple:
+    """The float32 screen's certificate for rows of ``m`` attributes: ``(tolf, tiny, big)``.
+
+    A row keeps its float32 winner when ``gap > tolf (|y|^2 + zlim) + tiny`` and
+    ``|y|^2 + zlim < big``; every other row goes to the exact kernel.  The bound on
+    ``|computed - exact|`` of ``|z|^2 - 2 y.z`` for one centre is
+    ``(m + 4)(1 + eps) u (|y|^2 + 2 max|z|^2)`` in any summation order; two centres, a
+    computed ``|y|^2`` and a computed gap need a little more: factor 2.1 and ``m + 5``.
+    """
+    return np.float32(2.1 * (int(m) + 5) * _U32), np.float32(1.0e-36), np.float32(_BIG)
+
+
+def sum_layout(k: int, m: int, smem_bytes: int) -> tuple:
+    """How the accumulation splits its shared memory: ``(jc, copies)``.
+
+    ``jc`` summed columns per block (of ``m + 1``: the weights' column last) and
+    ``copies`` of the block's sums in shared memory (warps take them in turn:
+    fewer atomics on the same address where K is small); ``copies == 0``: the
+    block adds into the global limbs directly (K too large for shared memory).
+
+    Parameters
+    ----------
+    k, m : int
+    smem_bytes : int
+        Shared memory one block may use.
+    """
+    slots = smem_bytes // 8
+    mc = m + 1
+    per_copy = k * (2 * mc + 2)
+    if per_copy <= slots:
+        return mc, int(max(1, min(8, slots // per_copy)))
+    jc = (slots - 2 * k) // (2 * k)
+    if jc >= 1:
+        return int(jc), 1
+    return 1, 0
+
+
+def sum_shared_bytes(k: int, jc: int, copies: int) -> int:
+    """Bytes of shared memory the accumulation takes for :func:`sum_layout`'s ``(jc, copies)``."""
+    return 8 * copies * k * (2 * jc + 2)
+
+
+@functools.lru_cache(maxsize=None)
+def step_kernels(storage: str) -> dict:
+    """The step's three kernels for rows stored as ``storage`` (``float32`` or ``float64``).
+
+    Returns
+    -------
+    dict
+        ``screen``, ``recheck``, ``accumulate`` and ``distances``: numba-cuda
+        dispatchers (arguments below), compiled by :mod:`.compiled` for one
+        signature each.
+
+    Kernel arguments (arrays 1-D, C-contiguous, on the device; ``x[j * ld + i]``)
+    ---------------------------------------------------------------------------
+    screen(x, ld, n, m, ntiles, chunk, cm, cc, sh, zl, tolf, tiny, big, labels, flags, counters)
+        ``cm`` float32 ``(ntiles * m * TC,)``: ``-2 z`` by tile, attribute, centre;
+        ``cc`` float32 ``(ntiles * TC,)``: ``|z|^2`` (+inf for padding); ``sh`` ``(m,)``
+        the shift ``s`` in the storage dtype; ``zl`` float32 ``(1,)``: twice the
+        largest ``|z|^2``; ``chunk``: tiles that fit in shared memory at once
+        (all: staged once).  Writes the certified rows' ``labels`` and lists the
+        others in ``flags``, counting them in ``counters[0]``.
+    recheck(x, ld, m, k, ct, flags, counters, labels)
+        ``ct`` float64 ``(m * k,)``: the centres transposed, ``ct[j * k + c]``.
+    accumulate(x, ld, n, m, k, ct, labels, old, w, weighted, full, f1, f2, sf1, sf2, jc, copies,
+               sums, sse, counters)
+        Grid ``(ceil(n / SUM_ROWS), ceil((m + 1) / jc))``; ``f1, f2`` float64 ``(m + 1,)`` each
+        column's scale factors, ``sf1, sf2`` the SSE's; ``sums`` int64 ``(k * (m + 1) * 4,)``
+        and ``sse`` int64 ``(k * 4,)`` limbs, added to; ``counters[1]`` += labels changed.
+        Dynamic shared memory: :func:`sum_shared_bytes`.
+    distances(x, ld, n, m, k, ct, labels, dist2)
+        Each row's exact squared distance to its centre into ``dist2`` float64 ``(n,)``.
+    """
+    DT = float64 if storage == "float64" else float32
+    BR = NT * R
+    TC4 = TC // 4
+    F32_INF = np.float32(np.inf)
+    encode = cuda.jit(device=True)(encode_py)
+
+    @cuda.jit(device=True)
+    def exact_d2(x, ld, i, m, k, ct, c):
+        d = 0.0
+        for j in range(m):
+            t = float64(x[j * ld + i]) - ct[j * k + c]
+            d = dadd_rn(d, dmul_rn(t, t))
+        return d
+
+    def km_screen(x, ld, n, m, ntiles, chunk, cm, cc, sh, zl, tolf, tiny, big, labels, flags, counters):
+        smf = cuda.shared.array(0, dtype=float32, alignment=_SMEM_ALIGN)
+        tid = cuda.threadIdx.x
+        zlim = zl[0]
+        resident = ntiles <= chunk
+        if resident:
+            for q in range(tid, ntiles * m * TC, NT):
+                smf[q] = cm[q]
+            cuda.syncthreads()
+        acc = cuda.local.array(R * TC, dtype=float32)
+        yv = cuda.local.array(R, dtype=float32)
+        yy = cuda.local.array(R, dtype=float32)
+        b1 = cuda.local.array(R, dtype=float32)
+        b2 = cuda.local.array(R, dtype=float32)
+        i1 = cuda.local.array(R, dtype=int32)
+        rows = cuda.local.array(R, dtype=int64)
+        for tile in range(cuda.blockIdx.x, (n + BR - 1) // BR, cuda.gridDim.x):
+            row0 = tile * BR
+            for r in range(R):
+                i = row0 + tid + r * NT
+                rows[r] = i if i < n else n - 1  # past the end: the last row again, ignored
+                yy[r] = float32(0.0)
+                b1[r] = F32_INF
+                b2[r] = F32_INF
+                i1[r] = 0
+            for c0 in range(0, ntiles, chunk):
+                c1 = min(ntiles, c0 + chunk)
+                if not resident:
+                    cuda.syncthreads()
+                    for q in range(tid, (c1 - c0) * m * TC, NT):
+                        smf[q] = cm[c0 * m * TC + q]
+                    cuda.syncthreads()
+                for ct in range(c0, c1):
+                    base = (ct if resident else ct - c0) * m * TC
+                    for r in range(R):
+                        for c in range(TC):
+                            acc[r * TC + c] = cc[ct * TC + c]
+                    for j in range(m):
+                        s = sh[j]
+                        for r in range(R):
+                            yv[r] = float32(x[j * ld + rows[r]] - s)
+                        if ct == 0:
+                            for r in range(R):
+                                yy[r] += yv[r] * yv[r]
+                        for c4 in range(TC4):
+                            w0, w1, w2, w3 = ld4(smf, base + j * TC + 4 * c4)
+                            for r in range(R):
+                                a = r * TC + 4 * c4
+                                acc[a] += yv[r] * w0
+                                acc[a + 1] += yv[r] * w1
+                                acc[a + 2] += yv[r] * w2
+                                acc[a + 3] += yv[r] * w3
+                    # best and second best; strict '<' keeps the lowest index on a tie, and a tie
+                    # leaves gap 0, so the row is rechecked exactly
+                    for c in range(TC):
+                        kk = ct * TC + c
+                        for r in range(R):
+                            d = acc[r * TC + c]
+                            o1 = b1[r]
+                            lt1 = d < o1
+                            b2[r] = o1 if lt1 else (d if d < b2[r] else b2[r])
+                            b1[r] = d if lt1 else o1
+                            i1[r] = kk if lt1 else i1[r]
+            for r in range(R):
+                i = row0 + tid + r * NT
+                if i < n:
+                    scale = yy[r] + zlim
+                    if b2[r] - b1[r] > tolf * scale + tiny and scale < big:
+                        labels[i] = i1[r]
+                    else:
+                        flags[cuda.atomic.add(counters, 0, 1)] = i
+
+    def km_recheck(x, ld, m, k, ct, flags, counters, labels):
+        sd = cuda.shared.array(RC_NT, dtype=float64)
+        si = cuda.shared.array(RC_NT, dtype=int64)
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        wib = tid // 32
+        wpb = RC_NT // 32
+        nflag = counters[0]
+        # rounds of one listed row per warp; every warp of a block runs every round (barriers)
+        for base in range(cuda.blockIdx.x * wpb, nflag, cuda.gridDim.x * wpb):
+            f = base + wib
+            bd = np.inf
+            bi = k
+            if f < nflag:
+                i = flags[f]
+                for c in range(lane, k, 32):
+                    d = exact_d2(x, ld, i, m, k, ct, c)
+                    if d < bd:
+                        bd = d
+                        bi = c
+            sd[tid] = bd
+            si[tid] = bi
+            cuda.syncthreads()
+            if lane == 0 and f < nflag:
+                for q in range(tid + 1, tid + 32):
+                    if sd[q] < bd or (sd[q] == bd and si[q] < bi):
+                        bd = sd[q]
+                        bi = si[q]
+                labels[flags[f]] = bi
+            cuda.syncthreads()
+
+    def km_accumulate(x, ld, n, m, k, ct, labels, old, w, weighted, full, f1, f2, sf1, sf2, jc, copies, sums, sse,
+                      counters):
+        sm = cuda.shared.array(0, dtype=int64)
+        sc = cuda.shared.array(1, dtype=int64)
+        tid = cuda.threadIdx.x
+        if tid == 0:
+            sc[0] = 0
+        by = cuda.blockIdx.y
+        mc = m + 1
+        col0 = by * jc
+        cols = min(jc, mc - col0)
+        nsum = copies * k * jc * 2
+        nall = nsum + copies * k * 2
+        for q in range(tid, nall, NT):
+            sm[q] = 0
+        cuda.syncthreads()
+        cp = (tid // 32) % copies if copies > 0 else 0
+        r0 = cuda.blockIdx.x * SUM_ROWS
+        r1 = min(n, r0 + SUM_ROWS)
+        changed = 0
+        for i in range(r0 + tid, r1, NT):
+            a = labels[i]
+            b = old[i]
+            wi = w[i] if weighted else 1.0
+            if by == 0:
+                changed += a != b
+                v = exact_d2(x, ld, i, m, k, ct, a)
+                if weighted:
+                    v = wi * v
+                h, lo = encode(v, sf1, sf2)
+                if copies > 0:
+                    q = nsum + (cp * k + a) * 2
+                    cuda.atomic.add(sm, q, h)
+                    cuda.atomic.add(sm, q + 1, lo)
+                else:
+                    q = a * 4
+                    cuda.atomic.add(sse, q, h >> LIMB)
+                    cuda.atomic.add(sse, q + 1, h & LIMB_MASK)
+                    cuda.atomic.add(sse, q + 2, lo >> LIMB)
+                    cuda.atomic.add(sse, q + 3, lo & LIMB_MASK)
+            if full or a != b:
+                for jj in range(cols):
+                    j = col0 + jj
+                    v = float64(x[j * ld + i]) if j < m else 1.0
+                    if weighted:
+                        v = wi * v
+                    h, lo = encode(v, f1[j], f2[j])
+                    if copies > 0:
+                        q = ((cp * k + a) * jc + jj) * 2
+                        cuda.atomic.add(sm, q, h)
+                        cuda.atomic.add(sm, q + 1, lo)
+                        if not full and b >= 0:
+                            q = ((cp * k + b) * jc + jj) * 2
+                            cuda.atomic.sub(sm, q, h)
+                            cuda.atomic.sub(sm, q + 1, lo)
+                    else:
+                        q = (a * mc + j) * 4
+                        cuda.atomic.add(sums, q, h >> LIMB)
+                        cuda.atomic.add(sums, q + 1, h & LIMB_MASK)
+                        cuda.atomic.add(sums, q + 2, lo >> LIMB)
+                        cuda.atomic.add(sums, q + 3, lo & LIMB_MASK)
+                        if not full and b >= 0:
+                            q = (b * mc + j) * 4
+                            cuda.atomic.sub(sums, q, h >> LIMB)
+                            cuda.atomic.sub(sums, q + 1, h & LIMB_MASK)
+                            cuda.atomic.sub(sums, q + 2, lo >> LIMB)
+                            cuda.atomic.sub(sums, q + 3, lo & LIMB_MASK)
+        if by == 0 and changed > 0:
+            cuda.atomic.add(sc, 0, changed)
+        cuda.syncthreads()
+        if by == 0 and tid == 0 and sc[0] > 0:
+            cuda.atomic.add(counters, 1, sc[0])
+        if copies > 0:
+            # the block's totals (its copies added) into the global limbs, entries it touched only
+            for e in range(tid, k * cols, NT):
+                a = e // cols
+                jj = e - a * cols
+                hs = int64(0)
+                ls = int64(0)
+                for c in range(copies):
+                    q = ((c * k + a) * jc + jj) * 2
+                    hs += sm[q]
+                    ls += sm[q + 1]
+                if hs != 0 or ls != 0:
+                    q = (a * mc + col0 + jj) * 4
+                    cuda.atomic.add(sums, q, hs >> LIMB)
+                    cuda.atomic.add(sums, q + 1, hs & LIMB_MASK)
+                    cuda.atomic.add(sums, q + 2, ls >> LIMB)
+                    cuda.atomic.add(sums, q + 3, ls & LIMB_MASK)
+            if by == 0:
+                for a in range(tid, k, NT):
+                    hs = int64(0)
+                    ls = int64(0)
+                    for c in range(copies):
+                        q = nsum + (c * k + a) * 2
+                        hs += sm[q]
+                        ls += sm[q + 1]
+                    if hs != 0 or ls != 0:
+                        cuda.atomic.add(sse, a * 4, hs >> LIMB)
+                        cuda.atomic.add(sse, a * 4 + 1, hs & LIMB_MASK)
+                        cuda.atomic.add(sse, a * 4 + 2, ls >> LIMB)
+                        cuda.atomic.add(sse, a * 4 + 3, ls & LIMB_MASK)
+
+    def km_distances(x, ld, n, m, k, ct, labels, dist2):
+        i = cuda.grid(1)
+        if i < n:
+            dist2[i] = exact_d2(x, ld, i, m, k, ct, labels[i])
+
+    return {"screen": cuda.jit(km_screen), "recheck": cuda.jit(km_recheck), "accumulate": cuda.jit(km_accumulate),
+            "distances": cuda.jit(km_distances)}
