@@ -1390,34 +1390,29 @@ def empty_store(tmp_path, monkeypatch):
 @needs_gpu
 def test_gpu_warmup_takes_the_compiler_out_of_the_loop(empty_store):
     # warmup builds (compiles) the step's and the final assignment's kernels, so the
-    # first step and assign after it take milliseconds, not the seconds of a JIT
-    import time
-
+    # first step and assign after it compile nothing
     G = _real_gpu()
     x, c = _blobs(50_000, 37, 11, seed=5)
     gpu = G.GPUBackend(dtype="float64")
     gpu.load(x)
-    t0 = time.perf_counter()
     gpu.warmup(11, 37)
-    jit = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    compiled_by_warmup = empty_store.misses
     gpu.step(c)
     gpu.assign(c)
-    after = time.perf_counter() - t0
-    assert after < 0.5 and after < jit / 4, (jit, after)
+    assert compiled_by_warmup > 0 and empty_store.misses == compiled_by_warmup, (compiled_by_warmup,
+                                                                                empty_store.misses)
 
 
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_kernels_load_from_the_store_and_a_damaged_entry_is_rebuilt(empty_store):
     import os
-    import time
 
     from mpikmeans.backends.gpu import compiled
 
     G = _real_gpu()
     x, c = _blobs(40_000, 23, 9, seed=6)
-    results, times = [], []
+    results = []
     for attempt in range(3):
         compiled._IN_PROCESS.clear()  # each attempt as a new process: only the store holds kernels
         if attempt == 2:  # damage every entry: each is refused, compiled again and rewritten
@@ -1428,16 +1423,13 @@ def test_gpu_kernels_load_from_the_store_and_a_damaged_entry_is_rebuilt(empty_st
         misses = empty_store.misses
         gpu = G.GPUBackend(dtype="float64")
         gpu.load(x)
-        t0 = time.perf_counter()
         gpu.warmup(9, 23)
-        times.append(time.perf_counter() - t0)
         results.append(gpu.step(c))
         gpu.close()
         if attempt == 1:
             assert empty_store.misses == misses, "a warm store compiled nothing"
         else:
             assert empty_store.misses > misses
-    assert times[1] < times[0] / 5, times
     for r in results[1:]:  # the same kernels: the same step up to the order of the atomic additions
         assert np.array_equal(r.counts, results[0].counts) and r.changed == results[0].changed
         assert np.abs(r.sums - results[0].sums).max() <= 1e-12 * np.abs(results[0].sums).max()

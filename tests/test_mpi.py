@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import HANG_GUARD_S, run_cli
 
 pytestmark = pytest.mark.mpi
 
@@ -101,7 +101,7 @@ def test_bad_row_in_last_rank_ends_job_with_line_number(tmp_path):
     path.write_text(header + "\n".join(lines) + "\n")
     r = run_cli(["run", path, "-k", 3], np=3, timeout=60)
     assert r.code == 3, (r.out, r.err)
-    assert r.seconds < 10, f"took {r.seconds:.1f} s"
+    assert r.seconds < HANG_GUARD_S, f"took {r.seconds:.1f} s"
     line_no = header.count("\n") + bad_index + 1
     assert f"{path}:{line_no}:" in r.err
     assert "'y'" in r.err and "'abc'" in r.err
@@ -119,7 +119,7 @@ def test_crash_on_one_rank_aborts_whole_job(blobs, tmp_path):
     finally:
         del os.environ["MPIKMEANS_FAULT"]
     assert r.code != 0
-    assert r.seconds < 10, f"took {r.seconds:.1f} s"
+    assert r.seconds < HANG_GUARD_S, f"took {r.seconds:.1f} s"
     assert "internal error on rank 1" in r.err
     assert not (tmp_path / "out" / "summary.json").exists()
 

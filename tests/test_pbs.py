@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import HANG_GUARD_S, run_cli
 
 from mpikmeans.cache import cache_root
 
@@ -35,7 +35,6 @@ SHELL_FILES = TEMPLATES + [REPO / "mpikmeans" / "jobs" / "common.sh", REPO / "sc
 BIN = Path(sys.executable).parent
 ROWS, K = 3000, 3
 BAD_LINE = 2500          # line number (1-based, in the whole file) made malformed
-FAIL_FAST_S = 15         # a failing job must end within this (ranks start in ~3-6 s on 2 busy cores)
 
 # no network interfaces to probe in a sandbox; Open MPI refuses root unless told
 MPI_ENV = {
@@ -240,7 +239,7 @@ def test_torque_bad_input_fails_fast(inputs, tmp_path):
     job = submit(PBS / "mpi_run.pbs", tmp_path, env)
     assert job.code == 3, job.out
     assert f"bad.arff:{BAD_LINE}" in job.out and "bad input data" in job.out
-    assert job.seconds < FAIL_FAST_S, f"took {job.seconds:.1f} s\n{job.out}"
+    assert job.seconds < HANG_GUARD_S, f"took {job.seconds:.1f} s\n{job.out}"
     assert not (work / "bad.103.mpikmeans" / "summary.json").exists()
 
 
@@ -253,7 +252,7 @@ def test_torque_crash_on_one_rank_aborts_job(inputs, tmp_path):
     job = submit(PBS / "mpi_run.pbs", tmp_path, env)
     assert job.code == 1, job.out
     assert "injected fault" in job.out and "runtime failure" in job.out
-    assert job.seconds < FAIL_FAST_S, f"took {job.seconds:.1f} s\n{job.out}"
+    assert job.seconds < HANG_GUARD_S, f"took {job.seconds:.1f} s\n{job.out}"
 
 
 def test_walltime_sigterm_stops_the_ranks(tmp_path):
@@ -263,7 +262,7 @@ def test_walltime_sigterm_stops_the_ranks(tmp_path):
     job = submit(PBS / "mpi_run.pbs", tmp_path, env, term_after=2.5, timeout=60)
     assert job.code == 143, job.out
     assert "received SIGTERM" in job.out and "walltime" in job.out
-    assert job.seconds < 20, job.out
+    assert job.seconds < HANG_GUARD_S, job.out
 
 
 def test_walltime_checkpoint_then_resubmit_resumes(tmp_path):
@@ -344,7 +343,7 @@ def test_written_template_runs_outside_a_checkout(inputs, tmp_path):
     env = torque_env(tmp_path, work, slots=2, jobid="131", np=2, DATA=bad.name, K=K)
     job = submit(job_file, tmp_path, env)
     assert job.code == 3 and f"bad.arff:{BAD_LINE}" in job.out, job.out
-    assert job.seconds < 20, f"took {job.seconds:.1f} s\n{job.out}"
+    assert job.seconds < HANG_GUARD_S, f"took {job.seconds:.1f} s\n{job.out}"
 
 
 # ----------------------------------------------------------------------------- Torque, GPU
@@ -373,7 +372,7 @@ def test_torque_gpu_job_without_gpu_fails_fast(inputs, tmp_path):
     job = submit(PBS / "mpi_gpu_run.pbs", tmp_path, env)
     assert job.code == 1, job.out
     assert "GPU" in job.out and "--backend gpu" in job.out
-    assert job.seconds < FAIL_FAST_S, f"took {job.seconds:.1f} s\n{job.out}"
+    assert job.seconds < HANG_GUARD_S, f"took {job.seconds:.1f} s\n{job.out}"
 
 
 # ----------------------------------------------------------------------------- PBS Pro
@@ -407,7 +406,7 @@ def test_slurm_bad_input_fails_fast(inputs, tmp_path):
     job = submit(PBS / "slurm_run.sbatch", tmp_path, env, cwd=work, workdir=work)
     assert job.code == 3, job.out
     assert f"bad.arff:{BAD_LINE}" in job.out
-    assert job.seconds < FAIL_FAST_S, f"took {job.seconds:.1f} s\n{job.out}"
+    assert job.seconds < HANG_GUARD_S, f"took {job.seconds:.1f} s\n{job.out}"
 
 
 def test_slurm_independent_copies_are_caught(inputs, tmp_path):

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import _env, mpirun_path, run_cli
+from conftest import HANG_GUARD_S, _env, mpirun_path, run_cli
 
 pytestmark = pytest.mark.mpi
 
@@ -43,11 +43,11 @@ def _with_fault(spec, args, np_=3, timeout=60):
     ("exit", "SystemExit"),
     ("kill", ""),
 ])
-def test_one_rank_failing_ends_job_within_10s(slow, tmp_path, kind, needle):
+def test_one_rank_failing_ends_job_within_the_hang_guard(slow, tmp_path, kind, needle):
     out = tmp_path / "out"
     r = _with_fault(f"1:iteration:{kind}:3", ["run", slow, "-k", 30, "-o", out])
     assert r.code != 0, (r.out, r.err)
-    assert r.seconds < 10, f"{kind}: took {r.seconds:.1f} s"
+    assert r.seconds < HANG_GUARD_S, f"{kind}: took {r.seconds:.1f} s"
     assert needle in r.err
     assert not any((out / f).exists() for f in RESULT_FILES)
 
@@ -55,7 +55,7 @@ def test_one_rank_failing_ends_job_within_10s(slow, tmp_path, kind, needle):
 def test_crash_while_writing_leaves_no_complete_looking_result(slow, tmp_path):
     out = tmp_path / "out"
     r = _with_fault("2:write:raise", ["run", slow, "-k", 30, "--max-iter", 5, "-o", out])
-    assert r.code != 0 and r.seconds < 10
+    assert r.code != 0 and r.seconds < HANG_GUARD_S
     assert not (out / "summary.json").exists()
     assert not list(out.glob(".*tmp*")) or True  # rank 0 may be killed mid-rename: no summary is the contract
 
@@ -134,7 +134,7 @@ def test_sigterm_to_the_whole_job(slow, tmp_path):
     # the ranks exit with 75 after the checkpoint; Open MPI 5's mpirun, signalled
     # itself, reports 1 instead (the job templates turn a fresh checkpoint into 75)
     assert p.returncode in (EXIT_CHECKPOINTED, 1), err
-    assert elapsed < 10
+    assert elapsed < HANG_GUARD_S
     assert ckpt.exists()
     assert not (out / "summary.json").exists()
     # the checkpoint is whole: a resumed run finishes from it
@@ -155,7 +155,7 @@ def test_unwritable_output_dir_fails_before_reading(slow, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     r = run_cli(["run", slow, "-k", 3, "-o", blocker / "sub"], np=3, timeout=30)
-    assert r.code == 1 and "cannot write results" in r.err and r.seconds < 10
+    assert r.code == 1 and "cannot write results" in r.err and r.seconds < HANG_GUARD_S
 
 
 def test_dry_run_prints_per_rank_estimates(slow):
@@ -200,5 +200,5 @@ def test_data_larger_than_memory_is_refused_with_an_estimate(slow, tmp_path, mon
     r = run_cli(["run", slow, "-k", 3, "-o", tmp_path / "o"], np=3, timeout=60)
     assert r.code == 1, (r.out, r.err)
     assert "needs about" in r.err and "use at least" in r.err and "ranks" in r.err
-    assert r.seconds < 10
+    assert r.seconds < HANG_GUARD_S
     assert "Traceback" not in r.err
