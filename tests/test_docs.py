@@ -113,24 +113,62 @@ def _is_hang_guard(node: ast.AST) -> bool:
                and "HANG_GUARD" in n.attr for n in ast.walk(node))
 
 
-def _one_record(a: ast.AST, b: ast.AST) -> bool:
-    """``total_s >= startup_s + read_s`` or ``min_s <= s <= max_s`` of one record: the figures' own
-    consistency, no factor, no constant; not a bound on how long anything took."""
-    bases, leaves = set(), 0
+def _aliases(tree: ast.AST) -> dict:
+    """Names bound to a part of a record (``t = row["timings"]``, ``s = r.summary``): name -> that part."""
+    out = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and (isinstance(node.value, ast.Attribute) or isinstance(node.value, ast.Subscript)
+                     and isinstance(node.value.slice, ast.Constant) and isinstance(node.value.slice.value, str))):
+            out[node.targets[0].id] = node.value
+    return out
+
+
+def _record(node: ast.AST, aliases: dict) -> str:
+    """The record a figure is read from: through string keys, attributes and the names bound to them
+    (an element of a list, ``rows[0]``, is a record of its own)."""
+    seen = set()
+    while True:
+        if isinstance(node, ast.Name) and node.id in aliases and node.id not in seen:
+            seen.add(node.id)
+            node = aliases[node.id]
+        elif isinstance(node, ast.Attribute) or (isinstance(node, ast.Subscript)
+                                                 and isinstance(node.slice, ast.Constant)
+                                                 and isinstance(node.slice.value, str)):
+            node = node.value
+        else:
+            return ast.dump(node)
+
+
+def _one_record(a: ast.AST, b: ast.AST, aliases: dict) -> bool:
+    """``total_s >= startup_s + read_s`` or ``min_s <= s <= max_s`` of one record (one measurement and
+    its parts): the figures' own consistency, no factor, no constant; not a bound on how long anything took."""
+    records, leaves = set(), 0
     for side in (a, b):
         for n in ast.walk(side):
             if isinstance(n, ast.Constant) and not isinstance(n.value, str):
                 return False
             if isinstance(n, ast.BinOp) and not isinstance(n.op, ast.Add):
                 return False
-            if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant):
-                bases.add(ast.dump(n.value))
+            if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str):
+                records.add(_record(n.value, aliases))
                 leaves += 1
-    return leaves >= 2 and len(bases) == 1
+    return leaves >= 2 and len(records) == 1
+
+
+def _fails(body: list) -> bool:
+    """Whether a block fails the test: ``pytest.fail(...)`` or ``raise AssertionError``."""
+    for node in (n for stmt in body for n in ast.walk(stmt)):
+        if isinstance(node, ast.Call) and _call_name(node) == "fail":
+            return True
+        if isinstance(node, ast.Raise) and node.exc is not None and "AssertionError" in ast.dump(node.exc):
+            return True
+    return False
 
 
 def timing_asserts(source: str, filename: str = "<test>") -> list:
-    """Asserts in ``source`` that hold a measured duration (or a rate) to a bound or a ratio.
+    """Asserts in ``source`` (or ``if ...: pytest.fail()``) that hold a measured duration (or a rate)
+    to a bound or a ratio.
 
     A comparison is let through when its other side is 0 (a figure was measured at all), names a
     ``HANG_GUARD`` constant (a bound that catches a hang), or is the same record's figures summed
@@ -144,6 +182,7 @@ def timing_asserts(source: str, filename: str = "<test>") -> list:
     """
     tree = ast.parse(source, filename=filename)
     timed = _timed_names(tree)
+    aliases = _aliases(tree)
     found = []
     for node in ast.walk(tree):
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
@@ -152,12 +191,13 @@ def timing_asserts(source: str, filename: str = "<test>") -> list:
                 found += timing_asserts(node.value.value, f"{filename}:{node.lineno}(string)")
             except SyntaxError:
                 pass
-        if not isinstance(node, ast.Assert):
+        if not (isinstance(node, ast.Assert) or isinstance(node, ast.If) and _fails(node.body)):
             continue
         pairs = [(a, b, op) for cmp in ast.walk(node.test) if isinstance(cmp, ast.Compare)
                  for (a, b), op in zip(zip([cmp.left, *cmp.comparators], cmp.comparators), cmp.ops)]
         if any(isinstance(op, ORDERING) and (_timed(a, timed) or _timed(b, timed))
-               and not (_is_zero(a) or _is_zero(b) or _is_hang_guard(a) or _is_hang_guard(b) or _one_record(a, b))
+               and not (_is_zero(a) or _is_zero(b) or _is_hang_guard(a) or _is_hang_guard(b)
+                        or _one_record(a, b, aliases))
                for a, b, op in pairs):
             found.append(f"{filename}:{node.lineno}: {ast.get_source_segment(source, node) or ast.dump(node)}")
     return found
@@ -181,7 +221,9 @@ def test_item10_no_wall_clock_assertions():
     "assert times[1] < times[0] / 5\n",
     "assert ours['wall_s'] <= 1.25 * theirs['wall_s']\n",
     "assert 0 < t['launch_s'] < 60\n",
+    "assert doc['rows'][0]['wall_s'] <= doc['rows'][1]['wall_s']\n",
     "P = '''\nimport time\nt = time.time()\nassert time.time() - t < 2\n'''\n",
+    "if r.seconds > 5:\n    pytest.fail('slow')\n",
 ])
 def test_item10_scanner_finds_each_kind_of_timing_assert(source):
     assert timing_asserts(source)
@@ -193,6 +235,7 @@ def test_item10_scanner_finds_each_kind_of_timing_assert(source):
     "assert t['startup_s'] > 0 and t['read_s'] >= 0\n",
     "assert t['total_s'] >= t['startup_s'] + t['read_s']\n",
     "assert 0 < r['read_s_min'] <= r['read_s'] <= r['read_s_max']\n",
+    "for row in rows:\n    t = row['timings']\n    assert t['total_s'] <= row['wall_s']\n",
     "assert ratio['k-means++'] <= 1.01\n",          # an SSE ratio, no time in it
     "assert s['iterations'] <= 3 and len(s['sizes']) == 3\n",
     "ref_s = summary()\nassert ref_s['iterations'] > 40\n",
