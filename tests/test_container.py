@@ -134,3 +134,13 @@ def test_build_and_run_where_apptainer_exists(tmp_path):
                         str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "out" / "summary.json").exists()
+
+
+def test_item14_the_docs_name_the_images_open_mpi():
+    """README.md and docs/cluster.md say which Open MPI the image has, as the recipe does."""
+    series = BASE_OPEN_MPI[_base(DEF.read_text())]
+    for doc in (REPO / "README.md", REPO / "docs" / "cluster.md"):
+        text = doc.read_text(encoding="utf-8")
+        said = re.findall(r"Open MPI (\d+(?:\.\d+)?) \([^)]*packages\)", text)
+        assert said, f"{doc.name} does not say which Open MPI the image has"
+        assert all(_same_series(v, series) for v in said), (doc.name, said, series)
