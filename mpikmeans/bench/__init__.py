@@ -1,17 +1,19 @@
-"""Benchmarks of the tool against the tools a user would pick instead, timed in the same run.
+"""What a user runs to measure the tool on their own machine or cluster, beside the tools they would pick instead.
 
-``mpikmeans bench`` (:mod:`mpikmeans.cli.bench`) drives everything here; one harness
-owns the timing, the data and the result format:
+``mpikmeans bench`` (:mod:`mpikmeans.cli.bench`) drives everything here, and
+every measurement starts the tool as a user does (``mpikmeans run ...``, under
+``mpirun`` where asked) and reads the run's own ``summary.json``:
 
-* :mod:`.harness`: starting the tool under the MPI launcher, time limits, statistics,
-  CUDA-event timing, the machine description, the JSON result file;
-* :mod:`.data`: synthetic inputs (gen-data through its report, ``.npy`` blobs, initial
-  centres, data generated on the GPU);
-* :mod:`.references`: scikit-learn, PyTorch and the text readers on the same data;
-* one module per mode: :mod:`.sweeps` (``bench run``: time against processes, rows,
-  attributes and clusters, the specification's §5.7) with :mod:`.plots` (``bench plot``),
-  :mod:`.cpu`, :mod:`.reading` with :mod:`.readphases`, :mod:`.gpu`, :mod:`.mpigpu`,
-  :mod:`.regs`, :mod:`.parity`; :mod:`.bytecode`, the device script's byte-compile step.
+* :mod:`.sweeps` (``bench run``) with :mod:`.plots` (``bench plot``): compute time
+  against processes, rows, attributes and clusters, and read time against
+  processes (the specification's §5.7 and appendix 3);
+* :mod:`.runs` (``bench runs``): whole runs phase by phase over shapes,
+  initialisations, data types, backends and kernel caches, and one run per K;
+* :mod:`.harness` (starting the tool, timing, the machine, the result file),
+  :mod:`.data` (inputs made by ``gen-data`` and ``convert``) and
+  :mod:`.references` (scikit-learn and PyTorch on the same data).
 
+Kernel studies and developer measurements live beside the package, in the
+repository's ``bench/`` folder, and use only the tool's public interfaces.
 The modes return results and report progress through a callable; the CLI prints.
 """

@@ -1,12 +1,12 @@
-"""Synthetic inputs of the benchmarks: ARFF through ``gen-data``, ``.npy`` blobs, data made on the GPU.
+"""Synthetic inputs of the benchmarks, made as a user makes them.
 
-* :func:`gen_arff`: ``mpikmeans gen-data`` under the launcher, as a user makes an
-  input; its figures (bytes, write time, start-up) come from its ``--report`` file.
+* :func:`gen_arff`: ``mpikmeans gen-data`` (under the launcher where there is
+  one); its figures (bytes, write time, start-up) come from its ``--report`` file.
+* :func:`gen_npy`: ``gen-data`` then ``mpikmeans convert`` to ``.npy``, once: a
+  ``.npy`` of the right shape already there is used as it is.
 * :func:`write_blobs_npy`: the rows ``gen-data`` would write, as float64 ``.npy``
-  (the size sweeps skip text); :func:`initial_centres`: K rows of it as the shared start.
-* :func:`gpu_blobs` and :func:`gpu_rows`: clusters generated directly on a GPU,
-  column-major (the GPU backend's device layout), so no host memory or PCIe time
-  is spent on inputs of several GB.  PyTorch makes them.
+  without the text (the size sweeps); :func:`initial_centres`: K rows of it as
+  the shared start.
 """
 
 from __future__ import annotations
@@ -21,12 +21,9 @@ from ..io.gen import BLOCK_ROWS, GenSpec, blob_centres, generate_block
 from ..io.output import centres_csv, write_atomic
 from .harness import Launch
 
-#: Rows per block of :func:`gpu_rows` (one seed each, so rows do not depend on the rank count).
-GPU_BLOCK = 1_000_000
-
 
 def gen_arff(launch: Launch, ranks: int, path: str, n: int, m: int, k: int, *extra) -> dict:
-    """``mpikmeans gen-data PATH -n N -m M -k K EXTRA`` on ``ranks`` ranks; its report.
+    """``mpikmeans gen-data PATH -n N -m M -k K EXTRA`` on ``ranks`` ranks (0: alone); its report.
 
     Returns
     -------
@@ -35,11 +32,57 @@ def gen_arff(launch: Launch, ranks: int, path: str, n: int, m: int, k: int, *ext
         apart), ``startup_s``, ``ranks``...; plus ``wall_s``, the whole command.
     """
     report = path + ".report.json"
-    ran = launch.mpi(ranks, "gen-data", path, "-n", n, "-m", m, "-k", k, *extra, "--report", report, "-q")
+    ran = launch.tool(ranks, "gen-data", path, "-n", n, "-m", m, "-k", k, *extra, "--report", report, "-q")
     with open(report) as f:
         figures = json.load(f)
     os.remove(report)
     return {**figures, "wall_s": ran.wall_s}
+
+
+def npy_shape(path: str) -> tuple | None:
+    """The shape of the ``.npy`` at ``path``, or None where there is none (or it is not a ``.npy``)."""
+    try:
+        return tuple(np.load(path, mmap_mode="r").shape)
+    except (OSError, ValueError):
+        return None
+
+
+def gen_npy(launch: Launch, ranks: int, path: str, n: int, m: int, k: int, seed: int, keep_arff: bool = False) -> dict:
+    """``gen-data`` and ``convert`` to the ``.npy`` at ``path`` (n rows, m attributes, k blobs), once.
+
+    A ``.npy`` of shape (n, m) already at ``path`` is taken as made by an
+    earlier call with the same settings (the file names hold them) and reused.
+
+    Parameters
+    ----------
+    launch : Launch
+    ranks : int
+        Ranks of ``gen-data`` and ``convert`` (0: one process, no launcher).
+    path : str
+        The ``.npy``; the ARFF goes beside it (``.arff``), removed afterwards
+        unless ``keep_arff``.
+    n, m, k, seed : int
+        ``gen-data``'s ``-n``, ``-m``, ``-k`` and ``--seed``.
+
+    Returns
+    -------
+    dict
+        ``reused`` (bool), and where made: ``gen`` (:func:`gen_arff`'s figures)
+        and ``convert`` (``convert``'s report plus ``wall_s``).
+    """
+    if npy_shape(path) == (n, m):
+        return {"reused": True}
+    arff = path[:-4] + ".arff" if path.endswith(".npy") else path + ".arff"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    gen = gen_arff(launch, ranks, arff, n, m, k, "--seed", seed)
+    report = path + ".report.json"
+    ran = launch.tool(ranks, "convert", arff, path, "--report", report, "-q")
+    with open(report) as f:
+        conv = {**json.load(f), "wall_s": ran.wall_s}
+    os.remove(report)
+    if not keep_arff:
+        os.remove(arff)
+    return {"reused": False, "gen": gen, "convert": conv}
 
 
 def write_blobs_npy(spec: GenSpec, path: str, workers: int | None = None) -> None:
@@ -78,69 +121,3 @@ def initial_centres(data: str, k: int, seed: int, prefix: str) -> tuple[str, str
     np.save(prefix + ".npy", c)
     write_atomic(prefix + ".csv", centres_csv(c, [f"X{j + 1}" for j in range(c.shape[1])]))
     return prefix + ".csv", prefix + ".npy"
-
-
-def _columns(torch, ctrue, labels, noise: float, generator, tdt):
-    """Rows around ``ctrue[labels]``, column-major (m, len(labels)), normal noise of sd ``noise``."""
-    m = ctrue.shape[1]
-    noise_block = torch.randn(m, len(labels), generator=generator, device="cuda", dtype=torch.float64)
-    return (ctrue.t()[:, labels] + noise * noise_block).to(tdt)
-
-
-def _torch_dtype(torch, dtype: str):
-    return torch.float32 if dtype == "float32" else torch.float64
-
-
-def gpu_blobs(torch, n: int, m: int, k: int, dtype: str, seed: int, noise: float = 1.0):
-    """Clusters on the current GPU for ``bench gpu``; and a start near their centres.
-
-    Centres uniform in [-10, 10]^m, rows at a centre plus normal noise of standard
-    deviation ``noise`` per attribute (1: well separated).  The start is near the
-    true centres, so labels settle at once even for noisy clusters (measured for
-    A at noise 5 and 8); starting from rows instead gives a start they move from.
-
-    Returns
-    -------
-    xt : torch.Tensor, shape (m, n), ``dtype``, on the GPU
-    start : ndarray, shape (k, m), float64
-    """
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    tdt = _torch_dtype(torch, dtype)
-    ctrue = torch.rand(k, m, generator=g, device="cuda", dtype=torch.float64) * 20 - 10
-    xt = torch.empty(m, n, device="cuda", dtype=tdt)
-    step = max(1, (1 << 28) // (m * 8))  # 256 MB of float64 noise at a time
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        lab = torch.randint(0, k, (b - a,), generator=g, device="cuda")
-        xt[:, a:b] = _columns(torch, ctrue, lab, noise, g, tdt)
-        del lab
-    start = ctrue.cpu().numpy() + np.random.default_rng(seed).normal(scale=0.5, size=(k, m))
-    return xt, start
-
-
-def gpu_rows(torch, a: int, b: int, ctrue, dtype: str, seed: int):
-    """Rows [a, b) of one global data set, column-major (m, b - a), on the current GPU.
-
-    The rows come in blocks of :data:`GPU_BLOCK`, each from its own seed, so a
-    rank's share is the same rows whatever the number of ranks (``bench mpi-gpu``).
-
-    Parameters
-    ----------
-    torch : module
-    a, b : int
-        Global row range.
-    ctrue : torch.Tensor, shape (k, m), float64, on the GPU
-        The clusters' centres; rows have unit noise around them.
-    dtype : {"float32", "float64"}
-    seed : int
-    """
-    tdt = _torch_dtype(torch, dtype)
-    k, m = ctrue.shape
-    xt = torch.empty(m, b - a, device="cuda", dtype=tdt)
-    for blk in range(a // GPU_BLOCK, -(-b // GPU_BLOCK)):
-        lo, hi = blk * GPU_BLOCK, (blk + 1) * GPU_BLOCK
-        g = torch.Generator(device="cuda").manual_seed(seed * 100_003 + blk)
-        lab = torch.randint(0, k, (GPU_BLOCK,), generator=g, device="cuda")
-        s, e = max(lo, a), min(hi, b)
-        xt[:, s - a:e - a] = _columns(torch, ctrue, lab, 1.0, g, tdt)[:, s - lo:e - lo]
-    return xt

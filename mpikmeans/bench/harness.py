@@ -1,19 +1,19 @@
-"""What every benchmark mode shares: starting the tool, timing, statistics, the result file.
+"""What the benchmarks share: starting the tool, statistics, the machine, the result file.
 
 * :func:`default_launcher`, :func:`mpi_env` and :class:`Launch`: the tool is
-  started as a user starts it, ``mpirun -np P python -m mpikmeans ...``, with the
-  environment Open MPI needs as root and oversubscribed, a time limit and one
-  clear error when it fails (:func:`run_command`).
+  started as a user starts it, ``python -m mpikmeans ...`` alone or under
+  ``mpirun -np P``, with the environment Open MPI needs as root and
+  oversubscribed, a time limit and one clear error when it fails
+  (:func:`run_command`).
 * :func:`stats`: median, min and max of repeated measurements.
 * :class:`CudaEvents` and :func:`time_cuda`: GPU work timed with CUDA events
-  (PyTorch's) after a warm-up, with the wall clock beside it.
-* :func:`machine_description`, :func:`result_document`, :func:`write_result`,
-  :func:`read_result`: one JSON format for every mode.  A result file holds
-  ``bench`` (the mode), ``command`` (the exact command line), ``date``,
-  ``machine`` (host, cores, GPUs, library versions), ``settings``, then the
-  mode's own keys (the keys the scripts of earlier versions wrote, so
-  ``bench/results/`` reads the same); :func:`read_result` also reads those older
-  files.
+  (PyTorch's), with the wall clock beside them.
+* :func:`machine_description`, :func:`code_commit`, :func:`result_document`,
+  :func:`write_result`, :func:`read_result`: one JSON format for every
+  benchmark.  A result file holds ``bench`` (which benchmark), ``command`` (the
+  exact command line), ``date``, ``commit`` (the code measured), ``machine``
+  (host, cores, GPUs, library versions), ``settings``, then the benchmark's own
+  keys.
 
 Nothing here prints; callers pass a ``progress`` callable where they want lines.
 """
@@ -64,13 +64,18 @@ def mpi_env(extra: dict | None = None) -> dict:
     """This environment plus what Open MPI 4 and 5 need to run as root and oversubscribed.
 
     The directory of this Python goes first on ``PATH``, so the ranks find the
-    ``mpirun`` and the packages of the environment the benchmark runs in.
+    ``mpirun`` and the packages of the environment the benchmark runs in.  A
+    value of None in ``extra`` removes that variable.
     """
     # root (containers, the lent GPU machines) and more ranks than cores must be allowed
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-    env.update(extra or {})
+    for key, value in (extra or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = str(value)
     return env
 
 
@@ -100,7 +105,7 @@ def run_command(cmd: list, timeout: float, env: dict | None = None, cwd: str | N
     cmd : list of str
     timeout : float
     env : dict, optional
-        Added to :func:`mpi_env`.
+        Added to :func:`mpi_env` (None values remove a variable).
     cwd : str, optional
 
     Returns
@@ -140,7 +145,8 @@ class Launch:
     Attributes
     ----------
     launcher : list of str
-        The MPI launcher and its options (default: :func:`default_launcher`).
+        The MPI launcher and its options (default: :func:`default_launcher`,
+        looked up when a command first needs it).
     timeout_s : float
         Seconds allowed for any one command.
     env : dict
@@ -156,73 +162,44 @@ class Launch:
     env: dict = field(default_factory=dict)
     cwd: str | None = None
 
-    def __post_init__(self):
+    def with_env(self, **env) -> "Launch":
+        """The same launch with more environment (None removes a variable)."""
+        return Launch(self.launcher, self.timeout_s, {**self.env, **env}, self.cwd)
+
+    def mpirun(self) -> list:
+        """The launcher's command; :class:`UsageError` where there is none."""
         if not self.launcher:
             self.launcher = default_launcher()
+        return self.launcher
 
-    def with_env(self, **env) -> "Launch":
-        """The same launch with more environment."""
-        return Launch(self.launcher, self.timeout_s, {**self.env, **env}, self.cwd)
+    def has_launcher(self) -> bool:
+        """Whether :meth:`mpi` can start ranks here."""
+        try:
+            self.mpirun()
+        except UsageError:
+            return False
+        return True
 
     def mpi(self, ranks: int, *args) -> Ran:
         """``LAUNCHER -np RANKS python -m mpikmeans ARGS``."""
+        launcher = self.mpirun()
         forward = []
-        if (self.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")) and is_open_mpi(self.launcher[0]):
+        if (self.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")) and is_open_mpi(launcher[0]):
             forward = ["-x", "PYTHONPATH"]  # other nodes' ranks do not inherit the launcher's environment
-        return run_command([*self.launcher, "-np", str(ranks), *forward, *tool_command(*args)], self.timeout_s,
+        return run_command([*launcher, "-np", str(ranks), *forward, *tool_command(*args)], self.timeout_s,
                            self.env, self.cwd)
 
     def alone(self, *args) -> Ran:
         """``python -m mpikmeans ARGS`` in one process, without the launcher."""
         return run_command(tool_command(*args), self.timeout_s, self.env, self.cwd)
 
+    def tool(self, ranks: int, *args) -> Ran:
+        """:meth:`mpi` with ``ranks`` ranks, or :meth:`alone` where ``ranks`` is 0."""
+        return self.mpi(ranks, *args) if ranks else self.alone(*args)
+
     def python(self, *args) -> Ran:
         """``python ARGS`` with this launch's environment (a helper process of a benchmark)."""
         return run_command([sys.executable, *args], self.timeout_s, self.env, self.cwd)
-
-
-def warm_up(launch: Launch, directory: str, backends: list) -> float:
-    """Run gen-data and the tool once on a tiny input with each backend; the seconds it took.
-
-    Numba caches the parser's, the writer's and the CPU backend's kernels on disk;
-    the first run of a fresh checkout compiles them (tens of seconds), which would
-    otherwise land in the first measurement.  GPU kernels are compiled per shape
-    inside each run's own warm-up and are outside ``per_iteration_s`` anyway.
-    """
-    t0 = time.perf_counter()
-    os.makedirs(directory, exist_ok=True)
-    arff = os.path.join(directory, "warm.arff")
-    launch.mpi(1, "gen-data", arff, "-n", 2000, "-m", 3, "-k", 2, "-q")
-    for backend in backends:
-        launch.mpi(1, "run", arff, "-k", 2, "--max-iter", 2, "--backend", backend,
-                   "-o", os.path.join(directory, backend), "--overwrite", "-q")
-    return time.perf_counter() - t0
-
-
-@dataclass
-class GenRuns:
-    """Settings of a mode that runs the tool on a ``gen-data`` input: its size, rank counts and repeats."""
-
-    rows: int = 1_000_000
-    attrs: int = 16
-    k: int = 8
-    ranks: tuple = (1, 2)
-    repeats: int = 3
-
-    def check_runs(self, mode: str, positive: tuple = (), lists: tuple = ()) -> None:
-        """Raise :class:`UsageError` for a size, repeat or count below 1, or more blobs than rows.
-
-        ``positive`` and ``lists`` name the mode's own numbers and lists of counts to check too.
-        """
-        for name in ("rows", "attrs", "k", "repeats", *positive):
-            if getattr(self, name) < 1:
-                raise UsageError(f"bench {mode}: {name} must be at least 1")
-        if self.k > self.rows:
-            raise UsageError(f"bench {mode}: k={self.k} is more than the {self.rows} rows")
-        for name in ("ranks", *lists):
-            values = getattr(self, name)
-            if values is not None and (not values or min(values) < 1):
-                raise UsageError(f"bench {mode}: --{name.replace('_', '-')} must be counts of at least 1")
 
 
 # -- statistics and timing -----------------------------------------------------------------
@@ -321,7 +298,7 @@ def count_gpus() -> int:
 
 def cpu_model() -> str:
     """The processor's model name (``/proc/cpuinfo``), or "" where it cannot be read: the lent GPU
-    machines are all "vm" with 16 cores, and only the model tells their hosts' CPUs apart."""
+    machines are all "vm", and only the model tells their hosts' CPUs apart."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -356,20 +333,44 @@ def machine_description(gpus: int | None = None) -> dict:
             "numba": numba.__version__, "mpikmeans": __version__}
 
 
+def code_commit() -> str:
+    """The commit of the code measured: ``MPIKMEANS_COMMIT`` where set, else git's, else "unknown".
+
+    Git's answer is the checkout's ``HEAD`` (12 digits), with ``+dirty`` where
+    the package's tracked files differ from it.  A copy without ``.git`` (the
+    lent GPU machines get one) says "unknown" unless the variable names it.
+    """
+    given = os.environ.get("MPIKMEANS_COMMIT")
+    if given:
+        return given
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(package)
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=30)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", package],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
 def result_document(bench: str, command: str, settings: dict, results: dict, machine: dict | None = None) -> dict:
-    """One result in the common format: what was run, where, how, then the mode's own keys.
+    """One result in the common format: what was run, where, on which code, how; then the benchmark's keys.
 
     Parameters
     ----------
     bench : str
-        The mode (``"gpu"``, ``"cpu"``, ``"read"``, ``"mpi-gpu"``, ``"parity"``, ``"run"``...).
+        The benchmark (``"run"``, ``"runs"``, ``"runs-sweep"``...).
     command : str
         The exact command line.
     settings : dict
-        The options the mode ran with.
+        The options it ran with.
     results : dict
-        The mode's own keys; a key of the common part (``date``, ``machine``...)
-        is the common part's.
+        The benchmark's own keys; a key of the common part (``date``,
+        ``machine``...) is the common part's.
     machine : dict, optional
         Default: :func:`machine_description`.
 
@@ -378,7 +379,8 @@ def result_document(bench: str, command: str, settings: dict, results: dict, mac
     dict
     """
     head = {"bench": bench, "command": command, "date": datetime.now().isoformat(timespec="seconds"),
-            "machine": machine if machine is not None else machine_description(), "settings": settings}
+            "commit": code_commit(), "machine": machine if machine is not None else machine_description(),
+            "settings": settings}
     return {**head, **{k: v for k, v in results.items() if k not in head}}
 
 
@@ -389,29 +391,12 @@ def write_result(path: str, doc: dict) -> str:
     return path
 
 
-def _mode_of(doc: dict) -> str | None:
-    # files written before the common format: each script's keys say which it was
-    if "sweeps" in doc and "mode" in doc:
-        return "run"
-    if "variants" in (doc.get("results") or [{}])[0]:
-        return "gpu"
-    if "points" in doc:
-        return "cpu"
-    if "phases" in doc and "gen" in doc:
-        return "read"
-    if "iter_ms_median" in doc:
-        return "mpi-gpu"
-    if "cpu" in doc and "gpu" in doc:
-        return "parity"
-    return None
-
-
 def read_result(path: str) -> dict:
-    """A result file of any version, in the common format.
+    """A result file, in the common format.
 
-    Files written before it get ``bench`` from their keys, and ``machine`` as a
-    dict (the CPU script wrote the host name there; the GPU script wrote
-    ``host``).  Everything else is as written.
+    The sweeps' ``meta.json`` files written before the common format get
+    ``bench`` ("run") from their keys, and ``machine`` as a dict where it was a
+    host name.  Everything else is as written.
 
     Raises
     ------
@@ -427,10 +412,11 @@ def read_result(path: str) -> dict:
         raise UsageError(f"{path}: not a JSON result file: {exc}") from None
     if not isinstance(doc, dict):
         raise UsageError(f"{path}: not a JSON result file (no object at the top)")
-    doc.setdefault("bench", _mode_of(doc))
+    if "bench" not in doc:
+        doc["bench"] = "run" if "sweeps" in doc else None
     machine = doc.get("machine")
     if isinstance(machine, str):
-        doc["machine"] = {"host": machine, "cores": doc.get("cpus"), "python": doc.get("python")}
+        doc["machine"] = {"host": machine}
     elif machine is None:
         doc["machine"] = {"host": doc.get("host")}
     return doc

@@ -6,6 +6,8 @@ series and the tools a user would pick instead on the same axes; and read time
 against processes.  Sizes that span decades get log axes; the process sweeps get
 an ideal-scaling line from the one-process point; error bars span the repeats'
 minimum and maximum around the median; a caption names the machine, dtype and sizes.
+A ``bench runs`` result is drawn as each run's phases side by side, or its K
+sweep's seconds against K beside scikit-learn's (:func:`plot_runs`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 
+from ..errors import UsageError
+from .harness import read_result
 from .sweeps import SWEEPS, read_csv
 
 #: Colour and marker per series, the same in every figure.
@@ -178,3 +182,94 @@ def plot_all(out_dir: str) -> list:
         if os.path.exists(path):
             written += plot_sweep(read_csv(path), meta, sweep, out_dir)
     return written
+
+
+#: The phases of a run drawn side by side, with their colours (``bench runs``).
+RUN_PHASES = (("startup_s", "start-up", "tab:gray"), ("read_s", "read", "tab:green"),
+              ("setup_s", "set-up", "tab:purple"), ("init_s", "init", "tab:orange"),
+              ("compute_s", "compute", "tab:red"), ("write_s", "write", "tab:brown"))
+
+
+def _runs_caption(doc: dict) -> str:
+    mach = doc.get("machine", {})
+    gpus = mach.get("gpus") or []
+    gpu = f", {len(gpus)}× {gpus[0]}" if gpus else ", no GPU"
+    return (f"{mach.get('host', '?')}: {mach.get('cores', '?')} cores{gpu}. {doc.get('date', '')}, "
+            f"commit {doc.get('commit', '?')}\n$ {doc.get('command', '')}")
+
+
+def plot_runs(path: str) -> list:
+    """Draw a ``bench runs`` result (PNG and SVG beside it): each run's phases, or the K sweep.
+
+    Parameters
+    ----------
+    path : str
+        The JSON result of ``mpikmeans bench runs`` (with or without ``--sweep``).
+
+    Returns
+    -------
+    list of str
+        Files written.
+
+    Raises
+    ------
+    UsageError
+        The file is not a ``bench runs`` result.
+    """
+    doc = read_result(path)
+    if doc.get("bench") not in ("runs", "runs-sweep"):
+        raise UsageError(f"{path}: not a result of `mpikmeans bench runs` (bench: {doc.get('bench')!r})")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["svg.fonttype"] = "none"
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in doc["rows"] if "error" not in r]
+    stem = os.path.splitext(path)[0]
+    if doc["bench"] == "runs-sweep":
+        fig, ax = plt.subplots(figsize=(7.5, 5.2))
+        ks = [r["k"] for r in rows]
+        ax.plot(ks, [r["wall_s"] for r in rows], "o-", color=STYLE["mpikmeans gpu"][0] if doc["settings"]
+                ["backends"][0] == "gpu" else STYLE["mpikmeans cpu"][0], label="mpikmeans run, whole command")
+        ax.plot(ks, [r["timings"]["total_s"] for r in rows], ".:", color="tab:gray", label="its total_s")
+        fits = {int(k): f["fit_s"] for k, f in (doc.get("sklearn") or {}).get("fits", {}).items() if "fit_s" in f}
+        if fits:
+            xs = sorted(fits)
+            ax.plot(xs, [fits[k] for k in xs], "s--", color=STYLE["scikit-learn"][0],
+                    label="scikit-learn KMeans(K).fit" + (" (measured here; linear between)" if len(xs) < len(ks)
+                                                          else ""))
+        ax.set_xlabel("clusters K")
+        ax.set_ylabel("seconds")
+        ax.set_yscale("log")
+        shape = doc.get("shape") or {}
+        ax.set_title(f"One run per K on {shape.get('n', 0):,} x {shape.get('m', 0)}: "
+                     f"{doc.get('total_wall_s', 0):.0f} s in all")
+    else:
+        fig, ax = plt.subplots(figsize=(10, 2.4 + 0.28 * len(rows)))
+        labels = [f"{r['shape']} {r['backend_asked']} {r['dtype_asked']} {r['init']} {r['cache']}" for r in rows]
+        left = [0.0] * len(rows)
+        for key, name, colour in RUN_PHASES:
+            widths = [r["timings"].get(key) or 0.0 for r in rows]
+            ax.barh(range(len(rows)), widths, left=left, color=colour, label=name)
+            left = [a + b for a, b in zip(left, widths)]
+        ax.plot([r["wall_s"] for r in rows], range(len(rows)), "k|", markersize=12, label="whole command")
+        sk = [((doc["shapes"].get(r["shape"], {}).get("sklearn") or {}).get("default") or {}).get("fit_s")
+              for r in rows]
+        ax.plot([v if v is not None else float("nan") for v in sk], range(len(rows)), "D", color="tab:cyan",
+                label="scikit-learn KMeans(K).fit")
+        ax.set_yticks(range(len(rows)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel("seconds (phases stacked; log scale)")
+        ax.set_title("Whole runs, phase by phase")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.text(0.01, 0.005, _runs_caption(doc), fontsize=6.5, va="bottom", ha="left", wrap=True)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    out = []
+    for ext in ("png", "svg"):
+        fig.savefig(f"{stem}.{ext}", dpi=130)
+        out.append(f"{stem}.{ext}")
+    plt.close(fig)
+    return out

@@ -1,14 +1,13 @@
 """The tools a user would pick instead, timed on the same data: scikit-learn and PyTorch.
 
-``mpikmeans bench`` compares the tool with
+``mpikmeans bench run`` compares the tool with
 
 * scikit-learn's ``KMeans(algorithm="lloyd")``, given the same initial centres, the
   same iteration limit and ``tol=0``, on the CPU with a chosen number of threads;
 * one Lloyd iteration written the way a GPU user would write it in PyTorch:
-  distances by a GEMM (``addmm``), ``argmin``, ``index_add_`` for the sums;
-* for reading, ``numpy.loadtxt`` and pandas' C reader on the same ARFF file.
+  distances by a GEMM (``addmm``), ``argmin``, ``index_add_`` for the sums.
 
-The bench driver runs each reference in its own process (the hidden command
+The driver runs each reference in its own process (the hidden command
 ``mpikmeans bench reference``), so its thread pool, its GPU memory and any crash
 stay apart from the driver and from the tool's own runs.  Neither library is a
 dependency of the tool: they are imported only here, only when asked for.
@@ -16,7 +15,6 @@ dependency of the tool: they are imported only here, only when asked for.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
@@ -154,39 +152,3 @@ def sklearn_lloyd(x: np.ndarray, init: np.ndarray, iterations: int, repeats: int
         per.append((time.perf_counter() - t0) / km.n_iter_)
     return {"per_iteration_s": statistics.median(per), "per_iteration_s_runs": per, "iterations": int(km.n_iter_),
             "inertia": float(km.inertia_), "sklearn": sklearn.__version__}
-
-
-def read_references(path: str) -> list:
-    """Read an ARFF file's rows with ``numpy.loadtxt`` and, when installed, pandas' C reader.
-
-    What a user would try first for a file of numbers; timed on the same file as
-    the tool's own reading (``mpikmeans bench cpu --references``).
-
-    Parameters
-    ----------
-    path : str
-        An ARFF file of numeric attributes (``gen-data``'s layout).
-
-    Returns
-    -------
-    list of dict
-        One per reader: ``what``, ``ranks`` (1), ``MB_per_s`` (file bytes over the read time).
-    """
-    size = os.path.getsize(path)
-    t0 = time.perf_counter()
-    np.loadtxt(path, delimiter=",", comments=["@", "%"])
-    points = [{"what": "numpy.loadtxt", "ranks": 1, "MB_per_s": size / 1e6 / (time.perf_counter() - t0)}]
-    try:
-        import pandas as pd
-    except ImportError:
-        return points
-    header_lines = 0
-    with open(path, "rb") as f:
-        for line in f:
-            header_lines += 1
-            if line.lower().startswith(b"@data"):
-                break
-    t0 = time.perf_counter()
-    pd.read_csv(path, skiprows=header_lines, header=None, engine="c", float_precision="round_trip")
-    points.append({"what": "pandas.read_csv (C)", "ranks": 1, "MB_per_s": size / 1e6 / (time.perf_counter() - t0)})
-    return points
