@@ -144,6 +144,21 @@ class _Merged:
         return values[:, :-1], values[:, -1]
 
 
+def _farthest(dist2: np.ndarray, take: int) -> np.ndarray:
+    """The ``take`` rows of largest ``dist2``, largest first, ties to the lower index: a selection, not a sort.
+
+    Every row tied with the ``take``-th largest value is kept before the final
+    ordering, so the tie-break is the sort's, exactly.
+    """
+    n = len(dist2)
+    if take < n:
+        kth = np.partition(dist2, n - take)[n - take]
+        cand = np.flatnonzero(dist2 >= kth)
+    else:
+        cand = np.arange(n)
+    return cand[np.lexsort((cand, -dist2[cand]))][:take]
+
+
 def _relocate_empty(comm, backend, x, row_offset, centres, merged: _Merged, weights=None) -> int:
     """Move each empty cluster to one of the points farthest from their centre.
 
@@ -158,7 +173,7 @@ def _relocate_empty(comm, backend, x, row_offset, centres, merged: _Merged, weig
     labels, dist2 = backend.assign(centres)
     take = min(e, len(dist2))
     if take:
-        order = np.lexsort((np.arange(len(dist2)), -dist2))[:take]
+        order = _farthest(dist2, take)
         mine = [(-float(dist2[i]), row_offset + int(i), int(labels[i]), x[i].copy(),
                  1.0 if weights is None else float(weights[i])) for i in order]
     else:

@@ -31,15 +31,15 @@ from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
 from .hostk import fill_centres
 from .launch import allow_shared, launch, pinned
-from .policy import FULL, step_kind, step_layout, screen_grid
+from .policy import FULL, step_kind, step_layout
 from .rows import DeviceRows, transpose_args, transpose_kernel
-from .stepk import NT, R, RC_NT, SUM_ROWS, TC, certificate, step_kernels
+from .stepk import NT, RC_NT, SCREEN_TILES, SUM_ROWS, certificate, step_kernels
 
 log = logging.getLogger("mpikmeans.backends.gpu")
 
 SUPPORTED_DTYPES = ("float64", "float32")
-#: what the step kernels are specialised on besides the dtype (the store's key)
-_SPEC = (NT, R, TC, SUM_ROWS, RC_NT)
+#: what the step kernels are specialised on besides the dtype and the screen's tile (the store's key)
+_SPEC = (NT, SUM_ROWS, RC_NT)
 
 
 def _memset(arr, stream=0) -> None:
@@ -60,10 +60,9 @@ def example_args(dtype: str) -> dict:
     x, f32, f64, i32, i64 = d(dtype), d(np.float32), d(np.float64), d(np.int32), d(np.int64)
     one = np.float32(1.0)
     return {
-        "screen": (x, 1, 1, 1, 1, 1, f32, f32, x, f32, one, one, one, i32, i32, i64),
-        "recheck": (x, 1, 1, 1, f64, i32, i64, i32),
-        "accumulate": (x, 1, 1, 1, 1, f64, i32, i32, f64, False, False, f64, f64, 1.0, 1.0, 1, 1, i64, i64, i64),
-        "distances": (x, 1, 1, 1, 1, f64, i32, f64),
+        "screen": (x, 1, 1, 1, 1, 1, 1, f32, f32, x, f32, one, one, one, f64, i32, f64, i32, i64),
+        "recheck": (x, 1, 1, 1, f64, i32, i64, i32, f64),
+        "accumulate": (x, 1, 1, 1, 1, i32, i32, f64, f64, False, False, f64, f64, 1.0, 1.0, 1, 1, i64, i64, i64),
     }
 
 
@@ -74,23 +73,29 @@ def compile_kernels(dtype: str) -> dict:
     Returns
     -------
     dict
-        name -> (dispatcher, compiled kernel or None under the simulator)
+        ``(name, tile)`` (the screen's register tile; None for the others) -> (dispatcher, compiled kernel or
+        None under the simulator)
     """
-    disp = step_kernels(dtype)
     args = example_args(dtype)
-    out = {name: (disp[name], compiled(name, (dtype, *_SPEC), disp[name], args[name])) for name in disp}
+    out = {}
+    for tile in SCREEN_TILES:
+        disp = step_kernels(dtype, tile)
+        for name in ("screen", "recheck", "accumulate"):
+            if name == "screen" or tile == SCREEN_TILES[0]:
+                key = (name, tile if name == "screen" else None)
+                out[key] = (disp[name], compiled(name, (dtype, tile, *_SPEC), disp[name], args[name]))
     tk = transpose_kernel(dtype)
-    out["transpose"] = (tk, compiled("transpose", (dtype,), tk, transpose_args(dtype)))
+    out[("transpose", None)] = (tk, compiled("transpose", (dtype,), tk, transpose_args(dtype)))
     return out
 
 
 class _Centres:
     """A step's centre data: one pinned host buffer, one device buffer, typed views of both."""
 
-    def __init__(self, k: int, m: int, dtype: str):
+    def __init__(self, k: int, m: int, dtype: str, tc: int):
         self.k, self.m = k, m
-        ntiles = -(-k // TC)
-        parts = [("cm", np.float32, ntiles * m * TC), ("cc", np.float32, ntiles * TC), ("zl", np.float32, 4),
+        ntiles = -(-k // tc)
+        parts = [("cm", np.float32, ntiles * m * tc), ("cc", np.float32, ntiles * tc), ("zl", np.float32, 4),
                  ("sh", np.dtype(dtype), m), ("ct", np.float64, m * k), ("f1", np.float64, m + 1),
                  ("f2", np.float64, m + 1)]
         offsets, end = {}, 0
@@ -106,7 +111,7 @@ class _Centres:
             self.h[name] = self.host[off:off + count * dt.itemsize].view(dt)
             self.d[name] = self.dev[off:off + count * dt.itemsize].view(dt)
         self.h["cc"][:] = np.inf  # padding centres are never nearest
-        self.cm3 = self.h["cm"].reshape(ntiles, m, TC)
+        self.cm3 = self.h["cm"].reshape(ntiles, m, tc)
         self.ct2 = self.h["ct"].reshape(m, k)
 
     def upload(self, centres: np.ndarray, f32: bool, scales: Scales | None = None) -> None:
@@ -172,6 +177,7 @@ class GPUBackend(Backend):
         self._centres = None
         self._outputs = None
         self._flags = []
+        self._d2 = None
         self._sums_for = None  # (k, scales) of the sums the device holds for its labels, or None
 
     # ------------------------------------------------------------------ set-up
@@ -184,6 +190,7 @@ class GPUBackend(Backend):
         rows_per_pass = self.rows.chunk if self.rows.streaming else self.n
         self._flags = [cuda.device_array(max(1, rows_per_pass), dtype=np.int32)
                        for _ in range(2 if self.rows.streaming else 1)]
+        self._d2 = cuda.device_array(max(1, self.n), dtype=np.float64)  # each row's exact squared distance
         self._sums_for = None
         self._centres = self._outputs = None
 
@@ -203,24 +210,25 @@ class GPUBackend(Backend):
     def _buffers(self, k: int) -> tuple:
         c = self._centres
         if c is None or c.k != k or c.m != self.m:
-            self._centres = _Centres(k, self.m, self.dtype)
+            self._centres = _Centres(k, self.m, self.dtype, step_layout(k, self.m).tile[1])
             self._outputs = _Outputs(k, self.m, len(self._flags))
             self._sums_for = None
         return self._centres, self._outputs
 
-    def _assign_chunk(self, x, ld, a, b, stream, flags, counters, labels, lay, k) -> None:
-        """Stages 2 and 3 on rows ``a .. b-1``: every row's exact label into ``labels`` (that block's view)."""
+    def _assign_chunk(self, x, ld, a, b, stream, flags, counters, labels, d2, lay, k) -> None:
+        """Stages 2 and 3 on rows ``a .. b-1``: every row's exact label and squared distance into ``labels``
+        and ``d2`` (that block's views)."""
         ks = self.kernels()
         c = self._centres.d
         tolf, tiny, big = certificate(self.m)
         _memset(counters[:1], stream)
-        disp, kern = ks["screen"]
+        disp, kern = ks[("screen", lay.tile)]
         allow_shared(kern, lay.screen_smem)
-        launch(disp, kern, (x, ld, b - a, self.m, lay.ntiles, lay.chunk, c["cm"], c["cc"], c["sh"], c["zl"], tolf, tiny,
-                            big, labels, flags, counters), screen_grid(b - a, self.limits.sm_count), NT, stream,
-               lay.screen_smem)
-        disp, kern = ks["recheck"]
-        launch(disp, kern, (x, ld, self.m, k, c["ct"], flags, counters, labels),
+        launch(disp, kern, (x, ld, b - a, self.m, k, lay.ntiles, lay.chunk, c["cm"], c["cc"], c["sh"], c["zl"], tolf,
+                            tiny, big, c["ct"], labels, d2, flags, counters),
+               lay.screen_grid(b - a, self.limits.sm_count), NT, stream, lay.screen_smem)
+        disp, kern = ks[("recheck", None)]
+        launch(disp, kern, (x, ld, self.m, k, c["ct"], flags, counters, labels, d2),
                1 if SIM else 4 * self.limits.sm_count, RC_NT, stream)
 
     def step(self, centres: np.ndarray, scales: Scales) -> StepResult:
@@ -235,18 +243,19 @@ class GPUBackend(Backend):
         cen.upload(centres, self.dtype == "float32", scales)
         _memset(out.dev if kind == FULL else out.after_sums)
         self.rows.swap_labels()
-        f1, f2 = cen.d["f1"], cen.d["f2"]
         sf1, sf2 = scale_factors(scales.sse_exponent(centres))
-        disp, kern = self.kernels()["accumulate"]
+        disp, kern = self.kernels()[("accumulate", None)]
         allow_shared(kern, lay.sum_smem)
-        w_all = self.rows.dw if self.rows.weighted else cen.d["ct"]
+        d2_all = self._d2
+        w_all = self.rows.dw if self.rows.weighted else d2_all
         for s, (stream, x, ld, a, b) in enumerate(self.rows.chunks()):
             slot = s % len(self._flags)
-            labels, old = self.rows.labels[a:b], self.rows.old[a:b]
+            labels, old, d2 = self.rows.labels[a:b], self.rows.old[a:b], d2_all[a:b]
             w = w_all[a:b] if self.rows.weighted else w_all
-            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], labels, lay, k)
-            launch(disp, kern, (x, ld, b - a, m, k, cen.d["ct"], labels, old, w, self.rows.weighted, kind == FULL,
-                                f1, f2, sf1, sf2, lay.jc, lay.copies, out.sums, out.sse, out.counters[slot]),
+            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], labels, d2, lay, k)
+            launch(disp, kern, (x, ld, b - a, m, k, labels, old, d2, w, self.rows.weighted, kind == FULL,
+                                cen.d["f1"], cen.d["f2"], sf1, sf2, lay.jc, lay.copies, out.sums, out.sse,
+                                out.counters[slot]),
                    lay.sum_grid(b - a, m), NT, stream, lay.sum_smem)
         out.dev.copy_to_host(out.host)  # the legacy default stream: after every chunk
         self._sums_for = key
@@ -267,15 +276,12 @@ class GPUBackend(Backend):
         lay = step_layout(k, m)
         cen.upload(centres, self.dtype == "float32")
         dlab = cuda.device_array(self.n, dtype=np.int32)
-        ddist = cuda.device_array(self.n, dtype=np.float64)
-        disp, kern = self.kernels()["distances"]
         for s, (stream, x, ld, a, b) in enumerate(self.rows.chunks()):
             slot = s % len(self._flags)
-            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], dlab[a:b], lay, k)
-            launch(disp, kern, (x, ld, b - a, m, k, cen.d["ct"], dlab[a:b], ddist[a:b]), -(-(b - a) // NT), NT,
-                   stream)
+            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], dlab[a:b], self._d2[a:b],
+                               lay, k)
         dlab.copy_to_host(labels)
-        ddist.copy_to_host(dist2)
+        self._d2.copy_to_host(dist2)
         return labels, dist2
 
     def forget_labels(self) -> None:
@@ -379,7 +385,7 @@ class GPUBackend(Backend):
 
     def close(self) -> None:
         self.rows.close()
-        self._centres = self._outputs = None
+        self._centres = self._outputs = self._d2 = None
         self._flags = []
 
 

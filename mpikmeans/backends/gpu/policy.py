@@ -24,10 +24,12 @@ runs the screen, the recheck and the distances kernel.
 =======================================  ===============================================================
 shape                                    layout
 =======================================  ===============================================================
-``ceil(K / TC) * M * 4`` bytes fit        the screen stages every centre once per block
+K <= 16                                  the screen's small register tile: 4 rows x 8 centres a thread
+K > 16                                   the wide tile: 2 rows x 32 centres (a row read once per 32)
+``ceil(K / TC) * M * TC * 4`` bytes fit  the screen stages every centre once per block
 otherwise                                the screen stages its centres a chunk of tiles at a time
-``K (2 (M + 1) + 2) * 8`` bytes fit       the sums take every column, in up to 8 copies (one per warp)
-otherwise, ``K <= slots / 4``            the sums take a chunk of columns per block (grid y)
+``24 K (M + 2)`` bytes fit               the sums take every column, in up to 8 copies (one per warp)
+otherwise, while ``48 K`` bytes fit      the sums take a chunk of columns per block (grid y)
 larger K                                 the sums go straight into the global limbs with atomics
 =======================================  ===============================================================
 """
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .stepk import NT, R, SUM_ROWS, TC, sum_layout, sum_shared_bytes
+from .stepk import NT, SCREEN_TILES, SUM_ROWS, sum_layout, sum_shared_bytes
 
 FULL = "full"
 DELTA = "delta"
@@ -57,8 +59,10 @@ class StepLayout:
 
     Attributes
     ----------
+    tile : tuple
+        The screen's register tile ``(rows, centres)`` a thread (one of :data:`.stepk.SCREEN_TILES`).
     ntiles : int
-        Register tiles of ``TC`` centres (the last one padded).
+        Register tiles of centres (the last one padded).
     chunk : int
         Tiles the screen stages in shared memory at once (``>= ntiles``: all, once).
     screen_smem : int
@@ -69,6 +73,7 @@ class StepLayout:
         The accumulation's dynamic shared memory, bytes.
     """
 
+    tile: tuple
     ntiles: int
     chunk: int
     screen_smem: int
@@ -80,6 +85,10 @@ class StepLayout:
         """The accumulation's grid for ``n`` rows of ``m`` attributes."""
         return max(1, -(-n // SUM_ROWS)), -(-(m + 1) // self.jc)
 
+    def screen_grid(self, n: int, sm_count: int) -> int:
+        """Blocks of the screen: every multiprocessor several times over, at most one per tile of rows."""
+        return max(1, min(-(-n // (NT * self.tile[0])), 8 * sm_count))
+
 
 def step_layout(k: int, m: int) -> StepLayout:
     """The tiles of a step with ``k`` centres of ``m`` attributes, in :data:`SMEM_BYTES` of shared memory a block
@@ -89,14 +98,11 @@ def step_layout(k: int, m: int) -> StepLayout:
     ----------
     k, m : int
     """
-    ntiles = -(-k // TC)
-    tile_bytes = m * TC * 4
+    tile = SCREEN_TILES[0] if k <= 16 else SCREEN_TILES[1]
+    tc = tile[1]
+    ntiles = -(-k // tc)
+    tile_bytes = m * tc * 4
     chunk = max(1, min(ntiles, SMEM_BYTES // tile_bytes))
     jc, copies = sum_layout(k, m, SMEM_BYTES)
-    return StepLayout(ntiles=ntiles, chunk=chunk, screen_smem=chunk * tile_bytes, jc=jc, copies=copies,
+    return StepLayout(tile=tile, ntiles=ntiles, chunk=chunk, screen_smem=chunk * tile_bytes, jc=jc, copies=copies,
                       sum_smem=sum_shared_bytes(k, jc, copies))
-
-
-def screen_grid(n: int, sm_count: int) -> int:
-    """Blocks of the screen: enough for every multiprocessor several times over, at most one per tile of rows."""
-    return max(1, min(-(-n // (NT * R)), 8 * sm_count))

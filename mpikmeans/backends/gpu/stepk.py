@@ -1,10 +1,10 @@
 """The Lloyd step's GPU kernels: a certified float32 screen, the exact recheck, the fixed-point sums.
 
 Every kernel takes the shape (rows ``n``, attributes ``m``, centres ``k``) as
-run-time arguments; only the storage dtype of the rows and a few tile sizes
-(:data:`NT`, :data:`R`, :data:`TC`, :data:`SUM_ROWS`) are fixed when a kernel
+run-time arguments; only the storage dtype of the rows, the screen's register
+tile (one of :data:`SCREEN_TILES`) and a few block sizes are fixed when a kernel
 is compiled, so the set of compiled kernels is finite and known before any run
-(:func:`step_kernels`: three kernels per dtype).
+(:func:`step_kernels`: three kernels per dtype and tile).
 
 The stages of a step, in launch order:
 
@@ -15,20 +15,22 @@ The stages of a step, in launch order:
    dot-product form ``|z|^2 - 2 y.z`` on ``y = x - s``.  A row keeps the best
    centre only when the gap to the second best exceeds a rigorous bound on the
    float32 rounding (:func:`certificate`); every other row is listed for step 2.
-   Centres that do not fit in shared memory at once are staged there a chunk of
-   tiles at a time.
+   A certified row's exact squared distance to its centre (float64, as step 2
+   computes it) is written for the SSE.  Centres that do not fit in shared
+   memory at once are staged there a chunk of tiles at a time.
 2. **recheck**: one warp per listed row (its lanes take the centres in turn)
    computes the row's exact float64 distance to every centre (``(x - c)^2`` summed in attribute order, one rounding per
    operation, no FMA: the CPU backend's numbers) and takes the nearest, ties to
    the lowest index.  So the labels are those of the exact computation.
 3. **accumulate**: each block takes :data:`SUM_ROWS` rows and a chunk of the
-   summed columns; for every row it adds ``w d²`` (exact, as step 2 computes it)
-   to its cluster's SSE, and for every row whose label changed (or every row, in
-   a full step) the fixed-point integers of ``w x_j`` and ``w``
-   (:func:`mpikmeans.fixedsums.encode_py`) to its new cluster and takes them from
-   its old one.  Integers go into shared memory with atomics (one copy per warp
-   where K is small, against contention), then each block's totals into the
-   global limbs: no order of the atomics changes a bit.
+   summed columns; for every row it adds ``w d²`` to its cluster's SSE, and for
+   every row whose label changed (or every row, in a full step) the fixed-point
+   integers of ``w x_j`` and ``w`` (:func:`mpikmeans.fixedsums.encode_py`) to its
+   new cluster and takes them from its old one.  The integers go into shared
+   memory as six 20-bit limbs with native 32-bit atomics (64-bit shared atomics
+   are compare-and-swap loops on sm_90), one copy per warp where K is small
+   (against contention), then each block's totals into the global int64 limbs:
+   no order of the atomics changes a bit.
 """
 
 from __future__ import annotations
@@ -42,18 +44,21 @@ from .device import SIM, cuda
 from .intrinsics import dadd_rn, dmul_rn, ld4
 
 if cuda is not None:
-    from numba import float32, float64, int32, int64
+    from numba import float32, float64, int32, int64, uint64
 
 #: threads per block of the screen and the accumulation
 NT = 64 if SIM else 256
-#: rows per thread of the screen
-R = 4
-#: centres per register tile of the screen (a multiple of 4: one 16-byte load feeds 4 of them)
-TC = 8
-#: rows per accumulation block: ``|h| < 2**50`` a row, so a block's shared int64 sums stay below ``2**62``
-SUM_ROWS = 4096
+#: the screen's register tiles, ``(rows per thread, centres per tile)``: few centres take the small
+#: tile (no padding wasted), more take the wide one (each row's values read once per 32 centres)
+SCREEN_TILES = ((4, 8), (2, 32))
+#: rows per accumulation block: each of a value's six 20-bit limbs is below ``2**20``, so a
+#: block's int32 limb sums stay below ``2**31``
+SUM_ROWS = 2048
 #: threads per block of the recheck (a warp per listed row)
 RC_NT = 64 if SIM else 128
+#: int32 limbs a value takes in the accumulation's shared memory (20 bits each, of ``h`` and ``l``)
+SMEM_LIMBS = 6
+_L20 = (1 << 20) - 1
 #: float32 unit roundoff; the certificate is written in multiples of it
 _U32 = 2.0 ** -24
 #: rows whose ``|y|^2 + 2 max|z|^2`` exceeds this go to the exact path (float32 overflow guard)
@@ -88,12 +93,12 @@ def sum_layout(k: int, m: int, smem_bytes: int) -> tuple:
     smem_bytes : int
         Shared memory one block may use.
     """
-    slots = smem_bytes // 8
+    slots = smem_bytes // 4
     mc = m + 1
-    per_copy = k * (2 * mc + 2)
+    per_copy = k * SMEM_LIMBS * (mc + 1)
     if per_copy <= slots:
         return mc, int(max(1, min(8, slots // per_copy)))
-    jc = (slots - 2 * k) // (2 * k)
+    jc = (slots - SMEM_LIMBS * k) // (SMEM_LIMBS * k)
     if jc >= 1:
         return int(jc), 1
     return 1, 0
@@ -101,41 +106,42 @@ def sum_layout(k: int, m: int, smem_bytes: int) -> tuple:
 
 def sum_shared_bytes(k: int, jc: int, copies: int) -> int:
     """Bytes of shared memory the accumulation takes for :func:`sum_layout`'s ``(jc, copies)``."""
-    return 8 * copies * k * (2 * jc + 2)
+    return 4 * SMEM_LIMBS * copies * k * (jc + 1)
 
 
 @functools.lru_cache(maxsize=None)
-def step_kernels(storage: str) -> dict:
-    """The step's three kernels for rows stored as ``storage`` (``float32`` or ``float64``).
+def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
+    """The step's kernels for rows stored as ``storage`` (``float32`` or ``float64``), the screen's
+    register tile ``tile`` (one of :data:`SCREEN_TILES`).
 
     Returns
     -------
     dict
-        ``screen``, ``recheck``, ``accumulate`` and ``distances``: numba-cuda
-        dispatchers (arguments below), compiled by :mod:`.compiled` for one
-        signature each.
+        ``screen``, ``recheck`` and ``accumulate``: numba-cuda dispatchers
+        (arguments below), compiled by :mod:`.compiled` for one signature each.
 
     Kernel arguments (arrays 1-D, C-contiguous, on the device; ``x[j * ld + i]``)
     ---------------------------------------------------------------------------
-    screen(x, ld, n, m, ntiles, chunk, cm, cc, sh, zl, tolf, tiny, big, labels, flags, counters)
+    screen(x, ld, n, m, k, ntiles, chunk, cm, cc, sh, zl, tolf, tiny, big, ct, labels, d2, flags, counters)
         ``cm`` float32 ``(ntiles * m * TC,)``: ``-2 z`` by tile, attribute, centre;
         ``cc`` float32 ``(ntiles * TC,)``: ``|z|^2`` (+inf for padding); ``sh`` ``(m,)``
         the shift ``s`` in the storage dtype; ``zl`` float32 ``(1,)``: twice the
         largest ``|z|^2``; ``chunk``: tiles that fit in shared memory at once
-        (all: staged once).  Writes the certified rows' ``labels`` and lists the
-        others in ``flags``, counting them in ``counters[0]``.
-    recheck(x, ld, m, k, ct, flags, counters, labels)
-        ``ct`` float64 ``(m * k,)``: the centres transposed, ``ct[j * k + c]``.
-    accumulate(x, ld, n, m, k, ct, labels, old, w, weighted, full, f1, f2, sf1, sf2, jc, copies,
+        (all: staged once); ``ct`` float64 ``(m * k,)``: the centres transposed,
+        ``ct[j * k + c]``.  Writes the certified rows' ``labels`` and exact squared
+        distances ``d2``, and lists the others in ``flags``, counting them in ``counters[0]``.
+    recheck(x, ld, m, k, ct, flags, counters, labels, d2)
+        The listed rows' exact labels and squared distances.
+    accumulate(x, ld, n, m, k, labels, old, d2, w, weighted, full, f1, f2, sf1, sf2, jc, copies,
                sums, sse, counters)
         Grid ``(ceil(n / SUM_ROWS), ceil((m + 1) / jc))``; ``f1, f2`` float64 ``(m + 1,)`` each
         column's scale factors, ``sf1, sf2`` the SSE's; ``sums`` int64 ``(k * (m + 1) * 4,)``
         and ``sse`` int64 ``(k * 4,)`` limbs, added to; ``counters[1]`` += labels changed.
         Dynamic shared memory: :func:`sum_shared_bytes`.
-    distances(x, ld, n, m, k, ct, labels, dist2)
-        Each row's exact squared distance to its centre into ``dist2`` float64 ``(n,)``.
     """
     DT = float64 if storage == "float64" else float32
+    R, TC = tile
+    ACC = R * TC
     BR = NT * R
     TC4 = TC // 4
     F32_INF = np.float32(np.inf)
@@ -145,11 +151,51 @@ def step_kernels(storage: str) -> dict:
     def exact_d2(x, ld, i, m, k, ct, c):
         d = 0.0
         for j in range(m):
-            t = float64(x[j * ld + i]) - ct[j * k + c]
+            t = float64(x[uint64(j * ld + i)]) - ct[j * k + c]
             d = dadd_rn(d, dmul_rn(t, t))
         return d
 
-    def km_screen(x, ld, n, m, ntiles, chunk, cm, cc, sh, zl, tolf, tiny, big, labels, flags, counters):
+    @cuda.jit(device=True)
+    def add6(sm, q, h, lo, sign):
+        # a value's six 20-bit limbs into int32 shared sums (native 32-bit shared atomics)
+        cuda.atomic.add(sm, q, int32(sign * (h & _L20)))
+        cuda.atomic.add(sm, q + 1, int32(sign * ((h >> 20) & _L20)))
+        cuda.atomic.add(sm, q + 2, int32(sign * (h >> 40)))
+        cuda.atomic.add(sm, q + 3, int32(sign * (lo & _L20)))
+        cuda.atomic.add(sm, q + 4, int32(sign * ((lo >> 20) & _L20)))
+        cuda.atomic.add(sm, q + 5, int32(sign * (lo >> 40)))
+
+    @cuda.jit(device=True)
+    def add4(out, q, h, lo, sign):
+        # a value, or a block's total, into the global int64 limbs (native 64-bit global atomics)
+        cuda.atomic.add(out, q, sign * (h >> LIMB))
+        cuda.atomic.add(out, q + 1, sign * (h & LIMB_MASK))
+        cuda.atomic.add(out, q + 2, sign * (lo >> LIMB))
+        cuda.atomic.add(out, q + 3, sign * (lo & LIMB_MASK))
+
+    @cuda.jit(device=True)
+    def flush6(sm, q0, stride, copies, out, q):
+        # the copies' limb sums of one entry, recombined (exact in int64), into the global limbs
+        s0 = int64(0)
+        s1 = int64(0)
+        s2 = int64(0)
+        s3 = int64(0)
+        s4 = int64(0)
+        s5 = int64(0)
+        for c in range(copies):
+            p = q0 + c * stride
+            s0 += sm[p]
+            s1 += sm[p + 1]
+            s2 += sm[p + 2]
+            s3 += sm[p + 3]
+            s4 += sm[p + 4]
+            s5 += sm[p + 5]
+        hs = (s2 << 40) + (s1 << 20) + s0
+        ls = (s5 << 40) + (s4 << 20) + s3
+        if hs != 0 or ls != 0:
+            add4(out, q, hs, ls, 1)
+
+    def km_screen(x, ld, n, m, k, ntiles, chunk, cm, cc, sh, zl, tolf, tiny, big, ct, labels, d2, flags, counters):
         smf = cuda.shared.array(0, dtype=float32, alignment=_SMEM_ALIGN)
         tid = cuda.threadIdx.x
         zlim = zl[0]
@@ -158,7 +204,7 @@ def step_kernels(storage: str) -> dict:
             for q in range(tid, ntiles * m * TC, NT):
                 smf[q] = cm[q]
             cuda.syncthreads()
-        acc = cuda.local.array(R * TC, dtype=float32)
+        acc = cuda.local.array(ACC, dtype=float32)
         yv = cuda.local.array(R, dtype=float32)
         yy = cuda.local.array(R, dtype=float32)
         b1 = cuda.local.array(R, dtype=float32)
@@ -181,16 +227,17 @@ def step_kernels(storage: str) -> dict:
                     for q in range(tid, (c1 - c0) * m * TC, NT):
                         smf[q] = cm[c0 * m * TC + q]
                     cuda.syncthreads()
-                for ct in range(c0, c1):
-                    base = (ct if resident else ct - c0) * m * TC
+                for ct_ in range(c0, c1):
+                    base = (ct_ if resident else ct_ - c0) * m * TC
                     for r in range(R):
                         for c in range(TC):
-                            acc[r * TC + c] = cc[ct * TC + c]
+                            acc[r * TC + c] = cc[ct_ * TC + c]
                     for j in range(m):
                         s = sh[j]
+                        jo = j * ld
                         for r in range(R):
-                            yv[r] = float32(x[j * ld + rows[r]] - s)
-                        if ct == 0:
+                            yv[r] = float32(x[uint64(jo + rows[r])] - s)
+                        if ct_ == 0:
                             for r in range(R):
                                 yy[r] += yv[r] * yv[r]
                         for c4 in range(TC4):
@@ -204,7 +251,7 @@ def step_kernels(storage: str) -> dict:
                     # best and second best; strict '<' keeps the lowest index on a tie, and a tie
                     # leaves gap 0, so the row is rechecked exactly
                     for c in range(TC):
-                        kk = ct * TC + c
+                        kk = ct_ * TC + c
                         for r in range(R):
                             d = acc[r * TC + c]
                             o1 = b1[r]
@@ -218,10 +265,11 @@ def step_kernels(storage: str) -> dict:
                     scale = yy[r] + zlim
                     if b2[r] - b1[r] > tolf * scale + tiny and scale < big:
                         labels[i] = i1[r]
+                        d2[i] = exact_d2(x, ld, i, m, k, ct, i1[r])
                     else:
                         flags[cuda.atomic.add(counters, 0, 1)] = i
 
-    def km_recheck(x, ld, m, k, ct, flags, counters, labels):
+    def km_recheck(x, ld, m, k, ct, flags, counters, labels, d2):
         sd = cuda.shared.array(RC_NT, dtype=float64)
         si = cuda.shared.array(RC_NT, dtype=int64)
         tid = cuda.threadIdx.x
@@ -249,12 +297,14 @@ def step_kernels(storage: str) -> dict:
                     if sd[q] < bd or (sd[q] == bd and si[q] < bi):
                         bd = sd[q]
                         bi = si[q]
-                labels[flags[f]] = bi
+                i = flags[f]
+                labels[i] = bi
+                d2[i] = bd
             cuda.syncthreads()
 
-    def km_accumulate(x, ld, n, m, k, ct, labels, old, w, weighted, full, f1, f2, sf1, sf2, jc, copies, sums, sse,
+    def km_accumulate(x, ld, n, m, k, labels, old, d2, w, weighted, full, f1, f2, sf1, sf2, jc, copies, sums, sse,
                       counters):
-        sm = cuda.shared.array(0, dtype=int64)
+        sm = cuda.shared.array(0, dtype=int32)
         sc = cuda.shared.array(1, dtype=int64)
         tid = cuda.threadIdx.x
         if tid == 0:
@@ -263,9 +313,8 @@ def step_kernels(storage: str) -> dict:
         mc = m + 1
         col0 = by * jc
         cols = min(jc, mc - col0)
-        nsum = copies * k * jc * 2
-        nall = nsum + copies * k * 2
-        for q in range(tid, nall, NT):
+        nsum = copies * k * jc * SMEM_LIMBS
+        for q in range(tid, nsum + copies * k * SMEM_LIMBS, NT):
             sm[q] = 0
         cuda.syncthreads()
         cp = (tid // 32) % copies if copies > 0 else 0
@@ -278,47 +327,29 @@ def step_kernels(storage: str) -> dict:
             wi = w[i] if weighted else 1.0
             if by == 0:
                 changed += a != b
-                v = exact_d2(x, ld, i, m, k, ct, a)
+                v = d2[i]
                 if weighted:
                     v = wi * v
                 h, lo = encode(v, sf1, sf2)
                 if copies > 0:
-                    q = nsum + (cp * k + a) * 2
-                    cuda.atomic.add(sm, q, h)
-                    cuda.atomic.add(sm, q + 1, lo)
+                    add6(sm, nsum + (cp * k + a) * SMEM_LIMBS, h, lo, 1)
                 else:
-                    q = a * 4
-                    cuda.atomic.add(sse, q, h >> LIMB)
-                    cuda.atomic.add(sse, q + 1, h & LIMB_MASK)
-                    cuda.atomic.add(sse, q + 2, lo >> LIMB)
-                    cuda.atomic.add(sse, q + 3, lo & LIMB_MASK)
+                    add4(sse, a * 4, h, lo, 1)
             if full or a != b:
                 for jj in range(cols):
                     j = col0 + jj
-                    v = float64(x[j * ld + i]) if j < m else 1.0
+                    v = float64(x[uint64(j * ld + i)]) if j < m else 1.0
                     if weighted:
                         v = wi * v
                     h, lo = encode(v, f1[j], f2[j])
                     if copies > 0:
-                        q = ((cp * k + a) * jc + jj) * 2
-                        cuda.atomic.add(sm, q, h)
-                        cuda.atomic.add(sm, q + 1, lo)
+                        add6(sm, ((cp * k + a) * jc + jj) * SMEM_LIMBS, h, lo, 1)
                         if not full and b >= 0:
-                            q = ((cp * k + b) * jc + jj) * 2
-                            cuda.atomic.sub(sm, q, h)
-                            cuda.atomic.sub(sm, q + 1, lo)
+                            add6(sm, ((cp * k + b) * jc + jj) * SMEM_LIMBS, h, lo, -1)
                     else:
-                        q = (a * mc + j) * 4
-                        cuda.atomic.add(sums, q, h >> LIMB)
-                        cuda.atomic.add(sums, q + 1, h & LIMB_MASK)
-                        cuda.atomic.add(sums, q + 2, lo >> LIMB)
-                        cuda.atomic.add(sums, q + 3, lo & LIMB_MASK)
+                        add4(sums, (a * mc + j) * 4, h, lo, 1)
                         if not full and b >= 0:
-                            q = (b * mc + j) * 4
-                            cuda.atomic.sub(sums, q, h >> LIMB)
-                            cuda.atomic.sub(sums, q + 1, h & LIMB_MASK)
-                            cuda.atomic.sub(sums, q + 2, lo >> LIMB)
-                            cuda.atomic.sub(sums, q + 3, lo & LIMB_MASK)
+                            add4(sums, (b * mc + j) * 4, h, lo, -1)
         if by == 0 and changed > 0:
             cuda.atomic.add(sc, 0, changed)
         cuda.syncthreads()
@@ -329,36 +360,9 @@ def step_kernels(storage: str) -> dict:
             for e in range(tid, k * cols, NT):
                 a = e // cols
                 jj = e - a * cols
-                hs = int64(0)
-                ls = int64(0)
-                for c in range(copies):
-                    q = ((c * k + a) * jc + jj) * 2
-                    hs += sm[q]
-                    ls += sm[q + 1]
-                if hs != 0 or ls != 0:
-                    q = (a * mc + col0 + jj) * 4
-                    cuda.atomic.add(sums, q, hs >> LIMB)
-                    cuda.atomic.add(sums, q + 1, hs & LIMB_MASK)
-                    cuda.atomic.add(sums, q + 2, ls >> LIMB)
-                    cuda.atomic.add(sums, q + 3, ls & LIMB_MASK)
+                flush6(sm, (a * jc + jj) * SMEM_LIMBS, k * jc * SMEM_LIMBS, copies, sums, (a * mc + col0 + jj) * 4)
             if by == 0:
                 for a in range(tid, k, NT):
-                    hs = int64(0)
-                    ls = int64(0)
-                    for c in range(copies):
-                        q = nsum + (c * k + a) * 2
-                        hs += sm[q]
-                        ls += sm[q + 1]
-                    if hs != 0 or ls != 0:
-                        cuda.atomic.add(sse, a * 4, hs >> LIMB)
-                        cuda.atomic.add(sse, a * 4 + 1, hs & LIMB_MASK)
-                        cuda.atomic.add(sse, a * 4 + 2, ls >> LIMB)
-                        cuda.atomic.add(sse, a * 4 + 3, ls & LIMB_MASK)
+                    flush6(sm, nsum + a * SMEM_LIMBS, k * SMEM_LIMBS, copies, sse, a * 4)
 
-    def km_distances(x, ld, n, m, k, ct, labels, dist2):
-        i = cuda.grid(1)
-        if i < n:
-            dist2[i] = exact_d2(x, ld, i, m, k, ct, labels[i])
-
-    return {"screen": cuda.jit(km_screen), "recheck": cuda.jit(km_recheck), "accumulate": cuda.jit(km_accumulate),
-            "distances": cuda.jit(km_distances)}
+    return {"screen": cuda.jit(km_screen), "recheck": cuda.jit(km_recheck), "accumulate": cuda.jit(km_accumulate)}
