@@ -149,6 +149,23 @@ class Scales:
         return exponent_for(bound)
 
 
+@njit(parallel=True, cache=True)
+def _decode(q, exps, out):  # pragma: no cover - compiled
+    for e in prange(q.shape[0]):
+        a, b, c, d = q[e, 0], q[e, 1], q[e, 2], q[e, 3]
+        # normalise: d, b in [0, 2**26), c in [0, 2**24) (c's unit is 2**26, b's 2**50), a signed
+        c += d >> 26
+        d &= 67108863
+        b += c >> 24
+        c &= 16777215
+        a += b >> 26
+        b &= 67108863
+        # the total is a 2**76 + b 2**50 + c 2**26 + d, in units of 2**-(s + VBITS): two roundings at most
+        low = (np.float64(b) * 16777216.0 + np.float64(c)) * 67108864.0 + np.float64(d)
+        total = np.float64(a) * 75557863725914323419136.0 + low
+        out[e] = np.ldexp(total, -(exps[e] + 50))
+
+
 def decode(limbs: np.ndarray, exponent) -> np.ndarray:
     """Float64 values of fixed-point totals, rounded the same way on every rank.
 
@@ -162,19 +179,12 @@ def decode(limbs: np.ndarray, exponent) -> np.ndarray:
     -------
     ndarray, shape ``limbs.shape[:-1]``, float64
     """
-    q = np.array(limbs, dtype=np.int64, copy=True)
-    a, b, c, d = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
-    # normalise: d, b in [0, 2**26), c in [0, 2**24) (c's unit is 2**26, b's 2**50), a signed
-    c += d >> LIMB
-    d &= LIMB_MASK
-    b += c >> (VBITS - LIMB)
-    c &= (1 << (VBITS - LIMB)) - 1
-    a += b >> LIMB
-    b &= LIMB_MASK
-    # the total is a 2**76 + b 2**50 + c 2**26 + d, in units of 2**-(s + VBITS)
-    low = (b.astype(np.float64) * 2.0 ** (VBITS - LIMB) + c) * 2.0 ** LIMB + d
-    total = a.astype(np.float64) * 2.0 ** (VBITS + LIMB) + low
-    return np.ldexp(total, -(np.asarray(exponent, dtype=np.int64) + VBITS))
+    q = np.ascontiguousarray(limbs, dtype=np.int64)
+    shape = q.shape[:-1]
+    exps = np.ascontiguousarray(np.broadcast_to(np.asarray(exponent, dtype=np.int64), shape)).reshape(-1)
+    out = np.empty(exps.shape[0])
+    _decode(q.reshape(-1, 4), exps, out)
+    return out.reshape(shape)
 
 
 def add_limbs(limbs: np.ndarray, h: int, l_: int, sign: int = 1) -> None:

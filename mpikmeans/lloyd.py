@@ -144,21 +144,6 @@ class _Merged:
         return values[:, :-1], values[:, -1]
 
 
-def _farthest(dist2: np.ndarray, take: int) -> np.ndarray:
-    """The ``take`` rows of largest ``dist2``, largest first, ties to the lower index: a selection, not a sort.
-
-    Every row tied with the ``take``-th largest value is kept before the final
-    ordering, so the tie-break is the sort's, exactly.
-    """
-    n = len(dist2)
-    if take < n:
-        kth = np.partition(dist2, n - take)[n - take]
-        cand = np.flatnonzero(dist2 >= kth)
-    else:
-        cand = np.arange(n)
-    return cand[np.lexsort((cand, -dist2[cand]))][:take]
-
-
 def _relocate_empty(comm, backend, x, row_offset, centres, merged: _Merged, weights=None) -> int:
     """Move each empty cluster to one of the points farthest from their centre.
 
@@ -169,15 +154,9 @@ def _relocate_empty(comm, backend, x, row_offset, centres, merged: _Merged, weig
     """
     counts = merged.limbs[:, -1, :]
     empty = np.flatnonzero(~counts.any(axis=1))
-    e = len(empty)
-    labels, dist2 = backend.assign(centres)
-    take = min(e, len(dist2))
-    if take:
-        order = _farthest(dist2, take)
-        mine = [(-float(dist2[i]), row_offset + int(i), int(labels[i]), x[i].copy(),
-                 1.0 if weights is None else float(weights[i])) for i in order]
-    else:
-        mine = []
+    dist2, rows, labels = backend.farthest(centres, len(empty))
+    mine = [(-float(d), row_offset + int(i), int(a), x[i].copy(), 1.0 if weights is None else float(weights[i]))
+            for d, i, a in zip(dist2, rows, labels)]
     candidates = sorted((c for part in comm.allgather(mine) for c in part), key=lambda c: (c[0], c[1]))
     moved = 0
     for cluster, (neg_d, _, owner, row, w) in zip(empty, candidates):

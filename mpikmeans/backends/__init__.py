@@ -236,6 +236,27 @@ class Backend(RowDistances):
     def info(self) -> BackendInfo:
         """What this backend runs on."""
 
+    def farthest(self, centres: np.ndarray, count: int) -> tuple:
+        """The ``count`` local rows farthest from their nearest centre, largest distance first, ties to the
+        lower row index (the empty-cluster relocation's candidates).
+
+        Parameters
+        ----------
+        centres : ndarray, shape (k, m), float64
+            The last step's centres, as a rule: a backend answers from that step's distances then.
+        count : int
+
+        Returns
+        -------
+        dist2 : ndarray, shape (c,), float64
+        rows : ndarray, shape (c,), int64
+            Local row indices, ``c = min(count, n_local)``.
+        labels : ndarray, shape (c,), int32
+        """
+        labels, dist2 = self.assign(centres)
+        rows = farthest_rows(dist2, count)
+        return dist2[rows], rows, labels[rows]
+
     def magnitudes(self) -> np.ndarray:
         """Each column's largest magnitude over this rank's rows, shape (m,), float64 (0 without rows).
 
@@ -261,6 +282,24 @@ class Backend(RowDistances):
 
     def close(self) -> None:
         """Release memory held for the rows (device buffers, threads)."""
+
+
+def farthest_rows(dist2: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the ``count`` largest ``dist2``, largest first, ties to the lower index: a selection, not a sort.
+
+    Every row tied with the ``count``-th largest value is kept before the final
+    ordering, so the tie-break is the sort's, exactly.
+    """
+    n = len(dist2)
+    take = min(count, n)
+    if take <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if take < n:
+        kth = np.partition(dist2, n - take)[n - take]
+        cand = np.flatnonzero(dist2 >= kth)
+    else:
+        cand = np.arange(n)
+    return cand[np.lexsort((cand, -dist2[cand]))][:take].astype(np.int64)
 
 
 class BackendUnavailable(RuntimeError):

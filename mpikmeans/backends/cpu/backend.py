@@ -11,7 +11,7 @@ from ...cpus import process_threads
 from ...exact import BlockFixed, limbs_to_int, scale_factors
 from ...fixedsums import Scales, cluster_sums, column_magnitudes, sum_rows
 from ...memory import available_memory
-from .. import Backend, BackendInfo, StepResult
+from .. import Backend, BackendInfo, StepResult, farthest_rows
 from .blas import one_thread
 from .bounds import assign_pass, bound_drops, centre_moves, half_gaps, step_pass
 from .certified import centre_data, screen_rows
@@ -112,6 +112,7 @@ class CPUBackend(Backend):
         self.seed_screen = None
         self._lower = None  # per row: a lower bound on its distance to every centre but its own (.bounds)
         self._bounds_for = None  # the centres the labels and bounds hold for (None: they hold for none)
+        self._step_centres = None  # the centres of the last step (its labels and distances are for them)
         self._totals = None  # the sums of self._labels' clusters (fixedsums limbs), and the scales they are at
         self._totals_scales = None
         #: rows of the last step that float32 could not certify (computed again exactly)
@@ -140,6 +141,7 @@ class CPUBackend(Backend):
         self._dist2 = np.zeros(n)
         self._lower = np.zeros(n)
         self._bounds_for = None
+        self._step_centres = None
         self._totals = None
         self._magnitudes = (column_magnitudes(self._x) if magnitudes is None
                             else np.asarray(magnitudes, dtype=np.float64))
@@ -166,6 +168,7 @@ class CPUBackend(Backend):
                           parts[0], parts[1], parts[2])
         self._labels, self._spare = new, old
         self._bounds_for = centres.copy() if self.bounds else None
+        self._step_centres = centres.copy()
         changed, self.rows_searched, self.rows_rechecked = (int(v) for v in parts.sum(axis=1))
         # the sums move with the rows that changed label, while that is less work than adding every row
         keep = (self._totals is not None and self._totals.shape == (k, m + 1, 4)
@@ -189,6 +192,14 @@ class CPUBackend(Backend):
         # the gaps cost K^2 M, worth it while that is well below the step's own n K M
         halves = half_gaps(centres) if 4 * k <= len(self._x) else np.zeros(k)
         return True, bound_drops(centre_moves(old, centres)), halves
+
+    def farthest(self, centres: np.ndarray, count: int) -> tuple:
+        """The last step's labels and distances answer for its own centres (see :meth:`Backend.farthest`)."""
+        last = self._step_centres
+        if last is None or last.shape != centres.shape or not np.array_equal(last, centres):
+            return super().farthest(centres, count)
+        rows = farthest_rows(self._dist2, count)
+        return self._dist2[rows], rows, self._labels[rows]
 
     def assign(self, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Nearest centre and exact squared distance of every row (see :meth:`Backend.assign`).
@@ -320,6 +331,7 @@ class CPUBackend(Backend):
         if self._labels is not None:
             self._labels[:] = -1
         self._bounds_for = None
+        self._step_centres = None
         self._totals = None
 
     def close(self) -> None:

@@ -33,7 +33,7 @@ from .hostk import fill_centres
 from .launch import allow_shared, launch, pinned
 from .policy import FULL, step_kind, step_layout
 from .rows import DeviceRows, transpose_args, transpose_kernel
-from .stepk import NT, RC_NT, SCREEN_TILES, SUM_ROWS, certificate, step_kernels
+from .stepk import FAR_NT, NT, RC_NT, SCREEN_TILES, SUM_ROWS, certificate, farthest_kernel, step_kernels
 
 log = logging.getLogger("mpikmeans.backends.gpu")
 
@@ -86,6 +86,9 @@ def compile_kernels(dtype: str) -> dict:
                 out[key] = (disp[name], compiled(name, (dtype, tile, *_SPEC), disp[name], args[name]))
     tk = transpose_kernel(dtype)
     out[("transpose", None)] = (tk, compiled("transpose", (dtype,), tk, transpose_args(dtype)))
+    fk = farthest_kernel()
+    f64, i64 = cuda.device_array(1, dtype=np.float64), cuda.device_array(1, dtype=np.int64)
+    out[("farthest", None)] = (fk, compiled("farthest", (FAR_NT,), fk, (f64, 1, i64, 1, f64, i64)))
     return out
 
 
@@ -178,6 +181,7 @@ class GPUBackend(Backend):
         self._outputs = None
         self._flags = []
         self._d2 = None
+        self._step_centres = None  # the last step's centres (the device's labels and distances are for them)
         self._sums_for = None  # (k, scales) of the sums the device holds for its labels, or None
 
     # ------------------------------------------------------------------ set-up
@@ -192,6 +196,7 @@ class GPUBackend(Backend):
                        for _ in range(2 if self.rows.streaming else 1)]
         self._d2 = cuda.device_array(max(1, self.n), dtype=np.float64)  # each row's exact squared distance
         self._sums_for = None
+        self._step_centres = None
         self._centres = self._outputs = None
 
     def kernels(self) -> dict:
@@ -259,6 +264,7 @@ class GPUBackend(Backend):
                    lay.sum_grid(b - a, m), NT, stream, lay.sum_smem)
         out.dev.copy_to_host(out.host)  # the legacy default stream: after every chunk
         self._sums_for = key
+        self._step_centres = centres.copy()
         host = out.host
         changed = int(host[out.ns + out.nsse + 1::2].sum())
         return StepResult(sums=host[: out.ns].reshape(k, m + 1, 4).copy(),
@@ -284,9 +290,33 @@ class GPUBackend(Backend):
         self._d2.copy_to_host(dist2)
         return labels, dist2
 
+    def farthest(self, centres: np.ndarray, count: int) -> tuple:
+        """The last step's distances answer for its own centres, on the device: one pass over them for
+        each row taken (see :meth:`Backend.farthest`)."""
+        last = self._step_centres
+        if self.n == 0 or last is None or last.shape != centres.shape or not np.array_equal(last, centres):
+            return super().farthest(centres, count)
+        disp, kern = self.kernels()[("farthest", None)]
+        grid = 1 if SIM else 2 * self.limits.sm_count
+        best_d = cuda.device_array(grid, dtype=np.float64)
+        best_i = cuda.device_array(grid, dtype=np.int64)
+        taken = []
+        for _ in range(min(count, self.n)):
+            skip = cuda.to_device(np.array(taken or [-1], dtype=np.int64))
+            launch(disp, kern, (self._d2, self.n, skip, len(taken), best_d, best_i), grid, FAR_NT)
+            d, i = best_d.copy_to_host(), best_i.copy_to_host()
+            ok = i >= 0
+            top = d[ok].max()
+            taken.append(int(i[ok][d[ok] == top].min()))
+        rows = np.array(taken, dtype=np.int64)
+        d2 = np.array([self._d2[r:r + 1].copy_to_host()[0] for r in taken], dtype=np.float64)
+        labels = np.array([self.rows.labels[r:r + 1].copy_to_host()[0] for r in taken], dtype=np.int32)
+        return d2, rows, labels
+
     def forget_labels(self) -> None:
         self.rows.forget_labels()
         self._sums_for = None
+        self._step_centres = None
 
     # ------------------------------------------------------------------ the initialisations' passes
     def _on_device(self, d2) -> bool:

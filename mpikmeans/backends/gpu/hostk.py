@@ -1,67 +1,54 @@
-"""The centre data a GPU step reads, made on the host in one compiled pass.
-
-Kept apart from the backend's logic: Numba kernels, cached with the other CPU
-kernels (:mod:`mpikmeans.cache`).
-"""
+"""The centre data a GPU step reads, made on the host from the centres."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...jit import njit, prange
-
 #: the certificate's bound on the centres, ``zl``: twice the largest ``|z|^2`` times ``1 + ZL_MARGIN`` (the
 #: float32 rounding of the norms), at most ``ZL_CAP`` (float32 stays finite)
 ZL_MARGIN = 1e-6
 ZL_CAP = 3.0e38
-#: attributes a thread sums the shift of (in centre order: the same bits on any number of threads)
-_SHIFT_BLOCK = 32
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def fill_centres(centres, f32, sh, cc, cm, ct, zl):  # pragma: no cover - compiled
-    """The screen's and the exact kernels' centre data from the centres (k, m), float64.
+def fill_centres(centres: np.ndarray, f32: bool, sh: np.ndarray, cc: np.ndarray, cm: np.ndarray, ct: np.ndarray,
+                 zl: np.ndarray) -> None:
+    """The screen's and the exact kernels' centre data, written into the given (pinned) arrays.
 
-    ``sh`` (m,): ``s``, the mean of the centres (rounded to float32 first when the
-    rows are float32: the kernel subtracts exactly the value it is given); ``cm``
-    (tiles, m, TC) float32: ``-2 z`` with ``z = float32(c - s)``; ``cc`` (tiles * TC,)
-    float32: ``|z|^2``; ``zl`` (1,) float32: twice the largest ``|z|^2`` (the
-    certificate's bound), infinite when a centre is not finite (every row then
-    takes the exact path); ``ct`` (m, k) float64: the centres transposed.  Padding
-    centres keep what the buffers were set up with (``cc`` infinite, ``cm`` 0).
-    Each attribute's shift is summed in centre order and each norm in attribute
-    order: the same bits on any number of threads.
+    Parameters
+    ----------
+    centres : ndarray, shape (k, m), float64
+    f32 : bool
+        The rows are float32: the shift is rounded to float32 first (the kernel
+        subtracts exactly the value it is given).
+    sh : ndarray, shape (m,)
+        Out: ``s``, the mean of the centres, in the rows' dtype.
+    cc : ndarray, shape (tiles * TC,), float32
+        Out: ``|z|^2`` of each centre, ``z = float32(c - s)``; padding keeps +inf.
+    cm : ndarray, shape (tiles, m, TC), float32
+        Out: ``-2 z`` by tile, attribute and centre; padding keeps 0.
+    ct : ndarray, shape (m, k), float64
+        Out: the centres transposed.
+    zl : ndarray, shape (>= 1,), float32
+        Out: ``zl[0]``, twice the largest ``|z|^2`` (the certificate's bound), infinite
+        when a centre is not finite (every row then takes the exact path).
+
+    Notes
+    -----
+    The norms' and the shift's summation order is NumPy's: the certificate holds
+    for any order, and only the screen reads them.
     """
     k, m = centres.shape
-    TC = cm.shape[2]
-    shift = np.zeros(m)
-    for b in prange((m + _SHIFT_BLOCK - 1) // _SHIFT_BLOCK):
-        j0 = b * _SHIFT_BLOCK
-        j1 = min(j0 + _SHIFT_BLOCK, m)
-        for i in range(k):
-            for j in range(j0, j1):
-                shift[j] += centres[i, j]
-        for j in range(j0, j1):
-            t = shift[j] / k
-            if f32:
-                t = np.float64(np.float32(t))
-            shift[j] = t
-            sh[j] = t
-    norms = np.empty(k)
-    bad = np.zeros(k, dtype=np.int64)
-    for i in prange(k):
-        tile = i // TC
-        c = i - tile * TC
-        nonfinite = 0
-        norm = 0.0
-        for j in range(m):
-            v = centres[i, j]
-            ct[j, i] = v
-            nonfinite |= (v - v) != 0.0  # inf - inf and NaN - NaN are NaN
-            z = np.float32(v - shift[j])
-            norm += np.float64(z) * np.float64(z)
-            cm[tile, j, c] = z * np.float32(-2.0)
-        cc[i] = norm
-        norms[i] = norm
-        bad[i] = nonfinite
-    zl[0] = min(2.0 * norms.max() * (1.0 + ZL_MARGIN), ZL_CAP) if bad.sum() == 0 else np.inf
+    tiles, _, tc = cm.shape
+    shift = centres.mean(axis=0)
+    if f32:
+        shift = shift.astype(np.float32).astype(np.float64)
+    sh[:] = shift
+    z = (centres - shift).astype(np.float32)
+    norms = np.einsum("ij,ij->i", z.astype(np.float64), z.astype(np.float64))
+    cc[:k] = norms
+    padded = np.zeros((tiles * tc, m), dtype=np.float32)
+    np.multiply(z, np.float32(-2.0), out=padded[:k])
+    np.copyto(cm, padded.reshape(tiles, tc, m).transpose(0, 2, 1))
+    np.copyto(ct, centres.T)
+    finite = bool(np.isfinite(centres).all())
+    zl[0] = min(2.0 * float(norms.max()) * (1.0 + ZL_MARGIN), ZL_CAP) if finite else np.inf

@@ -49,8 +49,9 @@ if cuda is not None:
 #: threads per block of the screen and the accumulation
 NT = 64 if SIM else 256
 #: the screen's register tiles, ``(rows per thread, centres per tile)``: few centres take the small
-#: tile (no padding wasted), more take the wide one (each row's values read once per 32 centres)
-SCREEN_TILES = ((4, 8), (2, 32))
+#: tile (no padding wasted), more the wide one (each row's values read once per 16 centres); 4 rows
+#: a thread make each 16-byte shared load of centres feed 16 FMAs
+SCREEN_TILES = ((4, 8), (4, 16))
 #: rows per accumulation block: each of a value's six 20-bit limbs is below ``2**20``, so a
 #: block's int32 limb sums stay below ``2**31``
 SUM_ROWS = 2048
@@ -366,3 +367,45 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
                     flush6(sm, nsum + a * SMEM_LIMBS, k * SMEM_LIMBS, copies, sse, a * 4)
 
     return {"screen": cuda.jit(km_screen), "recheck": cuda.jit(km_recheck), "accumulate": cuda.jit(km_accumulate)}
+
+
+#: threads per block of :func:`farthest_kernel`
+FAR_NT = 64 if SIM else 256
+
+
+@functools.lru_cache(maxsize=None)
+def farthest_kernel():
+    """Each block's row of largest ``d2`` (ties to the lower index), skipping the rows listed in ``skip``.
+
+    Arguments: d2 (n,) float64, n, skip (>= 1,) int64, nskip, best_d (grid,) float64, best_i (grid,)
+    int64 (written; -1 where a block found no row).  The host takes the best of the blocks; called
+    once per empty cluster, each time with the rows already taken in ``skip``.
+    """
+
+    def km_farthest(d2, n, skip, nskip, best_d, best_i):
+        sd = cuda.shared.array(FAR_NT, dtype=float64)
+        si = cuda.shared.array(FAR_NT, dtype=int64)
+        tid = cuda.threadIdx.x
+        bd = -1.0
+        bi = int64(-1)
+        for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+            v = d2[i]
+            if v > bd:
+                taken = False
+                for q in range(nskip):
+                    taken = taken or skip[q] == i
+                if not taken:
+                    bd = v
+                    bi = i
+        sd[tid] = bd
+        si[tid] = bi
+        cuda.syncthreads()
+        if tid == 0:
+            for q in range(1, FAR_NT):
+                if sd[q] > bd or (sd[q] == bd and si[q] >= 0 and (bi < 0 or si[q] < bi)):
+                    bd = sd[q]
+                    bi = si[q]
+            best_d[cuda.blockIdx.x] = bd
+            best_i[cuda.blockIdx.x] = bi
+
+    return cuda.jit(km_farthest)
