@@ -52,6 +52,8 @@ NT = 64 if SIM else 256
 #: tile (no padding wasted), more the wide one (each row's values read once per 16 centres); 4 rows
 #: a thread make each 16-byte shared load of centres feed 16 FMAs
 SCREEN_TILES = ((4, 8), (4, 16))
+#: attributes of its rows a screen thread has in flight while it computes the last ones, by tile
+_PREFETCH = {(4, 8): 4, (4, 16): 2}
 #: rows per accumulation block: each of a value's six 20-bit limbs is below ``2**20``, so a
 #: block's int32 limb sums stay below ``2**31``
 SUM_ROWS = 2048
@@ -142,6 +144,8 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
     """
     DT = float64 if storage == "float64" else float32
     R, TC = tile
+    JB = _PREFETCH[tile]
+    JR = JB * R
     ACC = R * TC
     BR = NT * R
     TC4 = TC // 4
@@ -212,6 +216,8 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
         b2 = cuda.local.array(R, dtype=float32)
         i1 = cuda.local.array(R, dtype=int32)
         rows = cuda.local.array(R, dtype=int64)
+        xb = cuda.local.array(JR, dtype=DT)
+        xn = cuda.local.array(JR, dtype=DT)
         for tile in range(cuda.blockIdx.x, (n + BR - 1) // BR, cuda.gridDim.x):
             row0 = tile * BR
             for r in range(R):
@@ -233,22 +239,34 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
                     for r in range(R):
                         for c in range(TC):
                             acc[r * TC + c] = cc[ct_ * TC + c]
-                    for j in range(m):
-                        s = sh[j]
-                        jo = j * ld
+                    # the values of the next JB attributes are in flight while this block's FMAs run
+                    for q in range(JB):
                         for r in range(R):
-                            yv[r] = float32(x[uint64(jo + rows[r])] - s)
-                        if ct_ == 0:
+                            xb[q * R + r] = x[uint64(q * ld + rows[r])] if q < m else DT(0.0)
+                    for jb in range(0, m, JB):
+                        for q in range(JB):
+                            jn = jb + JB + q
                             for r in range(R):
-                                yy[r] += yv[r] * yv[r]
-                        for c4 in range(TC4):
-                            w0, w1, w2, w3 = ld4(smf, base + j * TC + 4 * c4)
-                            for r in range(R):
-                                a = r * TC + 4 * c4
-                                acc[a] += yv[r] * w0
-                                acc[a + 1] += yv[r] * w1
-                                acc[a + 2] += yv[r] * w2
-                                acc[a + 3] += yv[r] * w3
+                                xn[q * R + r] = x[uint64(jn * ld + rows[r])] if jn < m else DT(0.0)
+                        for q in range(JB):
+                            j = jb + q
+                            if j < m:
+                                s = sh[j]
+                                for r in range(R):
+                                    yv[r] = float32(xb[q * R + r] - s)
+                                if ct_ == 0:
+                                    for r in range(R):
+                                        yy[r] += yv[r] * yv[r]
+                                for c4 in range(TC4):
+                                    w0, w1, w2, w3 = ld4(smf, base + j * TC + 4 * c4)
+                                    for r in range(R):
+                                        a = r * TC + 4 * c4
+                                        acc[a] += yv[r] * w0
+                                        acc[a + 1] += yv[r] * w1
+                                        acc[a + 2] += yv[r] * w2
+                                        acc[a + 3] += yv[r] * w3
+                        for q in range(JB * R):
+                            xb[q] = xn[q]
                     # best and second best; strict '<' keeps the lowest index on a tie, and a tie
                     # leaves gap 0, so the row is rechecked exactly
                     for c in range(TC):
@@ -366,7 +384,9 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
                 for a in range(tid, k, NT):
                     flush6(sm, nsum + a * SMEM_LIMBS, k * SMEM_LIMBS, copies, sse, a * 4)
 
-    return {"screen": cuda.jit(km_screen), "recheck": cuda.jit(km_recheck), "accumulate": cuda.jit(km_accumulate)}
+    # two blocks a multiprocessor (128 registers a thread: the float64 rows' prefetched values would take more)
+    bounds = {} if SIM else {"launch_bounds": (NT, 2)}
+    return {"screen": cuda.jit(km_screen, **bounds), "recheck": cuda.jit(km_recheck), "accumulate": cuda.jit(km_accumulate)}
 
 
 #: threads per block of :func:`farthest_kernel`
