@@ -1,8 +1,9 @@
 """Where compiled kernels are kept between runs, and the guarantees the cache gives.
 
 Compiling is the largest fixed cost of a run: the parser's CPU kernels take a
-minute on a fresh machine, the GPU kernels seconds per specialisation.  Both are
-compiled once per machine type and loaded afterwards:
+minute on a fresh machine, the GPU kernels seconds per dtype.  Both are
+compiled once per machine type and loaded afterwards (``mpikmeans warmup``
+compiles them all ahead; :func:`is_warm` says what it did):
 
 * CPU kernels: Numba's own cache (``@njit(cache=True)``), moved into
   ``<root>/numba/<source hash>`` (``NUMBA_CACHE_DIR``) so that a change in any
@@ -27,9 +28,11 @@ Numba is imported to move its cache.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import pickle
+import platform
 import struct
 import sys
 
@@ -279,40 +282,122 @@ class KernelStore:
             return 0
 
 
-# ---------------------------------------------------------------------------------------- shapes compiled
+# ---------------------------------------------------------------------------------------- what is warm
 
-def gpu_shape_key(k: int, m: int, dtype: str, idx64: bool) -> str:
-    """A name for "the GPU kernels of this shape are in the store" (formed without CUDA or numba-cuda).
+#: The parts `mpikmeans warmup` compiles, each in a process of its own (see :mod:`mpikmeans.warmup`).
+CPU_PART = "cpu"
+GPU_PARTS = ("gpu-float64", "gpu-float32")
+PARTS = (CPU_PART,) + GPU_PARTS
+#: About how long a part takes to compile on a machine that has never run this version (seconds, one
+#: process): what a run that has to compile says it will cost
+COMPILE_ESTIMATE_S = {CPU_PART: 90, "gpu-float64": 30, "gpu-float32": 30}
 
-    The kernels' sources and numba-cuda's version go into it, the device does not
-    (knowing it needs the driver): a marker only decides whether a run compiles
-    ahead in the background, never which kernel is loaded.
-    """
+
+def gpu_part(dtype: str) -> str:
+    """The warm-up part of the GPU kernels for rows of ``dtype``."""
+    return f"gpu-{dtype}"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpu_models() -> str:
+    """The NVIDIA GPUs' model names as the driver lists them (no CUDA call: asked before a run starts one)."""
+    base = "/proc/driver/nvidia/gpus"
+    names = []
+    try:
+        for d in sorted(os.listdir(base)):
+            with open(os.path.join(base, d, "information"), encoding="utf-8", errors="replace") as f:
+                names += [line.split(":", 1)[1].strip() for line in f if line.startswith("Model")]
+    except OSError:
+        pass
+    return ",".join(names) or "unknown"
+
+
+def _version(dist: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        nc = version("numba-cuda")
-    except PackageNotFoundError:  # pragma: no cover
-        nc = "?"
-    key = (source_hash(list(GPU_SOURCES)), nc, int(k), int(m), str(dtype), bool(idx64))
+        return version(dist)
+    except PackageNotFoundError:
+        return "?"
+
+
+def warm_key(part: str) -> str:
+    """A name for "this part's kernels are compiled here": the package's kernel sources, the compilers'
+    versions, Python, the CPU model and, for a GPU part, the GPUs' models.  A marker only says whether a
+    run compiles first; which entry is loaded is decided by the caches' own keys."""
+    key = [part, source_hash(), _version("numba"), tuple(sys.version_info[:2]), _cpu_model()]
+    if part in GPU_PARTS:
+        key += [source_hash(list(GPU_SOURCES)), _version("numba-cuda"), _gpu_models()]
     return hashlib.sha256(repr(key).encode()).hexdigest()[:32]
 
 
-def _shape_marker(key: str) -> str:
-    return os.path.join(cache_root(), "cuda", "shapes", key)
+def _marker(part: str) -> str:
+    return os.path.join(cache_root(), "warm", f"{part}-{warm_key(part)}")
 
 
-def gpu_shape_warm(key: str) -> bool:
-    """Whether a run or a warm-up finished compiling (or loading) the GPU kernels of this shape here."""
-    return os.path.exists(_shape_marker(key))
+def is_warm(part: str) -> bool:
+    """Whether ``mpikmeans warmup`` (or a run's helper) compiled this part here, for this version."""
+    return os.path.exists(_marker(part))
 
 
-def mark_gpu_shape_warm(key: str) -> None:
-    """Record that the GPU kernels of this shape are in the store (best effort)."""
+def mark_warm(part: str, seconds: float) -> None:
+    """Record that a part is compiled (best effort: an unwritable cache is compiled again next time)."""
+    path = _marker(part)
     try:
-        os.makedirs(os.path.dirname(_shape_marker(key)), exist_ok=True)
-        with open(_shape_marker(key), "wb"):
-            pass
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(f"{seconds:.1f}\n")
+        os.replace(tmp, path)
     except OSError:
         pass
 
+
+def cold_parts(gpu_dtype: str | None = None) -> list:
+    """The parts a run needs that are not marked warm: the CPU kernels, and the GPU kernels of ``gpu_dtype``."""
+    need = [CPU_PART] + ([gpu_part(gpu_dtype)] if gpu_dtype else [])
+    return [p for p in need if not is_warm(p)]
+
+
+_warming = False
+
+
+def warming(on: bool | None = None) -> bool:
+    """Whether this process is itself a warm-up (set by :func:`mpikmeans.warmup.warm_part`): its runs start
+    no compiling helpers, which would each start more."""
+    global _warming
+    if on is not None:
+        _warming = bool(on)
+    return _warming
+
+
+def warmup_command(part: str) -> list:
+    """The command line of a process that compiles one part (``mpikmeans warmup --part``)."""
+    return [sys.executable, "-m", "mpikmeans", "warmup", "--part", part, "-q"]
+
+
+def bytecode_status() -> dict:
+    """Whether Python finds this package byte-compiled, or compiles its sources in every process.
+
+    An installation without ``.pyc`` files in an environment that forbids writing
+    them (``PYTHONDONTWRITEBYTECODE``, as some images set) compiles every module of
+    numpy, numba and this package again at each start.
+
+    Returns
+    -------
+    dict
+        ``cached`` (this module has bytecode), ``writes`` (Python writes it where it
+        is missing), ``prefix`` (``PYTHONPYCACHEPREFIX``, or None).
+    """
+    cached = os.path.exists(importlib.util.cache_from_source(os.path.abspath(__file__)))
+    return {"cached": cached, "writes": not sys.dont_write_bytecode, "prefix": sys.pycache_prefix}

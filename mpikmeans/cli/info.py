@@ -7,7 +7,9 @@ import os
 
 import click
 
+from ..cache import bytecode_status, cache_root
 from . import _guarded, main
+from .warmup import warm_status
 
 
 @main.command()
@@ -34,16 +36,15 @@ def info(as_json):
                 "gpu_for_rank": (comm.node_rank % len(gpus)) if gpus else None}
         rows = comm.allgather(mine)
         if comm.rank == 0:
-            from ..warmup import cache_status
-
-            cache = cache_status()
+            cache = {"root": cache_root(), "parts": warm_status(), "bytecode": bytecode_status()}
             if as_json:
                 click.echo(json.dumps({"mpi_library": comm.library(), "cache": cache, "ranks": rows}, indent=2))
             else:
                 click.echo(f"MPI library: {comm.library()}")
-                warm = "warm" if cache["cpu_kernels_cached"] == cache["cpu_kernels"] else "cold (mpikmeans warmup)"
-                click.echo(f"kernel cache: {cache['root']}: CPU kernels {warm}, {cache['cpu_kernels_cached']} of "
-                           f"{cache['cpu_kernels']} main ones compiled; {cache['gpu_kernels']} GPU kernels stored")
+                parts = ", ".join(f"{p} {state}" for p, state in cache["parts"].items())
+                cold = any(state == "cold" for p, state in cache["parts"].items() if p == "cpu" or gpus)
+                click.echo(f"kernel cache: {cache['root']}: {parts}" + ("  (mpikmeans warmup compiles them)"
+                                                                          if cold else ""))
                 code = cache["bytecode"]
                 if not code["cached"] and not code["writes"]:
                     click.echo("Python bytecode: none, and none is written (PYTHONDONTWRITEBYTECODE): every run "
