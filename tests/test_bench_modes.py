@@ -236,7 +236,8 @@ def test_bench_tooling_uses_public_interfaces_only():
                         (module.endswith("backends") and any(n not in ("make_backend", "cuda_simulator_requested")
                                                              for n in names)):
                     bad.append(f"{path.name}:{node.lineno} from {module} import {', '.join(names)}")
-                if (module.startswith("mpikmeans") or module.startswith(".")) and any(n.startswith("_") and not n.endswith("__") for n in names):
+                private = [n for n in names if n.startswith("_") and not n.endswith("__")]
+                if (module.startswith("mpikmeans") or module.startswith(".")) and private:
                     bad.append(f"{path.name}:{node.lineno} private name from {module}")
             elif isinstance(node, ast.Import):
                 for a in node.names:

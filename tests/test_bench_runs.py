@@ -56,7 +56,8 @@ def _row(cache, setup, reported=None, **cell):
 
 def test_compile_seconds_from_the_summary_else_empty_minus_warm():
     rows = [_row("empty", 9.0), _row("warm", 0.25), _row("empty", 5.0, init="k-means++"),
-            _row("warm", 0.5, reported=0.0, init="k-means++"), _row("empty", 7.0, shape="E"), _row("warm", 0.1, error="x")]
+            _row("warm", 0.5, reported=0.0, init="k-means++"), _row("empty", 7.0, shape="E"),
+            _row("warm", 0.1, error="x")]
     runs.fill_compile(rows)
     assert rows[0]["compile_s"] == pytest.approx(8.75) and "minus" in rows[0]["compile_source"]
     assert rows[1]["compile_s"] is None and rows[1]["compile_source"] == "not reported"

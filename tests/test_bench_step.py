@@ -1,4 +1,4 @@
-"""bench/step.py (the CPU step against scikit-learn and oneDAL): a tiny measurement end to end, its rounds, its errors."""
+"""bench/step.py (the CPU step against scikit-learn and oneDAL): a tiny measurement, its rounds, its errors."""
 
 from __future__ import annotations
 

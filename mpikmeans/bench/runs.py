@@ -54,6 +54,7 @@ from ..errors import RunError, UsageError
 from ..init import sample_indices
 from .data import gen_npy
 from .harness import Launch, Progress, count_gpus, machine_description, quiet, result_document, write_result
+from .tables import seconds, milliseconds
 
 #: The issue's shapes, (rows, attributes, K), by name: A is the specification's example (appendix 3).
 SHAPES = {"A": (5_000_000, 100, 50), "B": (10_000_000, 32, 1000), "C": (100_000_000, 8, 16),
@@ -462,10 +463,10 @@ def _progress_line(r: dict) -> str:
     if "error" in r:
         return head + "FAILED: " + r["error"].splitlines()[0]
     t = r["timings"]
-    return (head + f"whole command {r['wall_s']:.2f} s, total {_f(t['total_s'])} (setup {_f(t['setup_s'])}, "
-            f"init {_f(t['init_s'])}, compute {_f(t['compute_s'])} in {r['iterations']} iterations), slowest "
-            f"iteration {_ms(r['iteration_slowest_s'])} ms (#{r['iteration_slowest']}), median "
-            f"{_ms(r['iteration_median_s'])} ms")
+    return (head + f"whole command {r['wall_s']:.2f} s, total {seconds(t['total_s'])} (setup "
+            f"{seconds(t['setup_s'])}, init {seconds(t['init_s'])}, compute {seconds(t['compute_s'])} in "
+            f"{r['iterations']} iterations), slowest iteration {milliseconds(r['iteration_slowest_s'])} ms "
+            f"(#{r['iteration_slowest']}), median {milliseconds(r['iteration_median_s'])} ms")
 
 
 # -- the K sweep -----------------------------------------------------------------------------
@@ -559,8 +560,8 @@ def run_sweep(s: RunsSettings, command: str = "", out: str | None = None, progre
             doc["rows"].append(row)
             save()
             progress(f"K = {k}: " + (f"FAILED: {row['error'].splitlines()[0]}" if "error" in row else
-                     f"whole command {row['wall_s']:.2f} s (total {_f(row['timings']['total_s'])}, setup "
-                     f"{_f(row['timings']['setup_s'])}), {row['iterations']} iterations"))
+                     f"whole command {row['wall_s']:.2f} s (total {seconds(row['timings']['total_s'])}, setup "
+                     f"{seconds(row['timings']['setup_s'])}), {row['iterations']} iterations"))
         fits = {}
         if s.sklearn:
             for k in sweep_points(ks, s.sweep_sklearn):
@@ -572,67 +573,3 @@ def run_sweep(s: RunsSettings, command: str = "", out: str | None = None, progre
         shutil.rmtree(work, ignore_errors=True)
     save()
     return doc
-
-
-# -- tables ----------------------------------------------------------------------------------
-
-
-def _f(v, digits: int = 2) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
-
-
-def _ms(v) -> str:
-    return "-" if v is None else f"{1e3 * v:.1f}"
-
-
-def matrix_table(doc: dict) -> list:
-    """The matrix's rows as lines of text: phases in seconds, iterations in milliseconds, scikit-learn beside."""
-    head = (f"{'shape':<6}{'backend':<8}{'dtype':<8}{'init':<10}{'cache':<6}{'iter':>5}{'command':>9}{'total':>8}"
-            f"{'start':>7}{'read':>7}{'setup':>7}{'init':>7}{'comp':>8}{'write':>7}{'compile':>8}"
-            f"{'it med':>8}{'it max':>8}{'@':>4}")
-    lines = ["seconds (helpers: a cold run's background compiles, summed); iterations (it med, it max: the "
-             "median and the slowest, @: which) in ms", head]
-    for r in doc["rows"]:
-        left = f"{r['shape']:<6}{r['backend_asked']:<8}{r['dtype_asked']:<8}{r['init']:<10}{r['cache']:<6}"
-        if "error" in r:
-            lines.append(left + "  FAILED: " + r["error"].splitlines()[0])
-            continue
-        t = r["timings"]
-        lines.append(left + f"{r['iterations']:>5}{_f(r['wall_s']):>9}{_f(t['total_s']):>8}{_f(t['startup_s']):>7}"
-                     f"{_f(t['read_s']):>7}{_f(t['setup_s']):>7}{_f(t['init_s']):>7}{_f(t['compute_s'], 3):>8}"
-                     f"{_f(t['write_s']):>7}{_f(r.get('compile_s')):>8}{_f(r['background_compile_s']):>8}{_ms(r['iteration_median_s']):>8}"
-                     f"{_ms(r['iteration_slowest_s']):>8}{r['iteration_slowest'] or '-':>4}")
-    for name, shape in doc["shapes"].items():
-        line = f"{name}: {shape['n']:,} x {shape['m']}, K = {shape['k']}"
-        for what, label in (("default", f"KMeans({shape['k']}).fit"),
-                            ("same_init_sample", "from the rows of --init sample (lloyd, n_init=1, tol=0)")):
-            fit = (shape.get("sklearn") or {}).get(what)
-            if fit is not None:
-                line += f"; scikit-learn {label}: " + (fit["error"] if "error" in fit else
-                                                       f"{fit['fit_s']:.2f} s ({fit['iterations']} iterations)")
-        lines.append(line)
-    w = doc.get("warmup") or {}
-    if w.get("ran"):
-        lines.append(f"warm cache prepared by `{w['command']}`: {w['seconds']:.1f} s")
-    lines.append("compile: " + "; ".join(sorted({r['compile_source'] for r in doc["rows"] if "compile_source" in r})))
-    return lines
-
-
-def sweep_table(doc: dict) -> list:
-    """The sweep's runs as lines of text, the totals, and scikit-learn's estimate with how it was made."""
-    lines = [f"{'K':>4}{'iter':>6}{'command s':>11}{'total s':>9}{'setup s':>9}{'compute s':>11}{'it max ms':>11}"]
-    for r in doc["rows"]:
-        if "error" in r:
-            lines.append(f"{r['k']:>4}  FAILED: {r['error'].splitlines()[0]}")
-            continue
-        t = r["timings"]
-        lines.append(f"{r['k']:>4}{r['iterations']:>6}{_f(r['wall_s']):>11}{_f(t['total_s']):>9}{_f(t['setup_s']):>9}"
-                     f"{_f(t['compute_s'], 3):>11}{_ms(r['iteration_slowest_s']):>11}")
-    shape = doc.get("shape") or {}
-    lines.append(f"{len(doc['rows'])} runs on {shape.get('n', 0):,} x {shape.get('m', 0)}: whole commands "
-                 f"{doc.get('total_wall_s', 0):.1f} s, their total_s {doc.get('total_run_s', 0):.1f} s")
-    sk = doc.get("sklearn") or {}
-    if sk.get("total_fit_s") is not None:
-        lines.append(f"scikit-learn KMeans(K).fit over the same K: {sk['total_fit_s']:.1f} s "
-                     f"({'extrapolated' if sk['extrapolated'] else 'measured'}: {sk['how']})")
-    return lines

@@ -237,7 +237,8 @@ def bench_runs(out, quick, scale, shapes, inits, dtypes, backends, caches, ranks
       mpikmeans bench runs --quick -o /tmp/q.json               # seconds, CPU
     Exits 1 when a run failed (its row says why; the others are kept).
     """
-    from ..bench.runs import QUICK, RunsSettings, matrix_table, run_matrix, run_sweep, sweep_table
+    from ..bench.runs import QUICK, RunsSettings, run_matrix, run_sweep
+    from ..bench.tables import matrix_table, sweep_table
 
     try:
         settings = RunsSettings(
