@@ -25,13 +25,12 @@ import os
 import sys
 import time
 
+from ...cache import GPU_SOURCES as SOURCES  # the modules whose code the kernels compile
 from ...cache import KernelStore, cache_root, source_hash
+from ...jit import record_compile
 from .device import SIM, cuda
 
 log = logging.getLogger("mpikmeans.backends.gpu")
-
-from ...cache import GPU_SOURCES as SOURCES  # noqa: E402  (the modules whose code the kernels compile)
-
 
 #: (kernel name, seconds) of every kernel this process compiled rather than loaded (``bench compile``)
 COMPILE_TIMES: list = []
@@ -106,6 +105,7 @@ def compiled(name: str, spec: tuple, dispatcher, args: tuple):
     kernel = dispatcher.compile(argtypes)
     kernel._codelibrary.get_cubin()  # this device's machine code goes into the entry: a load compiles nothing
     COMPILE_TIMES.append((name, time.perf_counter() - t0))
+    record_compile(COMPILE_TIMES[-1][1])
     log.info("GPU kernel %s compiled in %.2f s (not in the store)", name, COMPILE_TIMES[-1][1])
     _IN_PROCESS[key] = kernel
     try:
