@@ -14,6 +14,10 @@ from dataclasses import dataclass, fields
 
 from .errors import UsageError
 
+#: The log level of notices: what a run is about to do and what will take a while.  Shown by
+#: default, as warnings are (on stderr), and above ``-v``'s INFO lines.
+NOTICE = 25
+
 # the same names as init.INIT_METHODS, repeated so that config imports no numba
 INIT_METHODS = ("k-means++", "k-means||", "range", "sample")
 NORMALIZE_METHODS = ("none", "minmax", "zscore")
@@ -138,9 +142,9 @@ class RunConfig:
             value = getattr(self, key)
             _check(value is None or isinstance(value, str), key.replace("_", "-"), value, "a path")
         if self.resume is not None and not os.path.isfile(str(self.resume)):
-            raise UsageError(f"--resume {self.resume!r}: no such checkpoint file")
-        if self.init not in INIT_METHODS and not os.path.isfile(str(self.init)):
-            raise UsageError(f"--init {self.init!r}: expected {', '.join(INIT_METHODS)} or an existing CSV file of centres")
+            raise InvalidSetting("resume", self.resume, "an existing checkpoint file")
+        _check(isinstance(self.init, str) and (self.init in INIT_METHODS or os.path.isfile(self.init)), "init",
+               self.init, f"{', '.join(INIT_METHODS)} or an existing CSV file of centres")
         return self
 
     def as_dict(self) -> dict:
@@ -152,9 +156,29 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: The flag a message names for a setting: the short form where there is one.
+_FLAGS = {"k": "-k", "output_dir": "--output-dir"}
+
+
+def flag_of(key: str) -> str:
+    """The command-line flag of a setting (``k`` -> ``-k``, ``max-iter`` -> ``--max-iter``)."""
+    name = key.replace("-", "_")
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+class InvalidSetting(UsageError):
+    """A setting with a value of the wrong type or range; :func:`build_config` says where it came from."""
+
+    def __init__(self, key: str, value, expected: str):
+        self.key = key.replace("-", "_")
+        self.value = value
+        self.expected = expected
+        super().__init__(f"{flag_of(key)} {value!r}: expected {expected}")
+
+
 def _check(ok: bool, key: str, value, expected: str) -> None:
     if not ok:
-        raise UsageError(f"--{key} {value!r}: expected {expected}")
+        raise InvalidSetting(key, value, expected)
 
 
 def option_keys() -> list:
@@ -162,35 +186,66 @@ def option_keys() -> list:
     return [f.name.replace("_", "-") for f in fields(RunConfig)]
 
 
-def load_yaml(path: str) -> dict:
+class ConfigValues(dict):
+    """The settings of a YAML file, ``{field_name: value}``, and where each was written.
+
+    Attributes
+    ----------
+    path : str
+    written : dict
+        ``{field_name: (key as written, line number)}``.
+    """
+
+    def __init__(self, values: dict, path: str = "", written: dict | None = None):
+        super().__init__(values)
+        self.path = path
+        self.written = written or {}
+
+
+def load_yaml(path: str) -> ConfigValues:
     """Read a YAML configuration file into ``{field_name: value}``.
 
     Raises
     ------
     UsageError
-        Unreadable file, not a mapping, or an unknown key.
+        Unreadable file, not a mapping, an unknown key, or a key given twice
+        (``max-iter`` and ``max_iter`` are one key), naming the file and line.
     """
     import yaml
 
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            text = f.read()
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
     except OSError as exc:
         raise UsageError(f"--config {path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--config {path}: not a text file") from None
     except yaml.YAMLError as exc:
-        raise UsageError(f"--config {path}: not valid YAML: {exc}") from None
+        raise UsageError(f"--config {path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if data is None:
-        return {}
-    if not isinstance(data, dict):
+        return ConfigValues({}, path)
+    if not isinstance(data, dict) or not isinstance(root, yaml.MappingNode):
         raise UsageError(f"--config {path}: expected a mapping of option names to values")
     known = {f.name for f in fields(RunConfig)}
+    written = {}
+    for key_node, _ in root.value:
+        key, line = str(key_node.value), key_node.start_mark.line + 1
+        name = key.replace("-", "_")
+        if name in written:
+            first_key, first_line = written[name]
+            same = "" if first_key == key else f" (as {first_key!r})"
+            raise UsageError(f"{path}: key {key!r} on line {line} is given twice: first on line {first_line}{same}")
+        written[name] = (key, line)
     out = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
         if name not in known:
-            raise UsageError(f"--config {path}: unknown key {key!r}; known keys: {', '.join(option_keys())}")
+            where = f" (line {written[name][1]})" if name in written else ""
+            raise UsageError(f"{path}: unknown key {key!r}{where}; known keys: {', '.join(option_keys())}")
         out[name] = value
-    return out
+    return ConfigValues(out, path, written)
 
 
 def build_config(file_values: dict, cli_values: dict) -> RunConfig:
@@ -202,6 +257,12 @@ def build_config(file_values: dict, cli_values: dict) -> RunConfig:
         From :func:`load_yaml` (field names as keys).
     cli_values : dict
         Only the flags given on the command line (field names as keys).
+
+    Raises
+    ------
+    UsageError
+        The first setting that is not valid, named as it was given: ``-k 0`` for
+        a flag, the file, key and line for a file's value.
     """
     merged = {**file_values, **cli_values}
     try:
@@ -210,4 +271,14 @@ def build_config(file_values: dict, cli_values: dict) -> RunConfig:
         raise UsageError(str(exc)) from None
     if isinstance(cfg.tol, int) and not isinstance(cfg.tol, bool):
         cfg.tol = float(cfg.tol)
-    return cfg.validate()
+    try:
+        return cfg.validate()
+    except InvalidSetting as exc:
+        if exc.key in cli_values:
+            raise UsageError(f"{flag_of(exc.key)} {exc.value}: expected {exc.expected}") from None
+        if exc.key in file_values:
+            path = getattr(file_values, "path", "") or "the config file"
+            key, line = getattr(file_values, "written", {}).get(exc.key, (exc.key.replace("_", "-"), None))
+            where = f" (line {line})" if line else ""
+            raise UsageError(f"{path}: key {key}: expected {exc.expected}, got {exc.value!r}{where}") from None
+        raise

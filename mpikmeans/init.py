@@ -198,11 +198,16 @@ def init_kmeanspp(comm, k: int, x: np.ndarray, row_offset: int, n: int, seed: in
     centres[0] = _first_centre(comm, x, row_offset, n, rng, weights)
     d2 = rows.dist2_to(centres[0])
     vmax = global_max(comm, np.array([rows.d2_max(d2, weights)]))
+    duplicates = 0
     for c in range(1, k):
         if vmax == 0.0:
             # every row sits on a centre (fewer distinct rows than k): nothing
             # to gain from any choice; a uniform row keeps the result defined
-            log.warning("k-means++: only %d distinct rows for %d centres; centre %d duplicates a row", c, k, c)
+            if not duplicates:
+                which = f"centre {c} duplicates a row" if c == k - 1 else f"centres {c} to {k - 1} duplicate rows"
+                log.warning("k-means++: the data has only %d distinct row%s for k = %d: %s", c, "" if c == 1 else "s",
+                            k, which)
+            duplicates += 1
             centres[c] = gather_rows(comm, x, row_offset, np.array([int(rng.integers(n))]))[0]
             continue
         s = fixed_scale(vmax)
@@ -339,7 +344,9 @@ def init_kmeans_parallel(comm, k: int, x: np.ndarray, row_offset: int, n: int, s
     cands = np.ascontiguousarray(np.vstack(cands))
     cw = exact_label_sums(comm, rows.nearest(cands)[0], weights, len(cands))
     if int((cw > 0).sum()) < k:
-        log.warning("k-means||: %d distinct candidates for k = %d; using k-means++ instead", int((cw > 0).sum()), k)
+        distinct = int((cw > 0).sum())
+        log.warning("k-means||: %d distinct candidate%s for k = %d; using k-means++ instead", distinct,
+                    "" if distinct == 1 else "s", k)
         return init_kmeanspp(comm, k, x, row_offset, n, seed, weights=weights, backend=backend)
     centres = None
     if comm.rank == 0:

@@ -148,8 +148,12 @@ def run_restarts(comm, backend, x: np.ndarray, row_offset: int, n: int, k: int, 
         summaries.append({"restart": i, "seed": s, "inertia": res.inertia, "iterations": res.iterations,
                           "converged": res.converged, "stop_reason": res.stop_reason, "init_s": t1 - t0,
                           "compute_s": t2 - t1})
-        log.info("restart %d/%d (seed %d): SSE %.10g after %d iterations", i + 1, n_init, s, res.inertia,
-                 res.iterations)
+        if res.interrupted:  # no SSE: the last assignment was never made
+            log.info("restart %d/%d (seed %d): stopped by a signal after %d iteration%s", i + 1, n_init, s,
+                     res.iterations, "" if res.iterations == 1 else "s")
+        else:
+            log.info("restart %d/%d (seed %d): SSE %.10g after %d iteration%s", i + 1, n_init, s, res.inertia,
+                     res.iterations, "" if res.iterations == 1 else "s")
         if res.interrupted:
             return RestartsResult(res, i, summaries)
         keep = best_restart([r["inertia"] for r in summaries])

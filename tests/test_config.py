@@ -185,3 +185,38 @@ def test_default_yaml_documents_every_key():
 def test_issue_8_and_4_settings_are_checked(values, needle):
     with pytest.raises(UsageError, match=needle):
         build_config({}, {"k": 2, **values})
+
+
+# --------------------------------------------------------------------------- where a bad value came from (issue 40, item 12)
+
+def test_item12_a_file_value_is_named_by_file_key_and_line(tmp_path):
+    path = yaml_file(tmp_path, "seed: 1\nk: three\n")
+    with pytest.raises(UsageError) as info:
+        build_config(load_yaml(path), {})
+    assert info.value.message == f"{path}: key k: expected an integer >= 1, got 'three' (line 2)"
+    path = yaml_file(tmp_path, "k: 2\nmax_iter: 0\n")
+    with pytest.raises(UsageError) as info:
+        build_config(load_yaml(path), {})
+    assert info.value.message.startswith(f"{path}: key max_iter: expected an integer >= 1, got 0")
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"k": 0}, "-k 0: expected an integer >= 1"),
+    ({"k": 3, "max_iter": 0}, "--max-iter 0: expected an integer >= 1"),
+    ({"k": 3, "tol": -1.0}, "--tol -1.0: expected a number >= 0"),
+])
+def test_item12_a_flag_is_named_as_typed(values, message):
+    with pytest.raises(UsageError) as info:
+        build_config({}, values)
+    assert info.value.message == message
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("k: 3\nk: 4\n", "key 'k' on line 2 is given twice: first on line 1"),
+    ("k: 3\nseed: 1\nmax-iter: 2\nmax_iter: 3\n", "key 'max_iter' on line 4 is given twice: first on line 3 (as 'max-iter')"),
+])
+def test_item12_duplicate_keys_are_an_error(tmp_path, text, needle):
+    path = yaml_file(tmp_path, text)
+    with pytest.raises(UsageError) as info:
+        load_yaml(path)
+    assert needle in info.value.message and path in info.value.message

@@ -288,3 +288,119 @@ def test_write_summary_failure_reaches_every_rank(tmp_path):
     out_dir = tmp_path / "gone"
     out = run_ranks(3, lambda comm: write_summary(comm, str(out_dir), {"k": 1}), return_exceptions=True)
     assert all(isinstance(e, RunError) and e.collective for e in out), out
+
+
+# --------------------------------------------------------------------------- the results directory as a whole
+
+from mpikmeans.errors import UsageError  # noqa: E402
+from mpikmeans.io import output as output_module  # noqa: E402
+from mpikmeans.io.output import CLUSTERED, ResultsDir, order_by_header  # noqa: E402
+
+
+def _files(directory: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(Path(directory).iterdir())}
+
+
+def _publish(ranks: int, out: Path, overwrite: bool, files: dict, own=(), data=None, mode=None) -> list:
+    """One run's results written through :class:`ResultsDir` by ``ranks`` ranks."""
+    def body(comm):
+        results = ResultsDir(comm, str(out), overwrite, own=own, data=data)
+        if mode is not None:
+            results._mode = mode
+        staging = results.stage()
+        if comm.rank == 0:
+            for name, content in files.items():
+                write_atomic(os.path.join(staging, name), content)
+        comm.barrier()
+        results.publish()
+        return results.staging
+
+    return run_ranks(ranks, body)
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_results_dir_new_appears_whole(tmp_path, ranks):
+    out = tmp_path / "a" / "b" / "res"
+    _publish(ranks, out, False, {CENTERS: b"c\n", LABELS: b"0\n", SUMMARY: b"{}\n"})
+    assert _files(out) == {CENTERS: b"c\n", LABELS: b"0\n", SUMMARY: b"{}\n"}
+    assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == ["res"]  # no staging left
+
+
+@pytest.mark.parametrize("mode", [None, "replace"])
+@pytest.mark.parametrize("exchange", [True, False])
+def test_results_dir_overwrite_replaces_the_whole_directory(tmp_path, monkeypatch, mode, exchange):
+    if not exchange:  # a file system without renameat2's exchange: two renames
+        monkeypatch.setattr(output_module, "_exchange", lambda a, b: False)
+    out = tmp_path / "res"
+    _publish(1, out, False, {CENTERS: b"old c\n", LABELS: b"old l\n", CLUSTERED: b"old arff\n", SUMMARY: b"{1}\n"})
+    (out / "checkpoint.npz").write_bytes(b"a stopped run's state")
+    _publish(3, out, True, {CENTERS: b"new c\n", LABELS: b"new l\n", SUMMARY: b"{2}\n"}, mode=mode)
+    expected = {CENTERS: b"new c\n", LABELS: b"new l\n", SUMMARY: b"{2}\n"}
+    if mode == "replace":  # file by file: only the results are replaced
+        expected["checkpoint.npz"] = b"a stopped run's state"
+    assert _files(out) == expected  # no stale clustered.arff
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res"]
+
+
+def test_results_dir_into_a_directory_without_results_keeps_its_files(tmp_path):
+    out = tmp_path / "res"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    _publish(2, out, False, {CENTERS: b"c\n", SUMMARY: b"{}\n"})
+    assert _files(out) == {CENTERS: b"c\n", SUMMARY: b"{}\n", "notes.txt": b"mine\n"}
+
+
+def test_results_dir_refusals_name_the_files(tmp_path):
+    out = tmp_path / "res"
+    _publish(1, out, False, {CENTERS: b"c\n", SUMMARY: b'{"data": "/x/other.arff"}\n'})
+    before = _files(out)
+    errors = run_ranks(3, lambda comm: ResultsDir(comm, str(out), False, data="/x/this.arff"), return_exceptions=True)
+    assert all(isinstance(e, UsageError) and e.collective for e in errors)
+    assert "already holds results of another data file, /x/other.arff" in errors[0].message
+    assert "--overwrite" in errors[0].message
+    (out / "mine.txt").write_text("x")
+    errors = run_ranks(2, lambda comm: ResultsDir(comm, str(out), True), return_exceptions=True)
+    assert all(isinstance(e, UsageError) for e in errors) and "mine.txt" in errors[0].message
+    # this run's own checkpoint may be there
+    (out / "mine.txt").unlink()
+    (out / "state.npz").write_bytes(b"s")
+    run_ranks(2, lambda comm: ResultsDir(comm, str(out), True, own=[str(out / "state.npz")]))
+    assert _files(out) == {**before, "state.npz": b"s"}
+    file = tmp_path / "plain"
+    file.write_text("x")
+    errors = run_ranks(1, lambda comm: ResultsDir(comm, str(file), True), return_exceptions=True)
+    assert isinstance(errors[0], UsageError) and "not a directory" in errors[0].message
+
+
+def test_results_dir_discard_leaves_nothing(tmp_path):
+    out = tmp_path / "x" / "y" / "res"
+
+    def body(comm):
+        results = ResultsDir(comm, str(out), False)
+        staging = results.stage()
+        if comm.rank == 0:
+            write_atomic(os.path.join(staging, CENTERS), b"half\n")
+        comm.barrier()
+        results.discard()
+
+    run_ranks(3, body)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("header, names, order", [
+    (["a", "b", "c"], ["a", "b", "c"], [0, 1, 2]),
+    (["c", "a", "b"], ["a", "b", "c"], [1, 2, 0]),
+    ([" b ", "a"], ["a", "b"], [1, 0]),
+])
+def test_order_by_header(header, names, order):
+    assert order_by_header(header, names, "f.csv") == order
+
+
+@pytest.mark.parametrize("header, needle", [
+    (["a", "b", "x"], "columns the data does not cluster: 'x'"),
+    (["a", "b"], "no column for 'c'"),
+    (["a", "a", "b", "c"], "columns named twice: 'a'"),
+])
+def test_order_by_header_names_the_mismatch(header, needle):
+    with pytest.raises(ValueError, match=needle):
+        order_by_header(header, ["a", "b", "c"], "f.csv")

@@ -279,9 +279,10 @@ def test_walltime_checkpoint_then_resubmit_resumes(tmp_path):
     settings = dict(DATA="slow.arff", K="30", ARGS="--init range --max-iter 100000")
     env = torque_env(tmp_path, work, slots=2, jobid="120", np=2, **settings)
     job = submit(PBS / "mpi_run.pbs", tmp_path, env, term_after=6, timeout=90)
-    ckpt = work / "slow.k30.checkpoint.npz"
     assert job.code == 75, job.out
-    assert ckpt.exists() and "resumes from there" in job.out
+    # named after DATA, K and a hash of ARGS and CONFIG
+    [ckpt] = work.glob("slow.k30.*.checkpoint.npz")
+    assert "resumes from there" in job.out
     env = torque_env(tmp_path, work, slots=2, jobid="121", np=2, **settings)
     job = submit(PBS / "mpi_run.pbs", tmp_path, env, timeout=240)  # a generous bound: two ranks iterate to convergence on two busy cores
     assert job.code == 0, job.out

@@ -104,7 +104,7 @@ def test_resume_refuses_another_k(slow, tmp_path):
     r = _with_fault("0:iteration:term:3", ["run", slow, "-k", 30, "-o", tmp_path / "a", "--checkpoint", ckpt])
     assert r.code == EXIT_CHECKPOINTED, r.err
     r = run_cli(["run", slow, "-k", 29, "-o", tmp_path / "b", "--resume", ckpt], np=2)
-    assert r.code == 2 and "k = 30" in r.err
+    assert r.code == 2 and "made with -k 30; this run has -k 29" in r.err
 
 
 def test_sigterm_to_the_whole_job(slow, tmp_path):
@@ -121,7 +121,7 @@ def test_sigterm_to_the_whole_job(slow, tmp_path):
                          start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        for line in p.stdout:
+        for line in p.stderr:  # -v's lines go to stderr
             if line.startswith("iter    5") or time.monotonic() > deadline:
                 break
         t0 = time.monotonic()

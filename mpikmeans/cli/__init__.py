@@ -22,6 +22,11 @@ from ..errors import MpikmeansError
 log = logging.getLogger("mpikmeans")
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 iteration``, ``2 iterations``: a count with its noun."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
 def _launcher_rank() -> int:
     """This process's rank as the launcher announces it, before MPI starts.
 
@@ -36,13 +41,17 @@ def _launcher_rank() -> int:
 
 
 def _setup_logging(comm, verbose: int, quiet: bool) -> None:
+    """Warnings, notices and ``-v``'s progress lines go to stderr: stdout holds results alone."""
+    from ..config import NOTICE
+
+    logging.addLevelName(NOTICE, "NOTICE")
     root = logging.getLogger("mpikmeans")
     root.handlers.clear()
     root.propagate = False
     if comm.rank == 0:
-        handler = logging.StreamHandler(sys.stdout)
+        handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
-        level = logging.ERROR if quiet else (logging.INFO if verbose else logging.WARNING)
+        level = logging.ERROR if quiet else (logging.INFO if verbose else NOTICE)
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(f"[rank {comm.rank}] %(message)s"))
@@ -52,7 +61,22 @@ def _setup_logging(comm, verbose: int, quiet: bool) -> None:
     root.setLevel(level)
 
 
+def _traceback_hint() -> str:
+    """How the running command shows a traceback: its ``-v`` where it has one."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and any("-v" in p.opts for p in ctx.command.params):
+        return "run with -v for the traceback"
+    return f"set {TRACEBACK_VARIABLE}=1 for the traceback"
+
+
+#: Set to 1, any command prints the traceback of an internal error (for commands without -v).
+TRACEBACK_VARIABLE = "MPIKMEANS_TRACEBACK"
+
+
 def _reporter(comm, verbose: int):
+    verbose = verbose or os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
+    hint = _traceback_hint()
+
     def report(exc, fatal: bool) -> None:
         if isinstance(exc, MpikmeansError):
             if fatal or comm.rank == 0:
@@ -68,12 +92,28 @@ def _reporter(comm, verbose: int):
         if verbose:
             traceback.print_exc()
         else:
-            click.echo("mpikmeans: run with -v for the traceback", err=True)
+            click.echo(f"mpikmeans: {hint}", err=True)
         if comm.size > 1:
             click.echo("mpikmeans: aborting all ranks", err=True)
         sys.stderr.flush()
 
     return report
+
+
+#: A file rank 0 writes its exit code into as it ends (the job templates read it: mpirun's own
+#: code after a signal is not the ranks', see :mod:`mpikmeans.interrupt`).
+STATUS_VARIABLE = "MPIKMEANS_STATUS_FILE"
+
+
+def _write_status(comm, code: int) -> None:
+    path = os.environ.get(STATUS_VARIABLE)
+    if not path or comm.rank != 0:
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(f"{code}\n")
+    except OSError as exc:
+        click.echo(f"mpikmeans: warning: {STATUS_VARIABLE}={path}: cannot write: {exc.strerror}", err=True)
 
 
 def _guarded(verbose: int, quiet: bool, body) -> None:
@@ -83,6 +123,7 @@ def _guarded(verbose: int, quiet: bool, body) -> None:
     comm = world()
     _setup_logging(comm, verbose, quiet)
     code = run_guarded(comm, lambda: body(comm), _reporter(comm, verbose))
+    _write_status(comm, code)
     sys.stdout.flush()
     sys.exit(code)
 
@@ -90,7 +131,7 @@ def _guarded(verbose: int, quiet: bool, body) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mpikmeans")
 def main():
-    """k-means clustering of large ARFF files over MPI ranks, on GPUs or CPUs.
+    """k-means clustering of large ARFF or CSV files over MPI ranks, on GPUs or CPUs.
 
     \b
     Examples:

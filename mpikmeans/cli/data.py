@@ -10,7 +10,51 @@ import click
 
 from ..config import MISSING_POLICIES
 from ..errors import UsageError
-from . import _guarded, main
+from . import _guarded, main, plural
+
+#: Above this many bytes, what a command is about to write or read is said first (seconds of work).
+_BIG = 1_000_000_000
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_to_replace(outputs: list, inputs: list, overwrite: bool) -> None:
+    """Check, before any work, that no output would write over an input or, without ``overwrite``, a file.
+
+    Parameters
+    ----------
+    outputs : list of (str, str)
+        (what, path) of each file the command writes; None paths are skipped.
+    inputs : list of (str, str)
+        (what, path) of each file it reads.
+    overwrite : bool
+
+    Raises
+    ------
+    UsageError
+        Naming every output that is in the way.
+    """
+    outputs = [(what, path) for what, path in outputs if path]
+    for what, path in outputs:
+        for in_what, in_path in inputs:
+            if _same_file(path, in_path):
+                raise UsageError(f"{path}: {what} is the command's input ({in_what}): choose another name "
+                                 "(an input is never written over)")
+        if os.path.isdir(path):
+            raise UsageError(f"{path}: {what} is a directory")
+    taken = [path for _, path in outputs if os.path.lexists(path)]
+    if taken and not overwrite:
+        raise UsageError(f"{', '.join(taken)}: already exist{'s' if len(taken) == 1 else ''}; pass --overwrite to "
+                         "replace, or choose another name")
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB"
 
 
 @main.command("gen-data")
@@ -24,10 +68,14 @@ from . import _guarded, main
               help="Digits after the decimal point.")
 @click.option("--report", type=click.Path(dir_okay=False),
               help="Also write the figures as JSON here: bytes, write_s, startup_s, ranks (for benchmarks).")
+@click.option("--overwrite", is_flag=True, help="Replace OUT (and the --report file) if they exist.")
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
-def gen_data(out, n, m, k, seed, spread, decimals, report, verbose, quiet):
-    """Write a synthetic ARFF file of Gaussian blobs (in parallel under mpirun)."""
+def gen_data(out, n, m, k, seed, spread, decimals, report, overwrite, verbose, quiet):
+    """Write a synthetic ARFF file of Gaussian blobs (in parallel under mpirun).
+
+    An existing OUT is never replaced without --overwrite.
+    """
     from ..io.gen import GenSpec, prepare, write_blobs
     from ..io.output import write_atomic
 
@@ -37,6 +85,14 @@ def gen_data(out, n, m, k, seed, spread, decimals, report, verbose, quiet):
             spec.validate()
         except ValueError as exc:
             raise UsageError(str(exc), collective=True) from None
+        if report and os.path.abspath(report) == os.path.abspath(out):
+            raise UsageError(f"--report {report}: the same file as OUT", collective=True)
+        comm.from_root(lambda: refuse_to_replace([("OUT", out), ("--report", report)], [], overwrite))
+        # a value takes its digits, the point, a sign, up to two integer digits and a separator
+        estimate = n * (m * (decimals + 4.5) + 1)
+        if comm.rank == 0 and not quiet and estimate > _BIG:
+            click.echo(f"gen-data: writing about {_gb(estimate)} to {out} ({plural(n, 'row')} x "
+                       f"{plural(m, 'attribute')})", err=True)
         # the one-time start-up (Numba, the formatter's cached kernels) is timed apart from the writing
         t0 = time.perf_counter()
         prepare(comm)
@@ -49,8 +105,8 @@ def gen_data(out, n, m, k, seed, spread, decimals, report, verbose, quiet):
                        "ranks": comm.size, "n": n, "m": m, "k": k, "seed": seed, "decimals": decimals}
             write_atomic(report, (json.dumps(figures, indent=1) + "\n").encode())
         if comm.rank == 0 and not quiet:
-            click.echo(f"wrote {out}: {n} rows x {m} attributes, {k} blobs, {size / 1e6:.1f} MB "
-                       f"in {dt:.2f} s ({size / 1e6 / dt:.0f} MB/s, {comm.size} rank{'s' if comm.size != 1 else ''}, "
+            click.echo(f"wrote {out}: {plural(n, 'row')} x {plural(m, 'attribute')}, {plural(k, 'blob')}, "
+                       f"{size / 1e6:.1f} MB in {dt:.2f} s ({size / 1e6 / dt:.0f} MB/s, {plural(comm.size, 'rank')}, "
                        f"start-up {t_ready - t0:.2f} s)")
         return 0
 
@@ -65,16 +121,35 @@ def gen_data(out, n, m, k, seed, spread, decimals, report, verbose, quiet):
 @click.option("--report", type=click.Path(dir_okay=False),
               help="Also write the figures as JSON here: bytes read and written, convert_s (read_s + write_s "
                    "on rank 0), startup_s, ranks.")
+@click.option("--overwrite", is_flag=True, help="Replace TARGET, TARGET.json (and the --report file) if they exist.")
 @click.option("-q", "--quiet", is_flag=True)
-def convert(source, target, ignore, missing, report, quiet):
-    """Parse SOURCE (ARFF) once and write TARGET (.npy) for fast repeated runs."""
+def convert(source, target, ignore, missing, report, overwrite, quiet):
+    """Parse SOURCE (ARFF or CSV) once and write TARGET (.npy) for fast repeated runs.
+
+    The attribute names go to TARGET.json.  Existing files are never replaced
+    without --overwrite, and SOURCE never.
+    """
     from ..io.binary import convert as convert_file
     from ..io.output import write_atomic
 
     def body(comm):
         if not target.endswith(".npy"):
             raise UsageError(f"{target}: the target must end in .npy", collective=True)
+        outputs = [("TARGET", target), ("TARGET's names", target + ".json"), ("--report", report)]
+        if report and os.path.abspath(report) in (os.path.abspath(target), os.path.abspath(target + ".json")):
+            raise UsageError(f"--report {report}: the same file as TARGET or its names", collective=True)
+        comm.from_root(lambda: refuse_to_replace(outputs, [("SOURCE", source)], overwrite))
+        if comm.rank == 0 and not quiet:
+            try:
+                size = os.path.getsize(source)
+            except OSError:
+                size = 0
+            if size > _BIG:
+                click.echo(f"convert: parsing {source} ({_gb(size)}) on {plural(comm.size, 'rank')}", err=True)
+        from ..faults import fault_point
         from ..runner import prepare_read, rank_threads
+
+        fault_point(comm.rank, "read")
 
         t0 = time.perf_counter()
         threads = rank_threads(comm)
@@ -90,7 +165,7 @@ def convert(source, target, ignore, missing, report, quiet):
                        **phases}
             write_atomic(report, (json.dumps(figures, indent=1) + "\n").encode())
         if comm.rank == 0 and not quiet:
-            click.echo(f"wrote {target}: {local.n} rows x {local.m} attributes in {dt:.2f} s "
+            click.echo(f"wrote {target}: {plural(local.n, 'row')} x {plural(local.m, 'attribute')} in {dt:.2f} s "
                        f"(start-up {t_ready - t0:.2f} s) "
                        f"(names in {target}.json); run it with: mpikmeans run {target} -k K")
         return 0

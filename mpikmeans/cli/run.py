@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import click
 from click.core import ParameterSource
 
 from ..config import (BACKENDS, DTYPES, EMPTY_POLICIES, MISSING_POLICIES, NOMINAL_POLICIES, NORMALIZE_METHODS,
                       build_config, load_yaml)
 from ..errors import UsageError
-from . import _guarded, main
+from ..interrupt import EXIT_CHECKPOINTED
+from . import _guarded, main, plural
 
 
 _RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_cluster", "output_dir",
@@ -16,7 +20,7 @@ _RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_
              "ignore", "missing", "nominal", "n_init", "normalize", "write_arff")
 
 
-@main.command()
+@main.command(short_help="Cluster DATA (ARFF, CSV or .npy) into K clusters.")
 @click.argument("data", type=click.Path(dir_okay=False))
 @click.option("-k", "k", type=int, help="Number of clusters (required, here or in --config).")
 @click.option("--init", help="k-means++ | k-means|| | range | sample | FILE.csv of k x m centres  "
@@ -36,27 +40,38 @@ _RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_
 @click.option("--nominal", type=click.Choice(NOMINAL_POLICIES),
               help="Nominal attributes: skip them, or cluster them as Weka's SimpleKMeans (0/1 distance, the "
                    "mode as centroid)  [default: skip]")
-@click.option("--output-dir", "-o", help="Default: DATA's stem + .mpikmeans/")
-@click.option("--overwrite", is_flag=True, default=None, help="Replace results already in the output directory.")
+@click.option("--output-dir", "-o", help="Where the results go  [default: DATA without .arff, or the whole name of "
+              "a CSV or .npy file, + .mpikmeans/: data.arff -> data.mpikmeans/, data.npy -> data.npy.mpikmeans/]")
+@click.option("--overwrite", is_flag=True, default=None,
+              help="Replace the results already in the output directory (the directory as a whole, once the new "
+                   "results are written) and an older --checkpoint file.")
 @click.option("--threads", type=int, help="CPU threads per rank, for parsing and the CPU backend  [default: the "
               "rank's share of its node's CPUs, lowered by OMP_NUM_THREADS; mpikmeans info shows it]")
 @click.option("--share-gpus", is_flag=True, default=None, help="Allow more ranks per node than GPUs.")
 @click.option("--chunk-rows", type=int, help="GPU: stream the data in chunks of this many rows.")
-@click.option("--checkpoint", help="Save the loop state here periodically and on SIGTERM/SIGUSR1.")
+@click.option("--checkpoint", help="Save the loop state here periodically and on a stop signal (SIGTERM, SIGINT, "
+              "SIGUSR1, SIGUSR2; then exit 75)  [default: on a stop signal only, OUTPUT-DIR/checkpoint.npz]")
 @click.option("--checkpoint-every", type=int, help="Checkpoint every N iterations  [default: at most every 60 s]")
-@click.option("--resume", help="Go on from a checkpoint.")
+@click.option("--resume", help="Go on from a checkpoint (made with the same data and settings).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML file of settings (keys = option names).")
 @click.option("--dry-run", is_flag=True, help="Print per-rank rows, bytes and memory estimates, then exit.")
 @click.option("-v", "--verbose", count=True, help="One line per iteration (-vv: more).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.pass_context
 def run(ctx, data, config_path, dry_run, verbose, quiet, **options):
-    """Cluster DATA (an ARFF file) into K clusters."""
+    """Cluster DATA into K clusters.
+
+    DATA is an ARFF file, a CSV file (.csv: a header line of names, or none),
+    or the .npy copy of either that `mpikmeans convert` makes.  The results
+    (centers.csv, labels.txt, summary.json) go to --output-dir; warnings and
+    progress go to stderr.  Exit codes: 0 done, 1 runtime failure, 2 usage
+    error, 3 bad input data, 75 stopped by a signal (go on with --resume and the
+    checkpoint it names).
+    """
     given = {key: options[key] for key in _RUN_KEYS
              if ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE and options[key] is not None}
 
     def body(comm):
-        from ..interrupt import EXIT_CHECKPOINTED
         from ..runner import dry_run as plan_ranks
         from ..runner import run_job
 
@@ -71,31 +86,94 @@ def run(ctx, data, config_path, dry_run, verbose, quiet, **options):
                 _print_plan(plans, cfg)
             return 0
         from .. import IMPORTED_AT
+        from ..runner import default_output_dir
 
-        outcome = run_job(comm, data, cfg, launched_at=IMPORTED_AT)
+        if comm.rank == 0 and not quiet:
+            _print_start(data, cfg, comm.size, cfg.output_dir or default_output_dir(data))
+        outcome = run_job(comm, data, cfg, launched_at=IMPORTED_AT, config_path=config_path)
         if comm.rank == 0 and outcome.interrupted_by:
-            s = outcome.summary
-            click.echo(f"mpikmeans: stopped by {outcome.interrupted_by} after iteration {s['iterations']}; "
-                       f"state saved to {outcome.checkpoint}", err=True)
-            click.echo(f"mpikmeans: go on with: mpikmeans run {data} --resume {outcome.checkpoint} "
-                       "(and the same settings)", err=True)
-        elif comm.rank == 0 and not quiet:
-            _print_summary(outcome.summary, outcome.out_dir)
-            _print_centroids(outcome)
+            _print_stop(data, outcome)
+        elif comm.rank == 0:
+            if outcome.signal_while_writing:
+                click.echo(f"mpikmeans: {outcome.signal_while_writing} came as the run was finishing: its results "
+                           "were written in full and are complete (exit 0)", err=True)
+            if not quiet:
+                _print_summary(outcome.summary, outcome.out_dir)
+                _print_centroids(outcome)
         return EXIT_CHECKPOINTED if outcome.interrupted_by else 0
 
     _guarded(verbose, quiet, body)
 
 
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} bytes"
+
+
+def _print_start(data: str, cfg, ranks: int, out_dir: str) -> None:
+    """What the run is about to do, on stderr before it starts (the summary comes at the end)."""
+    from .. import __version__
+
+    try:
+        size = f" ({_size(os.path.getsize(data))})"
+    except OSError:
+        size = ""
+    init = cfg.init if cfg.resume is None else f"resumed from {cfg.resume}"
+    click.echo(f"mpikmeans {__version__}: {data}{size}, k = {cfg.k}, {plural(ranks, 'rank')}, backend {cfg.backend}, "
+               f"init {init}, seed {cfg.seed}; results to {out_dir}/", err=True)
+
+
+def _stop_lines(data: str, outcome) -> list:
+    name = outcome.interrupted_by
+    if outcome.interrupted_phase:
+        return [f"mpikmeans: stopped by {name} while {outcome.interrupted_phase}, before the first iteration: "
+                "nothing to save; run the same command again"]
+    it = outcome.summary["iterations"]
+    if not outcome.resumable:
+        return [f"mpikmeans: stopped by {name} after iteration {it}; the restarts of --n-init cannot be "
+                "resumed: run the same command again"]
+    if outcome.checkpoint is None:
+        return [f"mpikmeans: stopped by {name} after iteration {it}; the checkpoint could not be written "
+                "(see the warning above)"]
+    return [f"mpikmeans: stopped by {name} after iteration {it}; state saved to {outcome.checkpoint}",
+            f"mpikmeans: go on with: mpikmeans run {data} --resume {outcome.checkpoint} (and the same settings)"]
+
+
+def _print_stop(data: str, outcome) -> None:
+    """Why a stopped run stopped, what it saved, how to go on (stderr).
+
+    Open MPI 5's mpirun, itself stopped by SIGINT (Ctrl-C) or SIGTERM, passes
+    SIGTERM on to the ranks and drops their output from then on: the lines go
+    to the terminal the job was started from as well, where there is one.
+    """
+    lines = _stop_lines(data, outcome)
+    for line in lines:
+        click.echo(line, err=True)
+    if outcome.interrupted_by == "SIGTERM" and os.environ.get("OMPI_VERSION", "").startswith("5.") \
+            and not sys.stderr.isatty():
+        lines.append("mpikmeans: (mpirun passed on a Ctrl-C or SIGTERM as SIGTERM, and exits 1 whatever the ranks do; "
+                     f"the run's own exit code is {EXIT_CHECKPOINTED})")
+        try:
+            with open("/dev/tty", "w") as tty:
+                tty.write("".join(line + "\n" for line in lines))
+        except OSError:  # no controlling terminal: a batch job, whose template reports the exit code
+            pass
+
+
 def _print_plan(plans: list, cfg) -> None:
     gib = 2.0**30
-    click.echo(f"dry run: {len(plans)} rank(s), m = {plans[0]['m']}, k = {cfg.k}, dtype {cfg.dtype} on a GPU")
-    click.echo(f"{'rank':>4} {'host':<18} {'bytes':>14} {'rows (est.)':>12} {'host GiB':>9} {'GPU GiB':>8} "
-               f"{'avail GiB':>9}")
+    gpu = any(p.get("backend") == "gpu" for p in plans)
+    where = f"dtype {cfg.dtype} on a GPU" if gpu else "on the CPU"
+    click.echo(f"dry run: {plural(len(plans), 'rank')}, m = {plans[0]['m']}, k = {cfg.k}, {where}")
+    device = f" {'GPU GiB':>8}" if gpu else ""
+    click.echo(f"{'rank':>4} {'host':<18} {'bytes':>14} {'rows (est.)':>12} {'host GiB':>9}{device} {'avail GiB':>9}")
     for p in plans:
         avail = "?" if p["available_bytes"] is None else f"{p['available_bytes'] / gib:.1f}"
+        device = f" {p['device_bytes'] / gib:>8.2f}" if gpu else ""
         click.echo(f"{p['rank']:>4} {p['host']:<18} {p['bytes']:>14} {p['rows']:>12} "
-                   f"{p['host_bytes'] / gib:>9.2f} {p['device_bytes'] / gib:>8.2f} {avail:>9}")
+                   f"{p['host_bytes'] / gib:>9.2f}{device} {avail:>9}")
     click.echo(f"total: {sum(p['bytes'] for p in plans)} bytes, about {sum(p['rows'] for p in plans)} rows")
 
 
@@ -133,15 +211,15 @@ def _print_centroids(outcome) -> None:
 def _print_summary(s: dict, out_dir: str) -> None:
     t = s["timings"]
     mb = s["bytes_read"] / 1e6
-    per = f"{s['threads_per_rank']} thread{'s' if s['threads_per_rank'] != 1 else ''}/rank" if s["backend"] == "cpu" \
+    per = f"{plural(s['threads_per_rank'], 'thread')}/rank" if s["backend"] == "cpu" \
         else ", ".join(s["devices"])
-    click.echo(f"mpikmeans {s['version']}: {s['n']} rows x {s['m']} attributes, k={s['k']}, "
-               f"{s['ranks']} rank{'s' if s['ranks'] != 1 else ''}, backend {s['backend']} ({per}), {s['dtype']}")
+    click.echo(f"mpikmeans {s['version']}: {plural(s['n'], 'row')} x {plural(s['m'], 'attribute')}, k={s['k']}, "
+               f"{plural(s['ranks'], 'rank')}, backend {s['backend']} ({per}), {s['dtype']}")
     state = "converged" if s["converged"] else "stopped"
     resumed = f", resumed at iteration {s['resumed_at_iteration']}" if s.get("resumed_from") else ""
     units = "" if s["inertia_units"] == "data" else f" ({s['inertia_units']} units)"
     restarts = f", best of {s['n_init']} restarts (#{s['best_restart']})" if s["n_init"] > 1 else ""
-    click.echo(f"{state} after {s['iterations']} iterations ({s['stop_reason']}{resumed}{restarts}); "
+    click.echo(f"{state} after {plural(s['iterations'], 'iteration')} ({s['stop_reason']}{resumed}{restarts}); "
                f"SSE{units} {s['inertia']:.10g}")
     sizes = s["sizes"]
     shown = " ".join(str(v) for v in sizes[:20]) + (" ..." if len(sizes) > 20 else "")

@@ -25,11 +25,16 @@
 #   VENV         a Python virtual environment holding mpikmeans: $VENV/bin goes first on PATH
 #   MPIKMEANS    the mpikmeans command  [mpikmeans found on PATH]
 #   INFO=1       run `mpikmeans info` first (ranks, hosts, node-local rank -> GPU)
+#   CKPT         checkpoint file  [DATA without extension + .k<K>.<hash of ARGS and CONFIG>.checkpoint.npz]
+#   RESUME       auto: go on from CKPT when it exists; 0: remove CKPT and start afresh  [auto]
 #
 # Exit status of the job: mpikmeans's own (0 success, 1 runtime failure, 2 usage error,
-# 3 bad input data), 4 when the template itself finds a problem after a "successful"
-# run (wrong number of ranks), 127 when mpirun/srun/mpikmeans is not found, and
-# 128+N when the run was killed by signal N (walltime limit, qdel/scancel, out of memory).
+# 3 bad input data, 75 stopped by a signal with its state in CKPT: submit again to go on),
+# 4 when the template itself finds a problem after a "successful" run (wrong number of
+# ranks), 127 when mpirun/srun/mpikmeans is not found, and 128+N when the run was killed
+# by signal N before it could save anything (walltime limit, qdel/scancel, out of memory).
+# The code is rank 0's own, which it writes to a status file as it ends: after a signal
+# mpirun's own code is 1 whatever the ranks did (Open MPI 4.1 and 5).
 # Requires bash 4.2 or later (CentOS 7's is 4.2: empty arrays are expanded with the
 # ${a[@]+"${a[@]}"} form for it).
 
@@ -106,14 +111,31 @@ mk_settings() {
 
     # Checkpoint and resume across walltime: the ranks save their state when the
     # scheduler's SIGTERM (or an earlier SIGUSR1) arrives; a resubmitted job with the
-    # same DATA and K finds the file and goes on from it (RESUME=0 starts afresh).
-    CKPT=${CKPT:-${DATA%.*}.k${K:-cfg}.checkpoint.npz}
+    # same DATA, K, ARGS and CONFIG finds the file and goes on from it (RESUME=0 starts
+    # afresh). The name holds a hash of ARGS and CONFIG's content, so a job with other
+    # settings never picks up this one's state (and mpikmeans refuses a checkpoint made
+    # under other settings, naming the difference).
+    CKPT=${CKPT:-${DATA%.*}.k${K:-cfg}.$(mk_settings_hash).checkpoint.npz}
     MK_TOOL+=(--checkpoint "$CKPT")
-    if [[ -f $CKPT && ${RESUME:-auto} != 0 ]]; then
-        mk_say "resuming from $CKPT"
-        MK_TOOL+=(--resume "$CKPT")
+    if [[ -f $CKPT ]]; then
+        if [[ ${RESUME:-auto} == 0 ]]; then
+            mk_say "RESUME=0: removing the checkpoint $CKPT and starting afresh"
+            rm -f -- "$CKPT"
+        else
+            mk_say "resuming from $CKPT"
+            MK_TOOL+=(--resume "$CKPT")
+        fi
     fi
     return 0
+}
+
+# Eight hex digits from ARGS and the CONFIG file's content: the settings a checkpoint's name
+# depends on besides DATA and K.
+mk_settings_hash() {
+    {
+        printf '%s\n' "$ARGS"
+        if [[ -n $CONFIG && -r $CONFIG ]]; then cat -- "$CONFIG"; fi
+    } | cksum | awk '{ printf "%08x", $1 }'
 }
 
 # ---------------------------------------------------------------------------- allocation
@@ -216,6 +238,9 @@ mk_launch_mpirun() {
             if [[ -n $bind ]] && ! mk_has_opt --bind-to; then
                 MK_LAUNCH+=(--bind-to "$bind")
             fi
+            # rank 0's status file (mk_run), wherever rank 0 runs: Open MPI passes a variable
+            # to other nodes only when told
+            MK_LAUNCH+=(-x MPIKMEANS_STATUS_FILE)
             # An error on one rank ends the job: Open MPI aborts the whole job when a
             # rank exits non-zero or calls MPI_Abort by default (Open MPI 4's
             # orte_abort_on_non_zero_status and PRRTE's prte_ equivalent are on by
@@ -268,8 +293,13 @@ mk_explain() {
         2) mk_say "exit 2: usage error (options, K, the CONFIG file)" ;;
         3) mk_say "exit 3: bad input data or an unreadable DATA file (the message above names the file, line, attribute)" ;;
         4) mk_say "exit 4: the run did not use the ranks it was given (see above)" ;;
-        75) mk_say "exit 75: stopped before the walltime with the state saved in $CKPT;" \
-                   "submit the same job again (same DATA and K) and it resumes from there" ;;
+        75) if [[ ${MK_CKPT_FRESH:-0} == 1 ]]; then
+                mk_say "exit 75: stopped before the walltime with the state saved in $CKPT;" \
+                       "submit the same job again (same DATA, K, ARGS and CONFIG) and it resumes from there"
+            else
+                mk_say "exit 75: stopped by a signal before there was a state to save;" \
+                       "submit the same job again and it starts afresh"
+            fi ;;
         127) mk_say "exit 127: a command was not found (MPI module or virtual environment not loaded?)" ;;
         137) mk_say "exit 137: killed (SIGKILL): walltime or memory limit exceeded, or the job was deleted" ;;
         130) mk_say "exit 130: interrupted (SIGINT)" ;;
@@ -283,11 +313,22 @@ mk_explain() {
     esac
 }
 
+# The signal the launcher gets when the job script is told to stop. SIGTERM or SIGINT make
+# Open MPI's mpirun (4.1 and 5) kill the ranks within 0.5-2 s, drop their output and exit 1;
+# SIGUSR2 it passes on as it is (Open MPI 4.1 swallows SIGUSR1), as srun does: the ranks finish
+# their iteration, save the checkpoint and exit 75, and mpirun with them.
+mk_stop_signal() {
+    case ${MK_FLAVOR:-} in
+        openmpi | srun*) echo USR2 ;;
+        *) echo "$1" ;;
+    esac
+}
+
 _mk_on_signal() {
     MK_SIGNAL=$1
     mk_say "received SIG$1 (walltime limit, qdel or scancel): stopping the ranks"
     if [[ -n ${MK_PID:-} ]]; then
-        kill -s "$1" "$MK_PID" 2>/dev/null || true
+        kill -s "$(mk_stop_signal "$1")" "$MK_PID" 2>/dev/null || true
     fi
 }
 
@@ -329,13 +370,18 @@ mk_run() {
     trap '_mk_on_signal INT' INT
     trap '_mk_on_signal USR1' USR1
 
+    # rank 0 writes its exit code here as it ends; in the submit directory, which every node sees
+    MK_STATUS=$PWD/.mpikmeans-status.$(mk_job_tag).$$
+    export MPIKMEANS_STATUS_FILE=$MK_STATUS
+
     if [[ $INFO == 1 ]]; then
         "${MK_LAUNCH[@]}" "$MPIKMEANS" info || mk_say "mpikmeans info failed (exit $?); running anyway"
     fi
 
     SECONDS=0
-    local started
+    local started status
     started=$(mktemp "${TMPDIR:-/tmp}/mpikmeans-start.XXXXXX")
+    rm -f -- "$MK_STATUS"
     # In the background so that a signal reaches the trap at once (bash runs traps only
     # between commands); the launcher's exit status comes back through wait.
     "${cmd[@]}" &
@@ -350,12 +396,18 @@ mk_run() {
         break
     done
     MK_PID=
-    if [[ -n $MK_SIGNAL && -f $CKPT && $CKPT -nt $started ]]; then
-        rc=75   # the ranks saved their state: a distinct code, so a wrapper can resubmit
-    elif [[ -n $MK_SIGNAL && $rc -le 128 ]]; then
+    MK_CKPT_FRESH=0
+    [[ -f $CKPT && $CKPT -nt $started ]] && MK_CKPT_FRESH=1
+    status=$(head -c 8 -- "$MK_STATUS" 2>/dev/null || true)
+    status=${status//[[:space:]]/}
+    if [[ $status =~ ^[0-9]+$ ]]; then
+        rc=$status   # rank 0's own code: after a signal mpirun's says only that it was signalled
+    elif [[ -n $MK_SIGNAL && $MK_CKPT_FRESH == 1 ]]; then
+        rc=75   # killed after saving their state: a distinct code, so a wrapper can resubmit
+    elif [[ -n $MK_SIGNAL ]]; then
         rc=$((128 + $(kill -l "$MK_SIGNAL")))   # the launcher's own code would hide why it stopped
     fi
-    rm -f "$started"
+    rm -f -- "$started" "$MK_STATUS"
     if [[ $rc -eq 0 ]]; then
         mk_check_ranks || rc=$?
         [[ $rc -eq 0 ]] && rm -f "$CKPT"   # finished: a later job must start afresh
