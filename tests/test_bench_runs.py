@@ -265,3 +265,15 @@ def test_bad_options_exit_2(args, needle, tmp_path):
     assert r.code == 2, (r.out, r.err)
     assert needle in r.err and "Traceback" not in r.err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_failed_warmup_is_recorded_and_the_runs_go_on(tmp_path):
+    out = tmp_path / "w.json"
+    r = run_cli(["bench", "runs", "--quick", "--no-sklearn", "--shapes", "E", "--inits", "sample",
+                 "--warmup-args", "--no-such-option", "--data-dir", tmp_path / "d", "-o", out], env=NO_GPU, timeout=600)
+    assert r.code == 1 and "Traceback" not in r.err + r.out
+    assert "warm-up FAILED" in r.out and "1 run(s) failed" in r.err
+    doc = json.loads(out.read_text())
+    assert not doc["warmup"]["ran"] and "--no-such-option" in doc["warmup"]["error"]
+    assert doc["errors"] == 1 and [("error" in row) for row in doc["rows"]] == [False]
+    assert "`mpikmeans warmup --no-such-option` FAILED" in out.with_suffix(".txt").read_text()

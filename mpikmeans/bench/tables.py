@@ -56,6 +56,8 @@ def matrix_table(doc: dict) -> list:
     w = doc.get("warmup") or {}
     if w.get("ran"):
         lines.append(f"warm cache prepared by `{w['command']}`: {w['seconds']:.1f} s")
+    elif "error" in w:
+        lines.append(f"`{w['command']}` FAILED: {w['error'].splitlines()[-1]}")
     lines.append("compile: " + "; ".join(sorted({r["compile_source"] for r in doc["rows"] if "compile_source" in r})))
     return lines
 
