@@ -1,4 +1,5 @@
-"""Tests for :mod:`mpikmeans.backends.cpu` against a NumPy brute-force reference."""
+"""Tests for :mod:`mpikmeans.backends.cpu` against a NumPy brute-force reference: labels and
+distances bit for bit, the step's sums and SSE the fixed-point limbs of those labels, limb for limb."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import numba
 import numpy as np
 import pytest
 
-from mpikmeans.backends import Backend, StepResult, make_backend
 from mpikmeans import cpus
+from mpikmeans.backends import Backend, StepResult, farthest_rows, make_backend
 from mpikmeans.backends.cpu import CPUBackend
+from mpikmeans.fixedsums import LIMB, LIMB_MASK, VBITS, Scales, decode, scale_factors
 
 
 def nearest_exact(x, centres):
@@ -26,19 +28,57 @@ def nearest_exact(x, centres):
     return labels, d[np.arange(n), labels]
 
 
-def reference(x, centres, weights=None):
-    """Brute force.  Distances summed over attributes in order, as (x - c)**2, so
-    they are the same float64 numbers the backend computes; argmin takes the
-    first minimum, i.e. ties go to the lowest centre index."""
+def scales_of(x, weights=None):
+    """The run's scales for these rows (one rank's rows are all the rows here)."""
+    return Scales.of(np.abs(x).max(axis=0, initial=0.0), 1.0 if weights is None else float(weights.max()))
+
+
+def encoded_limbs(values, f1, f2):
+    """Each value's four limbs, ``values`` (..., c) at factors ``f1``, ``f2`` (c,): the encoding of
+    :mod:`mpikmeans.fixedsums` written again with NumPy (``t = v f1 f2``, ``h = floor(t)``,
+    ``l = floor((t - h) 2**VBITS)``), shape (..., c, 4)."""
+    t = values * f1 * f2
+    h = np.floor(t)
+    lo = np.floor((t - h) * float(1 << VBITS))
+    h, lo = h.astype(np.int64), lo.astype(np.int64)
+    return np.stack([h >> LIMB, h & LIMB_MASK, lo >> LIMB, lo & LIMB_MASK], axis=-1)
+
+
+def limbs_of_labels(x, labels, k, scales, weights=None):
+    """The step's sums for these labels, brute force: every row's limbs of ``w x_j`` and ``w``, added
+    to its cluster (k, m + 1, 4)."""
+    n, m = x.shape
+    vals = np.hstack([x, np.ones((n, 1))])
+    if weights is not None:
+        vals = weights[:, None] * vals
+    out = np.zeros((k, m + 1, 4), dtype=np.int64)
+    np.add.at(out, labels, encoded_limbs(vals, scales.factors[:, 0], scales.factors[:, 1]))
+    return out
+
+
+def sse_limbs(labels, dist2, k, exponent, weights=None):
+    """Per cluster, the limbs of ``sum(w d²)`` at ``exponent`` (k, 4), brute force."""
+    v = dist2 if weights is None else weights * dist2
+    f1, f2 = scale_factors(exponent)
+    out = np.zeros((k, 4), dtype=np.int64)
+    np.add.at(out, labels, encoded_limbs(v[:, None], np.array([f1]), np.array([f2]))[:, 0])
+    return out
+
+
+def reference(x, centres, weights=None, scales=None):
+    """Brute force: labels, distances, the sums' and the SSE's limbs, and plain float64 sums, counts and SSE."""
     n, m = x.shape
     k = centres.shape[0]
+    scales = scales or scales_of(x, weights)
     labels, dist2 = nearest_exact(x, centres)
     w = np.ones(n) if weights is None else weights
     sums = np.zeros((k, m))
     np.add.at(sums, labels, w[:, None] * x)
     counts = np.bincount(labels, weights=w, minlength=k).astype(np.float64)
     sse = float((w * dist2).sum())
-    return labels, dist2, sums, counts, sse
+    limbs = limbs_of_labels(x, labels, k, scales, weights)
+    sse_l = sse_limbs(labels, dist2, k, scales.sse_exponent(centres), weights)
+    return labels, dist2, sums, counts, sse, limbs, sse_l
 
 
 def rel_err(a, b):
@@ -53,21 +93,30 @@ def loaded(x, threads=1, weights=None):
     return b
 
 
+def decoded(r, scales, centres):
+    """A step's sums (k, m), counts (k,) and SSE, decoded."""
+    values = decode(r.sums, scales.columns)
+    return values[:, :-1], values[:, -1], float(decode(r.sse.sum(axis=0), scales.sse_exponent(centres)))
+
+
 @pytest.mark.parametrize("n, m, k, seed", [(1000, 5, 7, 0), (333, 1, 1, 1), (2000, 13, 20, 2), (70, 3, 64, 3)])
 def test_step_and_assign_match_reference(n, m, k, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, m)) * 3 + rng.integers(-5, 5, size=(n, 1))
     c = x[rng.choice(n, size=min(k, n), replace=False)] + 0.01 * rng.standard_normal((min(k, n), m))
-    labels, dist2, sums, counts, sse = reference(x, c)
+    sc = scales_of(x)
+    labels, dist2, sums, counts, sse, limbs, sse_l = reference(x, c, scales=sc)
     b = loaded(x)
-    r = b.step(c)
+    r = b.step(c, sc)
     assert isinstance(r, StepResult)
-    assert r.sums.shape == (len(c), m) and r.sums.dtype == np.float64
-    assert r.counts.shape == (len(c),) and r.counts.dtype == np.float64
-    np.testing.assert_array_equal(r.counts, counts)
-    assert rel_err(r.sums, sums) <= 1e-12
-    assert abs(r.sse - sse) <= 1e-12 * sse
-    assert r.changed == n
+    assert r.sums.shape == (len(c), m + 1, 4) and r.sums.dtype == np.int64
+    assert r.sse.shape == (len(c), 4) and r.sse.dtype == np.int64
+    assert r.sums.tobytes() == limbs.tobytes() and r.sse.tobytes() == sse_l.tobytes()
+    got_sums, got_counts, got_sse = decoded(r, sc, c)
+    np.testing.assert_array_equal(got_counts, counts)
+    assert rel_err(got_sums, sums) <= 1e-12
+    assert abs(got_sse - sse) <= 1e-12 * sse
+    assert r.changed == n and r.searched == n
     got_labels, got_d = b.assign(c)
     assert got_labels.dtype == np.int32 and got_d.dtype == np.float64
     np.testing.assert_array_equal(got_labels, labels)
@@ -85,10 +134,10 @@ def test_ties_go_to_the_lowest_index():
     c = rng.standard_normal((4, 3))
     dup = np.vstack([c[:2], c[1:2], c[2:], c[0:1]])  # centres 2 and 5 repeat 1 and 0
     b = loaded(x)
-    r = b.step(dup)
+    r = b.step(dup, scales_of(x))
     labels, _ = b.assign(dup)
     assert not np.isin(labels, [2, 5]).any()
-    assert r.counts[2] == 0 and r.counts[5] == 0
+    assert not r.sums[[2, 5]].any() and not r.sse[[2, 5]].any()  # no rows: no counts, sums or SSE
     np.testing.assert_array_equal(labels, reference(x, dup)[0])
     # all centres equal: everything in cluster 0
     labels, _ = loaded(x).assign(np.zeros((3, 3)))
@@ -99,14 +148,15 @@ def test_thread_count_does_not_change_the_result():
     rng = np.random.default_rng(7)
     x = rng.standard_normal((20_000, 6)) * 10
     c = rng.standard_normal((9, 6)) * 5
+    sc = scales_of(x)
     out = []
     for threads in (1, 2, 1):
         b = CPUBackend(threads=threads)
         assert numba.get_num_threads() == min(threads, numba.config.NUMBA_NUM_THREADS)
         b.load(x)
-        r = b.step(c)
+        r = b.step(c, sc)
         labels, d = b.assign(c)
-        out.append((r.sums.tobytes(), r.counts.tobytes(), r.sse, r.changed, labels.tobytes(), d.tobytes()))
+        out.append((r.sums.tobytes(), r.sse.tobytes(), r.changed, labels.tobytes(), d.tobytes()))
     assert out[0] == out[1] == out[2]
 
 
@@ -117,26 +167,32 @@ def test_changed_counts():
     c2 = c1 + 0.3 * rng.standard_normal((5, 2))
     l1, l2 = reference(x, c1)[0], reference(x, c2)[0]
     assert (l1 != l2).sum() > 0, "test set-up"
+    sc = scales_of(x)
     b = loaded(x)
-    assert b.step(c1).changed == 400  # the first step: every row is new
-    assert b.step(c1).changed == 0
+    assert b.step(c1, sc).changed == 400  # the first step: every row is new
+    assert b.step(c1, sc).changed == 0
     b.assign(c2)  # assign does not touch the labels that step keeps
-    assert b.step(c1).changed == 0
-    assert b.step(c2).changed == int((l1 != l2).sum())
-    assert b.step(c2).changed == 0
+    assert b.step(c1, sc).changed == 0
+    assert b.step(c2, sc).changed == int((l1 != l2).sum())
+    assert b.step(c2, sc).changed == 0
     b.load(x)  # a new load starts afresh
-    assert b.step(c2).changed == 400
+    assert b.step(c2, sc).changed == 400
+    b.forget_labels()  # as after dropped clusters: every row counts as changed again
+    assert b.step(c2, sc).changed == 400
 
 
 def test_zero_rows():
     b = loaded(np.empty((0, 3)))
-    r = b.step(np.ones((4, 3)))
-    assert r.sums.shape == (4, 3) and not r.sums.any()
-    assert r.counts.shape == (4,) and not r.counts.any()
-    assert r.sse == 0.0 and r.changed == 0
+    assert b.magnitudes().tolist() == [0.0, 0.0, 0.0]
+    r = b.step(np.ones((4, 3)), Scales.of(np.zeros(3)))
+    assert r.sums.shape == (4, 4, 4) and not r.sums.any()
+    assert r.sse.shape == (4, 4) and not r.sse.any()
+    assert r.changed == 0 and r.searched == 0
     labels, d = b.assign(np.ones((4, 3)))
     assert labels.shape == (0,) and d.shape == (0,)
     assert labels.dtype == np.int32
+    dist2, rows, lab = b.farthest(np.ones((4, 3)), 2)
+    assert len(dist2) == len(rows) == len(lab) == 0
 
 
 def test_weights():
@@ -144,36 +200,55 @@ def test_weights():
     x = rng.standard_normal((800, 4))
     c = rng.standard_normal((6, 4))
     w = rng.uniform(0.1, 3.0, size=800)
-    _, _, sums, counts, sse = reference(x, c, w)
-    r = loaded(x, weights=w).step(c)
-    assert rel_err(r.counts, counts) <= 1e-12
-    assert rel_err(r.sums, sums) <= 1e-12
-    assert abs(r.sse - sse) <= 1e-12 * sse
+    sc = scales_of(x, w)
+    _, _, sums, counts, sse, limbs, sse_l = reference(x, c, w, scales=sc)
+    r = loaded(x, weights=w).step(c, sc)
+    assert r.sums.tobytes() == limbs.tobytes() and r.sse.tobytes() == sse_l.tobytes()
+    got_sums, got_counts, got_sse = decoded(r, sc, c)
+    assert rel_err(got_counts, counts) <= 1e-12
+    assert rel_err(got_sums, sums) <= 1e-12
+    assert abs(got_sse - sse) <= 1e-12 * sse
     # unit weights are the unweighted result, bit for bit
-    r1 = loaded(x, weights=np.ones(800)).step(c)
-    r0 = loaded(x).step(c)
-    assert (r1.sums.tobytes(), r1.counts.tobytes(), r1.sse) == (r0.sums.tobytes(), r0.counts.tobytes(), r0.sse)
-    # integer weights are repeated rows
+    sc1 = scales_of(x)
+    r1 = loaded(x, weights=np.ones(800)).step(c, sc1)
+    r0 = loaded(x).step(c, sc1)
+    assert (r1.sums.tobytes(), r1.sse.tobytes()) == (r0.sums.tobytes(), r0.sse.tobytes())
+    # integer weights are repeated rows (at scales of their own: the values compare, not the limbs)
     wi = rng.integers(1, 4, size=800)
-    rep = loaded(np.repeat(x, wi, axis=0)).step(c)
-    rw = loaded(x, weights=wi.astype(np.float64)).step(c)
-    np.testing.assert_array_equal(rw.counts, rep.counts)
-    assert rel_err(rw.sums, rep.sums) <= 1e-12
+    xr = np.repeat(x, wi, axis=0)
+    rep = loaded(xr).step(c, scales_of(xr))
+    scw = scales_of(x, wi.astype(np.float64))
+    rw = loaded(x, weights=wi.astype(np.float64)).step(c, scw)
+    rep_sums, rep_counts, rep_sse = decoded(rep, scales_of(xr), c)
+    w_sums, w_counts, w_sse = decoded(rw, scw, c)
+    np.testing.assert_array_equal(w_counts, rep_counts)
+    assert rel_err(w_sums, rep_sums) <= 1e-12
+    assert abs(w_sse - rep_sse) <= 1e-12 * rep_sse
 
 
 def test_input_layouts():
     rng = np.random.default_rng(10)
     x = rng.standard_normal((300, 4))
     c = rng.standard_normal((3, 4))
-    base = loaded(x).step(c)
+    sc = scales_of(x)
+    base = loaded(x).step(c, sc)
     # Fortran-ordered rows or centres are the same numbers: the same result
     for xv, cv in [(np.asfortranarray(x), c), (x, np.asfortranarray(c)), (x[::-1][::-1], c[:, :])]:
-        r = loaded(xv).step(cv)
-        assert (r.sums.tobytes(), r.counts.tobytes(), r.sse) == (base.sums.tobytes(), base.counts.tobytes(), base.sse)
+        r = loaded(xv).step(cv, sc)
+        assert (r.sums.tobytes(), r.sse.tobytes()) == (base.sums.tobytes(), base.sse.tobytes())
     # float32 centres are widened to float64
     c32 = c.astype(np.float32)
     labels = reference(x, c32.astype(np.float64))[0]
     np.testing.assert_array_equal(loaded(x).assign(c32)[0], labels)
+
+
+def test_magnitudes_are_the_rows_or_the_given_bound():
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((500, 3)) * np.array([1.0, 1e-5, 1e5])
+    assert loaded(x).magnitudes().tobytes() == np.abs(x).max(axis=0).tobytes()
+    b = CPUBackend(threads=1)
+    b.load(x, magnitudes=np.array([2.0, 1.0, 1e6]))  # a global bound, as the runner passes
+    assert b.magnitudes().tolist() == [2.0, 1.0, 1e6]
 
 
 def test_default_threads_without_a_communicator(monkeypatch):
@@ -217,51 +292,17 @@ def test_make_backend():
 #
 # The kernel computes distances for a tile of rows and four centres at a time, with the
 # attribute loop unrolled by four.  None of that may change a single bit: each distance is
-# still the sum of (x[i, j] - c[j])**2 over j in order, ties go to the lowest index, and the
-# partial sums follow the fixed row blocks.  The reference below does exactly that with
-# NumPy, so every comparison is ``tobytes()`` equality, on shapes chosen to hit every edge
-# of the tiling.
-
-def exact_reference(x, centres, weights=None, blocks=None):
-    """Bit-for-bit what a step must return, computed plainly.
-
-    Distances: ``d = d + (x[:, j] - c[j])**2`` for j in order (NumPy rounds each
-    operation once, no FMA).  Labels: ``argmin``, the first minimum.  Sums, counts and
-    SSE: rows added one after another (``np.add.at`` and ``cumsum`` are sequential)
-    within each of the backend's row blocks, the blocks' partials then added in block
-    order.
-    """
-    from mpikmeans.backends.cpu import _BLOCKS
-
-    nb = _BLOCKS if blocks is None else blocks
-    n, m = x.shape
-    k = centres.shape[0]
-    labels, dist2 = nearest_exact(x, centres)
-    w = np.ones(n) if weights is None else weights
-    parts = []
-    for b in range(nb):
-        lo, hi = n * b // nb, n * (b + 1) // nb
-        s = np.zeros((k, m))
-        np.add.at(s, labels[lo:hi], w[lo:hi, None] * x[lo:hi])
-        cnt = np.zeros(k)
-        np.add.at(cnt, labels[lo:hi], w[lo:hi])
-        sse = np.cumsum(w[lo:hi] * dist2[lo:hi])[-1] if hi > lo else 0.0
-        parts.append((s, cnt, sse))
-    sums, counts, sse = parts[0][0].copy(), parts[0][1].copy(), parts[0][2]
-    for s, cnt, e in parts[1:]:
-        sums += s
-        counts += cnt
-        sse += e
-    return labels, dist2, sums, counts, float(sse)
-
+# still the sum of (x[i, j] - c[j])**2 over j in order, and ties go to the lowest index.  The
+# sums are integers added after the labels: the limbs of the reference labels, limb for limb.
+# So every comparison is ``tobytes()`` equality, on shapes chosen to hit every edge of the tiling.
 
 def assert_exact(x, c, weights=None, threads=1):
-    labels, dist2, sums, counts, sse = exact_reference(x, c, weights)
+    sc = scales_of(x, weights)
+    labels, dist2, _, _, _, limbs, sse_l = reference(x, c, weights, scales=sc)
     b = loaded(x, threads=threads, weights=weights)
-    r = b.step(c)
-    assert r.sums.tobytes() == sums.tobytes()
-    assert r.counts.tobytes() == counts.tobytes()
-    assert np.float64(r.sse).tobytes() == np.float64(sse).tobytes()
+    r = b.step(c, sc)
+    assert r.sums.tobytes() == limbs.tobytes()
+    assert r.sse.tobytes() == sse_l.tobytes()
     assert r.changed == x.shape[0]
     np.testing.assert_array_equal(b._labels, labels)
     got_labels, got_d = b.assign(c)
@@ -287,20 +328,31 @@ def test_tiled_kernel_is_bit_identical_to_the_plain_sum(n, m, k):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_one_backend_steps_through_changing_k_with_exact_sums(threads):
-    # the backend keeps its per-block partials between steps: each K x M must still get
-    # buffers of its own shape, and the parallel block reduction (several chunks of the
-    # flattened sums at K x M = 5200) must add the blocks in order
+    # the backend keeps its sums between steps and moves only the rows whose label changed:
+    # a new K, new scales or most rows changing start them again; every step's sums are still
+    # the limbs of its labels
     rng = np.random.default_rng(31)
     x = rng.standard_normal((3000, 40)) * 4
+    sc = scales_of(x)
+    wide = Scales.of(sc.magnitudes * 8.0)  # other scales: the kept sums are at the old ones
     b = loaded(x, threads=threads)
-    for k in (50, 130, 50, 7, 130):
-        c = x[rng.choice(len(x), k, replace=False)] + 0.01
-        labels, _, sums, counts, sse = exact_reference(x, c)
-        r = b.step(c)
-        assert r.sums.tobytes() == sums.tobytes() and r.counts.tobytes() == counts.tobytes()
-        assert np.float64(r.sse).tobytes() == np.float64(sse).tobytes()
+    previous = None
+    full = []
+    for k, scales, nudge in ((50, sc, 0), (50, sc, 1e-2), (130, sc, 0), (130, sc, 1e-2), (130, wide, 1e-2),
+                             (50, sc, 0), (7, sc, 0), (7, sc, 1e-3), (130, sc, 0)):
+        if nudge and previous is not None and len(previous) == k:
+            c = previous + nudge * rng.standard_normal(previous.shape)
+        else:
+            c = x[rng.choice(len(x), k, replace=False)] + 0.01
+        labels, dist2, _, _, _, limbs, sse_l = reference(x, c, scales=scales)
+        r = b.step(c, scales)
+        assert r.sums.tobytes() == limbs.tobytes(), (k, nudge)
+        assert r.sse.tobytes() == sse_l.tobytes()
         np.testing.assert_array_equal(b._labels, labels)
-        r.sums[:] = np.nan  # what a step returns is the caller's: the next step must not see it
+        full.append(b.full_sums)
+        previous = c
+    # the moves of few rows took the changed rows only; a new K or new scales all of them
+    assert full == [True, False, True, False, True, True, True, False, True]
 
 
 def test_tiled_kernel_ties_go_to_the_lowest_index_in_every_group_position():
@@ -343,29 +395,6 @@ def test_tiled_kernel_thread_count_and_ragged_blocks():
     assert_exact(x, c, weights=w, threads=2)
 
 
-@pytest.mark.parametrize("weighted", [False, True])
-def test_label_sums_are_the_step_sums_for_any_threads(weighted):
-    """label_sums (the centres at a fixed point, recomputed in a fixed order) is the step's summation."""
-    import numba
-
-    from mpikmeans.backends.cpu import label_sums
-
-    rng = np.random.default_rng(5)
-    x = rng.normal(size=(5000, 7)) * 100
-    c = x[:6].copy()
-    w = rng.uniform(0.5, 2.0, len(x)) if weighted else None
-    b = CPUBackend(threads=2)
-    b.load(x, w)
-    step = b.step(c)
-    labels, _ = b.assign(c)
-    got = []
-    for threads in (1, 2):
-        numba.set_num_threads(threads)
-        got.append(label_sums(x, labels, 6, w))
-    for sums, counts in got:
-        assert sums.tobytes() == step.sums.tobytes() and counts.tobytes() == step.counts.tobytes()
-
-
 def test_seeding_distances_are_released_by_the_first_step_and_lower_d2_stays_exact():
     rng = np.random.default_rng(5)
     x = rng.standard_normal((2000, 7))
@@ -375,33 +404,38 @@ def test_seeding_distances_are_released_by_the_first_step_and_lower_d2_stays_exa
     b.potentials(d2, cands, None, 0)
     expected = np.minimum(d2, nearest_exact(x, cands[1:2])[1])
     assert b.lower_d2(d2, cands[1]).tobytes() == expected.tobytes()  # from the kept distances
-    b.step(x[:4])
+    b.step(x[:4], scales_of(x))
     assert b._cand_dists is None  # t x n float64 not held through the iterations
     assert b.lower_d2(d2, cands[1]).tobytes() == expected.tobytes()  # computed again, same bits
 
 
-@pytest.mark.parametrize("k,m", [(8, 16), (70, 64)])  # one thread's reduction, and chunks on the threads
-def test_block_reduction_adds_the_blocks_in_order_on_one_thread_or_many(k, m):
-    """The step's partials reduced in block order, ``((p0 + p1) + p2) + ...``, whichever form runs:
-    the serial one up to ``REDUCE_CHUNK`` elements, the parallel one past it, the same bits."""
-    from mpikmeans.backends.cpu import partials as T
+# --- the empty clusters' candidates --------------------------------------------------------------
 
-    rng = np.random.default_rng(17)
-    nb = 13
-    # magnitudes far apart, so that any other order of the additions shows in the bits
-    ps = rng.normal(size=(nb, k, m)) * 10.0 ** rng.integers(-8, 9, size=(nb, 1, 1))
-    pc = rng.integers(0, 50, size=(nb, k)).astype(np.float64)
-    pse = rng.uniform(0, 1e6, nb)
-    pch = rng.integers(0, 100, nb)
-    want = ps[0].copy()
-    for b in range(1, nb):
-        want = want + ps[b]
-    assert (k * m > T.REDUCE_CHUNK) == (m == 64)
-    for reduce in (T.reduce_blocks, T.reduce_serial, T.reduce_parallel):
-        sums, counts, sse, changed = reduce(ps, pc, pse, pch)
-        assert sums.tobytes() == want.tobytes()
-        assert counts.tobytes() == pc.sum(axis=0).tobytes() and changed == pch.sum()
-        total = pse[0]
-        for v in pse[1:]:
-            total += v
-        assert sse == total
+def test_farthest_rows_ties_to_the_lower_index():
+    d = np.array([1.0, 5.0, 3.0, 5.0, 0.0, 5.0, 2.0])
+    assert farthest_rows(d, 2).tolist() == [1, 3]
+    assert farthest_rows(d, 4).tolist() == [1, 3, 5, 2]
+    assert farthest_rows(d, 10).tolist() == [1, 3, 5, 2, 6, 0, 4]
+    assert farthest_rows(d, 0).tolist() == [] and farthest_rows(d[:0], 3).tolist() == []
+    rng = np.random.default_rng(15)
+    d = rng.integers(0, 20, 5000).astype(np.float64)  # many ties
+    for count in (1, 7, 300, 5000):
+        want = sorted(range(len(d)), key=lambda i: (-d[i], i))[:count]
+        assert farthest_rows(d, count).tolist() == want
+
+
+def test_farthest_answers_from_the_last_step_as_from_a_new_assignment():
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((3000, 4))
+    c = rng.standard_normal((6, 4))
+    b = loaded(x, threads=2)
+    b.step(c, scales_of(x))
+    labels, dist2 = nearest_exact(x, c)
+    want = sorted(range(len(x)), key=lambda i: (-dist2[i], i))[:5]
+    for centres in (c, c + 0.5):  # the last step's centres, then others (a new assignment)
+        if centres is not c:
+            labels, dist2 = nearest_exact(x, centres)
+            want = sorted(range(len(x)), key=lambda i: (-dist2[i], i))[:5]
+        d, rows, lab = b.farthest(centres, 5)
+        assert rows.tolist() == want
+        assert d.tobytes() == dist2[want].tobytes() and lab.tolist() == labels[want].tolist()
