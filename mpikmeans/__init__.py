@@ -1,7 +1,8 @@
 """mpikmeans: k-means clustering of large ARFF data sets over MPI ranks and GPUs.
 
 ``from mpikmeans import KMeans`` gives the scikit-learn-shaped API
-(:mod:`mpikmeans.api`).  It is imported on first use, so that ``import
+(:mod:`mpikmeans.api`), ``mpikmeans.load(path)`` a fitted one from a saved
+model file.  They are imported on first use, so that ``import
 mpikmeans`` (and ``mpikmeans --help``) stays cheap: no numba, no mpi4py.
 """
 
@@ -26,17 +27,20 @@ if not (getattr(_sys.stderr, "isatty", None) and _sys.stderr.isatty()):
 # before numba is imported: compiled kernels are cached per source version (see cache.py)
 _cache.configure()
 
-__all__ = ["KMeans", "__version__"]
+__all__ = ["KMeans", "load", "__version__"]
+
+#: What the API module gives on first use
+_LAZY = ("KMeans", "load")
 
 
 def __getattr__(name):
     # PEP 562: load the API (and with it numba) only when it is asked for
-    if name == "KMeans":
-        from .api import KMeans
+    if name in _LAZY:
+        from . import api
 
-        return KMeans
+        return getattr(api, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + ["KMeans"])
+    return sorted(list(globals()) + list(_LAZY))

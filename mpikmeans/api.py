@@ -12,6 +12,8 @@ Example::
     from mpikmeans import KMeans
     km = KMeans(n_clusters=3, normalize="minmax", random_state=1).fit(x)
     km.cluster_centers_, km.labels_, km.inertia_, km.n_iter_
+    km.save("model.json")                     # the model file `mpikmeans run` writes
+    km2 = mpikmeans.load("model.json")        # a fitted KMeans: predict, transform, score
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ import numpy as np
 from .backends import BACKEND_NAMES, make_backend
 from .comm import SerialComm, default_threads
 from .errors import UsageError
+from .fixedsums import Scales, cluster_sums, column_magnitudes, decode
 from .init import INIT_METHODS
+from .model import Model, load_model, write_model
 from .restarts import run_restarts
 from .scaling import METHODS as NORMALIZE_METHODS
 from .scaling import fit_scaler
+from .scores import DEFAULT_SAMPLE, all_dist2, quality_scores
 
 _EMPTY_POLICIES = ("farthest", "keep", "drop")
 
@@ -81,6 +86,11 @@ class KMeans:
         Per restart: seed, inertia, iterations, timings.
     n_samples_ : int
         Rows over all ranks.
+    feature_names_in_ : ndarray of str
+        The columns' names when ``fit`` was given a table with names (a pandas
+        DataFrame's columns; :func:`load`: the model's attributes).
+    model_ : mpikmeans.model.Model
+        What :meth:`save` writes (:func:`load`: what it read).
     """
 
     def __init__(self, n_clusters: int = 8, *, init="k-means++", n_init: int = 1, max_iter: int = 300,
@@ -182,6 +192,7 @@ class KMeans:
         """
         comm = self.comm if self.comm is not None else SerialComm()
         self._check(comm)
+        names = getattr(X, "columns", None)
         x = np.ascontiguousarray(X, dtype=np.float64)
         if x.ndim != 2:
             raise UsageError(f"X must be 2-D (rows x attributes), got shape {x.shape}")
@@ -235,6 +246,11 @@ class KMeans:
         self.n_features_in_ = x.shape[1]
         self.n_samples_ = n
         self.seed_ = seed
+        if names is not None and len(names) == x.shape[1]:
+            self.feature_names_in_ = np.array([str(c) for c in names], dtype=object)
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        self.model_ = self._model(init)
         return self
 
     def fit_predict(self, X, y=None, sample_weight=None) -> np.ndarray:
@@ -258,21 +274,116 @@ class KMeans:
         return self._assign(X)[0]
 
     def transform(self, X) -> np.ndarray:
-        """Euclidean distance of each row to each centre, in the scaled units.
+        """Euclidean distance of each row to each centre, in the scaled units (local: no communication).
+
+        Each squared distance adds its terms in attribute order, as the
+        backends do: the smallest of a row's is the one :meth:`predict` takes,
+        to the bit, and ``mpikmeans predict --transform`` writes the same values.
+
+        Parameters
+        ----------
+        X : array-like, shape (n, m), in the data's units
 
         Returns
         -------
         ndarray, shape (n, n_clusters), float64
         """
-        z = self._scaled(X)
-        c = self.scaled_centers_
-        d2 = (z * z).sum(axis=1)[:, None] - 2.0 * z @ c.T + (c * c).sum(axis=1)[None, :]
-        return np.sqrt(np.maximum(d2, 0.0))
+        return np.sqrt(all_dist2(self._scaled(X), self.scaled_centers_))
 
-    def score(self, X, sample_weight=None) -> float:
-        """Minus the SSE of ``X`` (local rows) to the fitted centres, scikit-learn's sign."""
-        _, d2 = self._assign(X)
-        return -float(d2 @ sample_weight) if sample_weight is not None else -float(d2.sum())
+    def score(self, X, y=None, sample_weight=None) -> float:
+        """Minus the SSE of ``X`` to the fitted centres (scikit-learn's sign), in the scaled units.
+
+        Collective under a communicator, as :meth:`fit`: every rank passes its
+        rows and gets the total of all of them, summed exactly (the same bits
+        at any number of ranks).
+
+        Parameters
+        ----------
+        X : array-like, shape (n_local, m)
+        y : ignored
+        sample_weight : array-like, shape (n_local,), optional
+
+        Returns
+        -------
+        float
+        """
+        comm = self.comm if self.comm is not None else SerialComm()
+        z = self._scaled(X)
+        labels, d2 = self._assign(X)
+        w = None if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=np.float64)
+        if w is not None and w.shape != (len(z),):
+            raise UsageError("sample_weight must hold one weight per row")
+        k = len(self.scaled_centers_)
+        bounds = np.append(column_magnitudes(z), w.max() if w is not None and len(w) else 0.0)
+        bounds = comm.allreduce(bounds, "max")
+        weighted = bool(comm.allreduce(np.array([w is not None], dtype=np.int64), "max")[0])
+        exponent = Scales.of(bounds[:-1], float(bounds[-1]) if weighted else 1.0).sse_exponent(self.scaled_centers_)
+        limbs = comm.allreduce(cluster_sums(labels, d2, w, k, exponent).sum(axis=0), "sum")
+        return -float(decode(limbs, exponent))
+
+    def quality(self, X, labels=None, *, sample_weight=None, sample_size: int = DEFAULT_SAMPLE,
+                seed: int | None = None) -> dict:
+        """Calinski–Harabasz, Davies–Bouldin and the silhouettes of a clustering of ``X`` (collective, as :meth:`fit`).
+
+        See :func:`mpikmeans.scores.quality_scores`: exact over the ranks, in the scaled units.
+
+        Parameters
+        ----------
+        X : array-like, shape (n_local, m)
+            This rank's rows.
+        labels : array-like, shape (n_local,), optional
+            Default: :meth:`predict` of ``X``.
+        sample_weight : array-like, shape (n_local,), optional
+        sample_size : int
+            Rows of the sampled (scikit-learn) silhouette; 0 leaves it out.
+        seed : int, optional
+            Of the sample; default: the fit's seed.
+
+        Returns
+        -------
+        dict
+        """
+        comm = self.comm if self.comm is not None else SerialComm()
+        z = self._scaled(X)
+        labels = self.predict(X) if labels is None else np.asarray(labels, dtype=np.int32)
+        return quality_scores(comm, z, labels, len(self.scaled_centers_), weights=sample_weight,
+                              centres=self.scaled_centers_, sample_size=sample_size,
+                              seed=self.seed_ if seed is None else seed, threads=self._threads(comm))
+
+    # -- the model file --------------------------------------------------------------
+    def _model(self, init) -> Model:
+        """The fitted clustering as a :class:`~mpikmeans.model.Model`."""
+        names = list(getattr(self, "feature_names_in_", [f"x{j}" for j in range(self.n_features_in_)]))
+        attributes = [{"name": name, "type": "numeric", "role": "clustered"} for name in names]
+        info = {"data": None, "iterations": int(self.n_iter_), "converged": bool(self.converged_),
+                "stop_reason": self.stop_reason_,
+                "sizes": None if self.sizes_ is None else [int(v) for v in self.sizes_]}
+        return Model(attributes, "skip", {"policy": "error", "fill": None}, self.scaler_,
+                     np.array(self.scaled_centers_, dtype=np.float64), "float64",
+                     init if isinstance(init, str) else "array", int(self.seed_), float(self.inertia_),
+                     int(self.n_samples_), info)
+
+    def save(self, path: str, overwrite: bool = False) -> None:
+        """Write the fitted model to ``path`` as ``model.json`` (collective under a communicator: rank 0 writes).
+
+        The format ``mpikmeans run`` writes (docs/model.md): ``mpikmeans predict
+        path DATA`` and :func:`load` read it.  The columns are named after
+        ``feature_names_in_`` where ``fit`` had names, else ``x0, x1, ...``.
+
+        Parameters
+        ----------
+        path : str
+        overwrite : bool
+            Replace an earlier model there (a file that is not a model is never written over).
+
+        Raises
+        ------
+        UsageError
+            Not fitted; ``path`` holds another file, or a model and not ``overwrite``.
+        """
+        if not hasattr(self, "model_"):
+            raise UsageError("this KMeans is not fitted yet: call fit first")
+        write_model(self.comm if self.comm is not None else SerialComm(), path, self.model_, overwrite)
 
     def _scaled(self, X) -> np.ndarray:
         if not hasattr(self, "scaled_centers_"):
@@ -296,4 +407,53 @@ class KMeans:
             backend.close()
 
 
-__all__ = ["KMeans"]
+def load(path: str, *, comm=None, backend="cpu", threads: int | None = None) -> KMeans:
+    """A fitted :class:`KMeans` from a model file (``model.json`` of a run, or :meth:`KMeans.save`'s).
+
+    Under a communicator rank 0 reads the file and every rank gets the model
+    (collective).  ``predict``, ``transform``, ``score`` and ``quality`` work
+    as after ``fit``; ``labels_`` is not there (a model holds no rows).  A
+    model with nominal attributes takes rows in its one-hot columns
+    (``model_.layout``).
+
+    Parameters
+    ----------
+    path : str
+    comm : Comm, SerialComm or None
+    backend : {"cpu", "gpu", "auto"} or Backend
+    threads : int, optional
+
+    Returns
+    -------
+    KMeans
+
+    Raises
+    ------
+    UsageError
+        Not a model, or a model of another format version.
+    InputError
+        A damaged model.
+    """
+    model = (comm or SerialComm()).from_root(lambda: load_model(path))
+    init = model.init if model.init in INIT_METHODS else "k-means++"
+    km = KMeans(n_clusters=model.k, init=init, normalize=model.scaler.method, random_state=model.seed,
+                backend=backend, comm=comm, threads=threads)
+    km.scaler_ = model.scaler
+    km.scaled_centers_ = model.centres_scaled
+    km.cluster_centers_ = model.centres
+    km.inertia_ = model.sse
+    km.n_iter_ = int(model.info.get("iterations") or 0)
+    km.converged_ = bool(model.info.get("converged", True))
+    km.stop_reason_ = str(model.info.get("stop_reason", ""))
+    sizes = model.info.get("sizes")
+    km.sizes_ = None if sizes is None else np.array(sizes, dtype=np.int64)
+    km.n_features_in_ = model.layout.columns
+    km.n_samples_ = model.n
+    km.seed_ = model.seed
+    if not model.layout.has_nominal:
+        km.feature_names_in_ = np.array(model.names, dtype=object)
+    km.model_ = model
+    return km
+
+
+__all__ = ["KMeans", "load"]
