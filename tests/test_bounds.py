@@ -1,5 +1,6 @@
 """Tests for :mod:`mpikmeans.backends.cpu.bounds`: steps that skip rows by their bounds give the exact
-kernels' bits, step after step, whatever the centres do between steps."""
+labels, distances and sums, step after step, whatever the centres do between steps: those of a
+plain NumPy search and of the same backend searching every row (``bounds=False``)."""
 
 from fractions import Fraction
 
@@ -8,19 +9,44 @@ import pytest
 
 from mpikmeans.backends.cpu import CPUBackend
 from mpikmeans.backends.cpu import bounds as B
-from mpikmeans.backends.cpu import tiles as T
-from mpikmeans.backends.cpu.partials import reduce_blocks
+from mpikmeans.fixedsums import Scales, cluster_sums, decode, sum_rows
 
 
-def _exact_step(x, cen, labels, w=None):
-    """The exact kernels' step (sums, counts, SSE, changed) from ``labels`` (updated in place)."""
-    n, m = x.shape
+def _nearest(x, cen):
+    """Labels (ties to the lowest index) and squared distances summed in attribute order, one rounding
+    per operation: the exact kernels' numbers, with NumPy."""
+    d = np.zeros((len(x), len(cen)))
+    for j in range(x.shape[1]):
+        t = x[:, j, None] - cen[None, :, j]
+        d = d + t * t
+    labels = d.argmin(axis=1).astype(np.int32)
+    return labels, d[np.arange(len(x)), labels]
+
+
+def _scales(x, w=None):
+    return Scales.of(np.abs(x).max(axis=0), 1.0 if w is None else float(w.max()))
+
+
+def _exact_step(x, cen, labels, scales, w=None):
+    """The exact step from ``labels`` (updated in place): the sums' and the SSE's limbs of the exact
+    labels, and how many labels changed."""
     k = len(cen)
-    ps, pc = np.empty((T._BLOCKS, k, m)), np.empty((T._BLOCKS, k))
-    pse, pch = np.empty(T._BLOCKS), np.empty(T._BLOCKS, np.int64)
-    ww = np.ones(0) if w is None else w
-    T._lloyd_pass(x, cen, T._tile_rows(m), labels, ww, w is not None, ps, pc, pse, pch)
-    return reduce_blocks(ps, pc, pse, pch)
+    new, d2 = _nearest(x, cen)
+    changed = int((new != labels).sum())
+    labels[:] = new
+    sums = np.zeros((k, x.shape[1] + 1, 4), dtype=np.int64)
+    sum_rows(x, w, new, None, scales, sums, 1)
+    return sums, cluster_sums(new, d2, w, k, scales.sse_exponent(cen)), changed
+
+
+def _means(r, scales, cen):
+    """The next centres from a step's sums (an empty cluster keeps its centre)."""
+    values = decode(r.sums, scales.columns)
+    sums, counts = values[:, :-1], values[:, -1]
+    good = counts > 0
+    cen = cen.copy()
+    cen[good] = sums[good] / counts[good, None]
+    return cen
 
 
 def _blobs(n, m, k, seed, spread=1.0, offset=0.0):
@@ -31,29 +57,31 @@ def _blobs(n, m, k, seed, spread=1.0, offset=0.0):
 
 
 def _lloyd_against_exact(x, cen, steps, w=None, threads=2, move=None):
-    """Run ``steps`` backend steps (each centre update by ``move`` or the means) and check each against
-    the exact kernels; returns the rows searched per step."""
+    """Run ``steps`` steps of a backend with bounds and of one without (each centre update by ``move``
+    or the means) and check each against the exact step; returns the rows searched per step."""
     be = CPUBackend(threads=threads)
     be.load(x, w)
+    every = CPUBackend(threads=threads, bounds=False)
+    every.load(x, w)
+    sc = _scales(x, w)
     lab = np.full(len(x), -1, np.int32)
     searched = []
     for it in range(steps):
-        r = be.step(cen)
-        sums, counts, sse, changed = _exact_step(x, cen, lab, w)
-        assert np.array_equal(r.sums, sums) and np.array_equal(r.counts, counts), f"step {it}: sums differ"
-        assert r.sse == sse and r.changed == changed, f"step {it}: SSE or changed differ"
+        r = be.step(cen, sc)
+        sums, sse, changed = _exact_step(x, cen, lab, sc, w)
+        assert np.array_equal(r.sums, sums), f"step {it}: sums differ"
+        assert np.array_equal(r.sse, sse) and r.changed == changed, f"step {it}: SSE or changed differ"
         assert np.array_equal(be._labels, lab), f"step {it}: labels differ"
+        assert r.searched == be.rows_searched
         searched.append(be.rows_searched)
+        r_sums, r_sse = r.sums.copy(), r.sse.copy()
+        s = every.step(cen, sc)
+        assert s.sums.tobytes() == r_sums.tobytes() and s.sse.tobytes() == r_sse.tobytes()
+        assert s.changed == changed and every.rows_searched == len(x)
         labels, d2 = be.assign(cen)
-        la, da = np.empty(len(x), np.int32), np.empty(len(x))
-        T._assign_pass(x, cen, T._tile_rows(x.shape[1]), la, da)
-        assert np.array_equal(labels, la) and np.array_equal(d2, da), f"step {it}: assign differs"
-        if move is not None:
-            cen = move(it, cen)
-        else:
-            good = counts > 0
-            cen = cen.copy()
-            cen[good] = sums[good] / counts[good, None]
+        la, da = _nearest(x, cen)
+        assert np.array_equal(labels, la) and d2.tobytes() == da.tobytes(), f"step {it}: assign differs"
+        cen = move(it, cen) if move is not None else _means(r, sc, cen)
     return searched
 
 
@@ -89,7 +117,7 @@ def test_ties_never_pass_the_bounds():
     be = CPUBackend(threads=1)
     be.load(x)
     for _ in range(3):
-        be.step(cen)
+        be.step(cen, _scales(x))
         assert not (be._labels == 1).any(), "a tie went to the higher of two equal centres"
 
 
@@ -105,39 +133,44 @@ def test_centres_that_jump_between_steps():
 
 def test_centre_count_changes_and_forgotten_labels():
     x, cen = _blobs(3000, 6, 10, 5)
+    sc = _scales(x)
     be = CPUBackend(threads=2)
     be.load(x)
     lab = np.full(len(x), -1, np.int32)
     for c in (cen, cen, cen[:7], cen[:7]):
-        r = be.step(c)
-        sums, counts, sse, changed = _exact_step(x, c, lab)
-        assert np.array_equal(r.sums, sums) and r.changed == changed
+        r = be.step(c, sc)
+        sums, sse, changed = _exact_step(x, c, lab, sc)
+        assert np.array_equal(r.sums, sums) and np.array_equal(r.sse, sse) and r.changed == changed
     assert be.rows_searched == 0  # the same centres twice: nothing searched
     be.forget_labels()
     lab[:] = -1
-    r = be.step(cen[:7])
+    r = be.step(cen[:7], sc)
     assert be.rows_searched == len(x) and r.changed == len(x)
+    assert np.array_equal(r.sums, _exact_step(x, cen[:7], lab, sc)[0])
 
 
 def test_assign_leaves_the_steps_labels_and_bounds_alone():
     x, cen = _blobs(3000, 8, 6, 6)
+    sc = _scales(x)
     be = CPUBackend(threads=2)
     be.load(x)
-    be.step(cen)
+    first = be.step(cen, sc)
+    kept = first.sums.copy(), first.sse.copy()
     before = be._labels.copy(), be._lower.copy()
     other = cen + np.random.default_rng(6).normal(size=cen.shape)
     labels, d2 = be.assign(other)
-    la, da = np.empty(len(x), np.int32), np.empty(len(x))
-    T._assign_pass(x, other, T._tile_rows(8), la, da)
-    assert np.array_equal(labels, la) and np.array_equal(d2, da)
+    la, da = _nearest(x, other)
+    assert np.array_equal(labels, la) and d2.tobytes() == da.tobytes()
     assert np.array_equal(be._labels, before[0]) and np.array_equal(be._lower, before[1])
-    r = be.step(cen)
+    r = be.step(cen, sc)
     assert r.changed == 0 and be.rows_searched == 0
+    assert r.sums.tobytes() == kept[0].tobytes() and r.sse.tobytes() == kept[1].tobytes()
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_without_bounds_every_row_is_searched_and_the_bits_are_the_same(threads):
     x, cen = _blobs(5000, 20, 10, 7)
+    sc = _scales(x)
     out = []
     for bounds in (True, False):
         be = CPUBackend(threads=threads, bounds=bounds)
@@ -145,13 +178,15 @@ def test_without_bounds_every_row_is_searched_and_the_bits_are_the_same(threads)
         c = cen
         steps = []
         for _ in range(6):
-            r = be.step(c)
-            steps.append((r.sums.tobytes(), r.counts.tobytes(), r.sse, r.changed, be.rows_searched))
-            c = r.sums / np.maximum(r.counts, 1)[:, None]
+            r = be.step(c, sc)
+            labels, d2 = be.assign(c)
+            steps.append((r.sums.tobytes(), r.sse.tobytes(), r.changed, labels.tobytes(), d2.tobytes(),
+                          be.rows_searched))
+            c = _means(r, sc, c)
         out.append(steps)
-    assert [s[:4] for s in out[0]] == [s[:4] for s in out[1]]
-    assert all(s[4] == len(x) for s in out[1])
-    assert sum(s[4] for s in out[0]) < sum(s[4] for s in out[1])
+    assert [s[:5] for s in out[0]] == [s[:5] for s in out[1]]
+    assert all(s[5] == len(x) for s in out[1])
+    assert sum(s[5] for s in out[0]) < sum(s[5] for s in out[1])
 
 
 def test_centre_moves_and_bound_drops():
@@ -210,23 +245,24 @@ def test_half_gaps_keep_rows_that_the_moves_left_no_bound():
     # every row's own bound gone (as after far moves of the other centres): rows nearer their centre than
     # half its gap to the next one are still kept, and nothing changes
     x, cen = _blobs(6000, 8, 6, 12, spread=0.5)
+    sc = _scales(x)
     be = CPUBackend(threads=2)
     be.load(x)
-    r = be.step(cen)
-    centres = r.sums / np.maximum(r.counts, 1)[:, None]
-    be.step(centres)
+    r = be.step(cen, sc)
+    centres = _means(r, sc, cen)
+    be.step(centres, sc)
     labels = be._labels.copy()
     be._lower[:] = 0.0
-    r = be.step(centres)
+    r = be.step(centres, sc)
     assert r.changed == 0 and np.array_equal(be._labels, labels)
     assert be.rows_searched < len(x) // 2
     # and the bounds they leave are lower bounds: the next steps are still the exact ones
     lab = labels.copy()
     for shift in (0.3, -0.2):
         moved = centres + shift
-        r = be.step(moved)
-        sums, counts, sse, changed = _exact_step(x, moved, lab)
-        assert np.array_equal(r.sums, sums) and r.sse == sse and r.changed == changed
+        r = be.step(moved, sc)
+        sums, sse, changed = _exact_step(x, moved, lab, sc)
+        assert np.array_equal(r.sums, sums) and np.array_equal(r.sse, sse) and r.changed == changed
         assert np.array_equal(be._labels, lab)
 
 
