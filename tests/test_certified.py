@@ -1,4 +1,5 @@
-"""Tests for :mod:`mpikmeans.backends.cpu.certified`: the float32-screened step gives the exact kernels' bits."""
+"""Tests for :mod:`mpikmeans.backends.cpu.certified`: the float32-screened search gives the exact
+kernels' labels and distances, bit for bit, and so the same step."""
 
 import numpy as np
 import pytest
@@ -7,45 +8,54 @@ from mpikmeans.backends.cpu import CPUBackend
 from mpikmeans.backends.cpu import certified as C
 from mpikmeans.backends.cpu import tiles as T
 from mpikmeans.backends.cpu.bounds import assign_pass, step_pass
+from mpikmeans.fixedsums import Scales
+
+#: row blocks of the passes here (the backend's STEP_BLOCKS)
+NB = 64
 
 
+def _plan(cen, screen):
+    """The search plan of :func:`mpikmeans.backends.cpu.backend.search_plan`, screened or exact, whatever
+    the shape."""
+    k, m = cen.shape
+    if screen:
+        return (True, *C.centre_data(cen))
+    return (False, np.zeros(m), np.zeros((k, m), np.float32), np.zeros(k, np.float32), np.float32(0),
+            np.float32(0))
 
-def _both_steps(x, cen, w=None, tile=None):
-    """(exact kernels' outputs, screened step's outputs, rows rechecked) of one step from no labels."""
+
+def _both_steps(x, cen, tile=None):
+    """(exact plan's labels, distances and changed; the screened plan's; rows the screen rechecked) of one
+    step from no labels and no bounds."""
     n, m = x.shape
     k = len(cen)
     tile = tile or T._tile_rows(m)
-    ww = np.ones(0) if w is None else w
     outs = []
-    for exact in (True, False):
-        lab = np.full(n, -1, np.int32)
-        ps, pc = np.empty((T._BLOCKS, k, m)), np.empty((T._BLOCKS, k))
-        pse, pch, pex = np.empty(T._BLOCKS), np.empty(T._BLOCKS, np.int64), np.zeros(T._BLOCKS, np.int64)
-        if exact:
-            T._lloyd_pass(x, cen, tile, lab, ww, w is not None, ps, pc, pse, pch)
-        else:
-            searched = np.zeros(T._BLOCKS, np.int64)
-            step_pass(x, cen, (True, *C.centre_data(cen)), tile, lab, np.zeros(n), False, np.zeros(k), np.zeros(k), ww,
-                      w is not None, ps, pc, pse, pch, searched, pex)
-            assert searched.sum() == n
-        outs.append((lab, ps, pc, pse, pch))
-    return outs[0], outs[1], int(pex.sum())
+    for screen in (False, True):
+        old = np.full(n, -1, np.int32)
+        lab, d2 = np.full(n, -7, np.int32), np.full(n, np.nan)
+        changed, searched, rechecked = (np.zeros(NB, np.int64) for _ in range(3))
+        step_pass(x, cen, _plan(cen, screen), tile, old, np.zeros(n), False, np.zeros(k), np.zeros(k), lab, d2,
+                  changed, searched, rechecked)
+        assert searched.sum() == n and changed.sum() == n and (old == -1).all()
+        assert screen or rechecked.sum() == 0
+        outs.append((lab, d2, int(changed.sum())))
+    return outs[0], outs[1], int(rechecked.sum())
 
 
 def _assert_same(a, b):
     for u, v in zip(a, b):
-        assert np.array_equal(u, v), "certified step differs from the exact kernels"
+        assert np.asarray(u).tobytes() == np.asarray(v).tobytes(), "certified step differs from the exact kernels"
 
 
 def _both_assigns(x, cen):
     n, m = x.shape
     out = []
     none = np.full(n, -1, np.int32)
-    for fn in (lambda lab, d: T._assign_pass(x, cen, T._tile_rows(m), lab, d),
-               lambda lab, d: assign_pass(x, cen, (True, *C.centre_data(cen)), T._tile_rows(m), none, np.zeros(n),
-                                          False, np.zeros(len(cen)), np.zeros(len(cen)), lab, d)):
+    for screen in (False, True):
         lab, d = np.empty(n, np.int32), np.empty(n)
-        fn(lab, d)
+        assign_pass(x, cen, _plan(cen, screen), T._tile_rows(m), none, np.zeros(n), False, np.zeros(len(cen)),
+                    np.zeros(len(cen)), lab, d)
         out.append((lab, d))
     return out
 
@@ -59,11 +69,9 @@ def test_step_equals_exact_kernels(n, m, k, offset):
     cen = x[rng.choice(n, k, replace=False)].copy()
     exact, cert, _ = _both_steps(x, cen)
     _assert_same(exact, cert)
-    w = rng.random(n) * 3
-    exact, cert, _ = _both_steps(x, cen, w)
-    _assert_same(exact, cert)
     (la, da), (lb, db) = _both_assigns(x, cen)
-    assert np.array_equal(la, lb) and np.array_equal(da, db)
+    assert np.array_equal(la, lb) and da.tobytes() == db.tobytes()
+    assert la.tobytes() == exact[0].tobytes() and da.tobytes() == exact[1].tobytes()
 
 
 def test_ties_are_rechecked_and_go_to_the_lowest_index():
@@ -115,14 +123,11 @@ def test_any_tile_and_odd_row_counts(tile):
     _assert_same(exact, cert)
 
 
-@pytest.mark.parametrize("weighted", [False, True])
-def test_many_tiles_per_block_keep_the_order_of_additions(weighted):
-    # 20,011 rows in 64 blocks of ~313, tiles of 8: ~40 tiles per block, whose SSE must be one
-    # running sum over the block's rows (as the exact kernels add it), not a sum of tile sums
+def test_many_small_tiles_per_block():
+    # 20,011 rows in 64 blocks of ~313, tiles of 8: ~40 tiles per block, the last one short
     rng = np.random.default_rng(9)
     x = rng.normal(size=(20011, 3)) * 1e3 + rng.normal(size=(20011, 1)) * 1e-3
-    w = rng.random(len(x)) + 0.5 if weighted else None
-    exact, cert, _ = _both_steps(x, x[:7].copy(), w, tile=8)
+    exact, cert, _ = _both_steps(x, x[:7].copy(), tile=8)
     _assert_same(exact, cert)
 
 
@@ -130,12 +135,14 @@ def test_backend_threads_do_not_change_bits():
     rng = np.random.default_rng(6)
     x = rng.normal(size=(5000, 20))
     cen = x[:10].copy()
+    sc = Scales.of(np.abs(x).max(axis=0))
     results = []
     for threads in (1, 2):
         b = CPUBackend(threads=threads)
         b.load(x)
-        r = b.step(cen)
-        results.append((r.sums.tobytes(), r.counts.tobytes(), r.sse, r.changed))
+        r = b.step(cen, sc)
+        labels, d2 = b.assign(cen)
+        results.append((r.sums.tobytes(), r.sse.tobytes(), r.changed, labels.tobytes(), d2.tobytes()))
     assert results[0] == results[1]
 
 
@@ -193,13 +200,20 @@ def test_either_plan_gives_the_backend_the_same_bits(monkeypatch, k, m):
     x = rng.normal(size=(4000, m))
     cen = x[rng.choice(len(x), k, replace=False)].copy()
     w = rng.random(len(x)) + 0.5
+    sc = Scales.of(np.abs(x).max(axis=0), float(w.max()))
     plan = B.screened
     out = []
     for flip in (False, True):
         monkeypatch.setattr(B, "screened", (lambda a, b: not plan(a, b)) if flip else plan)
+        assert B.search_plan(cen)[0][0] == (plan(k, m) != flip)
         be = B.CPUBackend(threads=2)
         be.load(x, w)
-        r = be.step(cen)
-        labels, d2 = be.assign(cen)
-        out.append((r.sums.tobytes(), r.counts.tobytes(), r.sse, r.changed, labels.tobytes(), d2.tobytes()))
+        steps = []
+        c = cen
+        for _ in range(3):  # the second and third steps with bounds: the plan searches the rows they let through
+            r = be.step(c, sc)
+            labels, d2 = be.assign(c)
+            steps.append((r.sums.tobytes(), r.sse.tobytes(), r.changed, labels.tobytes(), d2.tobytes()))
+            c = c + 0.05
+        out.append(steps)
     assert out[0] == out[1]
