@@ -1,4 +1,4 @@
-"""Tests for :mod:`mpikmeans.lloyd`: the Lloyd loop gives the same answer for any
+"""Tests for :mod:`mpikmeans.lloyd`: the Lloyd loop gives the same bits for any
 number of ranks (simulated with threads), stops for the stated reason, handles
 empty clusters without NaNs, and agrees with scikit-learn's
 ``KMeans(algorithm="lloyd")`` started from the same centres."""
@@ -16,6 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rankhelpers import split  # noqa: E402
 from threadcomm import Serialised, run_ranks  # noqa: E402
 
+from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
+from mpikmeans.comm import SerialComm  # noqa: E402
 from mpikmeans.init import init_range, init_sample, sample_indices  # noqa: E402
 from mpikmeans.io.arff import read_arff  # noqa: E402
 from mpikmeans.io.gen import GenSpec, write_blobs  # noqa: E402
@@ -24,12 +26,22 @@ from mpikmeans.lloyd import STOP_MAX_ITER, STOP_TOL, STOP_UNCHANGED, lloyd  # no
 
 # =========================================================================== helpers
 
-def run_lloyd_rows(x, ranks, centres, empty_first=False, **kw):
+def run_lloyd_rows(x, ranks, centres, empty_first=False, weights=None, backend=Serialised, **kw):
     """Lloyd on rows split over ``ranks`` threads; returns the per-rank results."""
     def body(comm):
         xl, off = split(x, ranks, comm.rank, empty_first)
-        return lloyd(comm, Serialised(xl), xl, off, centres, **kw)
+        wl = None if weights is None else weights[off:off + len(xl)]
+        return lloyd(comm, backend(xl, wl), xl, off, centres, weights=wl, **kw)
     return run_ranks(ranks, body)
+
+
+def same_bits(a, b) -> bool:
+    """Two results of :func:`lloyd` are the same bits: centres, SSE, sizes, per-cluster SSE and history."""
+    keys = ("iteration", "sse", "shift", "changed")
+    return (a.centres.tobytes() == b.centres.tobytes() and a.inertia == b.inertia
+            and np.array_equal(a.sizes, b.sizes) and a.cluster_sse.tobytes() == b.cluster_sse.tobytes()
+            and [[h[q] for q in keys] for h in a.history] == [[h[q] for q in keys] for h in b.history]
+            and (a.iterations, a.stop_reason, a.relocated) == (b.iterations, b.stop_reason, b.relocated))
 
 
 def rel(a, b):
@@ -53,19 +65,34 @@ def test_lloyd_independent_of_ranks(small_file, init):
             c0 = init_range(5, local.mins, local.maxs, 2)
         return lloyd(comm, Serialised(local.x), local.x, local.row_offset, c0, max_iter=100)
 
-    runs = {ranks: run_ranks(ranks, body) for ranks in range(1, 5)}
+    runs = {ranks: run_ranks(ranks, body) for ranks in (1, 2, 3, 4, 7)}
     ref = runs[1][0]
     assert ref.converged and ref.iterations > 1
     for ranks, results in runs.items():
         assert np.array_equal(labels_of(results), ref.labels), f"{ranks} ranks"
-        for r in results:  # every rank has the same global results
-            assert rel(r.centres, ref.centres) <= 1e-12
-            assert r.iterations == ref.iterations
-            assert r.stop_reason == ref.stop_reason and r.converged == ref.converged
-            assert abs(r.inertia - ref.inertia) <= 1e-12 * ref.inertia
-            assert np.array_equal(r.sizes, ref.sizes)
-            assert [h["changed"] for h in r.history] == [h["changed"] for h in ref.history]
+        for r in results:  # every rank has the same global results, bit for bit (exact sums)
+            assert same_bits(r, ref), f"{ranks} ranks"
+            assert r.converged == ref.converged
         assert sum(len(r.labels) for r in results) == 600
+
+
+@pytest.mark.parametrize("empty_cluster", ["farthest", "keep", "drop"])
+def test_weighted_runs_with_empty_clusters_are_the_same_bits_at_any_rank_count(empty_cluster):
+    # weights with many bits, an outlier, a far centre that starts empty, rows split so that rank 0
+    # has none: every rank count gives the one-rank run's bits
+    x, c0 = two_blobs_and_an_outlier()
+    rng = np.random.default_rng(3)
+    x = x + rng.normal(size=x.shape) * 1e-3
+    w = rng.uniform(0.1, 3.0, len(x))
+    ref = run_lloyd_rows(x, 1, c0, weights=w, empty_cluster=empty_cluster)[0]
+    assert ref.converged
+    if empty_cluster == "farthest":
+        assert ref.relocated == 1
+    for ranks in (2, 3, 4, 7):
+        results = run_lloyd_rows(x, ranks, c0, empty_first=True, weights=w, empty_cluster=empty_cluster)
+        assert np.array_equal(labels_of(results), ref.labels), f"{ranks} ranks"
+        for r in results:
+            assert same_bits(r, ref), f"{ranks} ranks"
 
 
 def test_lloyd_result_is_consistent(small_x):
@@ -232,10 +259,58 @@ def test_parity_with_sklearn(blobs_file, ranks):
     assert res.sizes.tolist() == np.bincount(km.labels_, minlength=8).tolist()
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_parity_with_sklearn_on_the_cpu_backend(blobs_file, weighted):
+    """The CPU backend itself (its threads, bounds and screen), weighted or not: scikit-learn's labels,
+    centres within 1e-9 relative, SSE and iterations."""
+    from sklearn.cluster import KMeans
+
+    local = run_ranks(1, lambda comm: read_arff(str(blobs_file), comm))[0]
+    x = local.x
+    w = np.random.default_rng(4).uniform(0.2, 5.0, len(x)) if weighted else None
+    c0 = x[sample_indices(8, len(x), 6)]
+    backend = CPUBackend(threads=2)
+    backend.load(x, w)
+    res = lloyd(SerialComm(), backend, x, 0, c0, max_iter=300, tol=0.0, weights=w)
+    km = KMeans(n_clusters=8, init=c0, n_init=1, algorithm="lloyd", tol=0, max_iter=300).fit(x, sample_weight=w)
+    assert res.converged and res.iterations == km.n_iter_
+    assert np.array_equal(res.labels, km.labels_)
+    assert np.all(np.abs(res.centres - km.cluster_centers_) <= 1e-9 * np.abs(km.cluster_centers_))
+    assert abs(res.inertia - km.inertia_) <= 1e-9 * km.inertia_
+
+
+# =========================================================================== limbs as integers
+
+class _Resplit(Serialised):
+    """The CPU backend with every sum's limbs written another way for the same integer (one unit of the
+    top limb moved into the next): what a backend that adds a block's values before splitting them into
+    limbs returns (:mod:`mpikmeans.fixedsums`; the GPU's accumulation does)."""
+
+    def step(self, centres, scales):
+        r = super().step(centres, scales)
+        r.sums = r.sums.copy()
+        r.sums[..., 0] -= 1
+        r.sums[..., 1] += 1 << 26
+        return r
+
+
+@pytest.mark.xfail(strict=True, reason="lloyd.py takes a cluster for empty only where its count limbs are all "
+                                       "zero (merged.limbs[:, -1, :].any(axis=1)), not where their integer is "
+                                       "zero: limbs split after adding, as the GPU's, are never relocated")
+def test_limbs_count_by_their_integer():
+    x, c0 = two_blobs_and_an_outlier()
+    w = np.random.default_rng(5).uniform(0.1, 3.0, len(x))
+    plain = run_lloyd_rows(x, 2, c0, weights=w, empty_cluster="farthest")
+    other = run_lloyd_rows(x, 2, c0, weights=w, empty_cluster="farthest", backend=_Resplit)
+    assert plain[0].relocated == 1
+    for a, b in zip(plain, other):
+        assert same_bits(a, b)
+
+
 # =========================================================================== the update's arithmetic
 
 def _update_before(sums, counts, centres):
-    """The update as the loop computed it before its buffers were kept: the bits to keep."""
+    """The update written plainly, with row selections: the bits the loop's update must give."""
     filled = counts > 0
     new = centres.copy()
     new[filled] = sums[filled] / counts[filled, None]
@@ -244,7 +319,7 @@ def _update_before(sums, counts, centres):
 
 @pytest.mark.parametrize("k,m,empty", [(1000, 257, 0), (7, 3, 2), (50, 100, 49), (1, 1, 0), (3, 5, 3)])
 def test_update_is_the_same_bits_as_the_row_selections(k, m, empty):
-    from mpikmeans.lloyd import _new_centres, _Scratch, _shift
+    from mpikmeans.lloyd import _new_centres, _shift
 
     rng = np.random.default_rng(k + m + empty)
     sums = rng.standard_normal((k, m)) * 10.0 ** rng.integers(-3, 4, (k, 1))
@@ -253,21 +328,8 @@ def test_update_is_the_same_bits_as_the_row_selections(k, m, empty):
     sums[counts == 0] = 0.0
     centres = rng.standard_normal((k, m))
     want_new, want_shift = _update_before(sums, counts, centres)
-    scratch = _Scratch()
-    for _ in range(2):  # the second time with the kept scratch
-        new, filled = _new_centres(sums, counts, centres, None, False)
-        assert new.tobytes() == want_new.tobytes()
-        assert filled.tolist() == (counts > 0).tolist()
-        assert not np.shares_memory(new, centres) and not np.shares_memory(new, sums)
-        assert _shift(new, centres, scratch.diff_buffer(new.shape)) == want_shift
-
-
-def test_scratch_follows_the_shape():
-    from mpikmeans.lloyd import _Scratch
-
-    s = _Scratch()
-    a = s.merge_buffer(4, 3)
-    assert a.shape == (4 * 3 + 4 + 4,) and s.merge_buffer(4, 3) is a
-    assert s.merge_buffer(3, 3).shape == (3 * 3 + 3 + 4,)  # a dropped cluster: K changed
-    d = s.diff_buffer((4, 3))
-    assert s.diff_buffer((4, 3)) is d and s.diff_buffer((3, 3)).shape == (3, 3)
+    new, filled = _new_centres(sums, counts, centres, None, False)
+    assert new.tobytes() == want_new.tobytes()
+    assert filled.tolist() == (counts > 0).tolist()
+    assert not np.shares_memory(new, centres) and not np.shares_memory(new, sums)
+    assert _shift(new, centres) == want_shift
