@@ -99,7 +99,8 @@ def exponent_for(bound: float) -> int:
         return 0
     if not math.isfinite(bound):
         raise ValueError("a fixed-point scale needs a finite bound")
-    return VBITS - math.frexp(bound * _BOUND_MARGIN)[1]
+    mantissa, e = math.frexp(bound)  # the widened bound's exponent, without overflowing at the largest floats
+    return VBITS - (e + 1 if mantissa * _BOUND_MARGIN >= 1.0 else e)
 
 
 @dataclass(frozen=True)
@@ -149,21 +150,30 @@ class Scales:
         return exponent_for(bound)
 
 
+@njit(inline="always")
+def _normalise(a, b, c, d):  # pragma: no cover - compiled
+    # the same integer with d, b in [0, 2**26), c in [0, 2**24) (c's unit is 2**26, b's 2**50), a signed
+    c += d >> 26
+    d &= 67108863
+    b += c >> 24
+    c &= 16777215
+    a += b >> 26
+    b &= 67108863
+    return a, b, c, d
+
+
 @njit(parallel=True, cache=True)
 def _decode(q, exps, out):  # pragma: no cover - compiled
     for e in prange(q.shape[0]):
-        a, b, c, d = q[e, 0], q[e, 1], q[e, 2], q[e, 3]
-        # normalise: d, b in [0, 2**26), c in [0, 2**24) (c's unit is 2**26, b's 2**50), a signed
-        c += d >> 26
-        d &= 67108863
-        b += c >> 24
-        c &= 16777215
-        a += b >> 26
-        b &= 67108863
+        a, b, c, d = _normalise(q[e, 0], q[e, 1], q[e, 2], q[e, 3])
+        sign = 1.0
+        if a < 0:  # the magnitude's limbs: no cancellation between a negative top and a positive rest
+            a, b, c, d = _normalise(-a, -b, -c, -d)
+            sign = -1.0
         # the total is a 2**76 + b 2**50 + c 2**26 + d, in units of 2**-(s + VBITS): two roundings at most
         low = (np.float64(b) * 16777216.0 + np.float64(c)) * 67108864.0 + np.float64(d)
         total = np.float64(a) * 75557863725914323419136.0 + low
-        out[e] = np.ldexp(total, -(exps[e] + 50))
+        out[e] = sign * np.ldexp(total, -(exps[e] + 50))
 
 
 def decode(limbs: np.ndarray, exponent) -> np.ndarray:
