@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import gzip
 import json
 import os
 import re
@@ -19,11 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _env
+import conftest
+from conftest import _env, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 README = REPO / "README.md"
+#: conftest's (a copy of this file run against older tests keeps its meaning)
+HANG_GUARD_S = getattr(conftest, "HANG_GUARD_S", 60)
 
 # ----------------------------------------------------------------------------- item 10: time
 
@@ -355,3 +359,39 @@ def test_item13_readme_big_example_says_its_size(tmp_path):
     header = out.read_bytes().index(b"@data") + len(b"@data\n")
     estimate = header + (out.stat().st_size - header) * scale
     assert abs(estimate - claimed) <= 0.03 * claimed, (estimate, claimed)
+
+
+# ----------------------------------------------------------------------------- item 13: "The ARFF format"
+
+def test_item13_readme_says_which_reader_a_file_gets(tmp_path):
+    """The README's "The ARFF format" says how a file is recognised; each claim, run: a ``.tsv`` is
+    tab-separated, a text file without extension is CSV, Weka's row tokens (blanks, a trailing comma,
+    quoted numbers) are read, compressed input is refused by its content whatever its name (exit 3),
+    a FIFO is refused at once (exit 2), ``gen-data OUT.csv`` writes CSV."""
+    section = README.read_text(encoding="utf-8")
+    section = section[section.index("### The ARFF format"):section.index("`mpikmeans convert DATA.arff")]
+    for claim in ("`*.tsv` and `*.tab` are\ntab-separated", "no extension) is CSV", "a comma at the end of a row",
+                  "quoted numbers", "whatever its name", "FIFO", "`gen-data OUT.csv`\nwrites CSV"):
+        assert claim in section, f"the section no longer says {claim!r}: change this test with it"
+    rows = "1,2\n1.5,2.5\n10,20\n11,21\n"
+
+    def run(path, k=2):
+        return run_cli(["run", path, "-k", k, "-o", tmp_path / (path.name + ".out"), "-q"], timeout=300)
+
+    (tmp_path / "t.tsv").write_text("a\tb\n" + rows.replace(",", "\t"))
+    (tmp_path / "noext").write_text("a,b\n" + rows)
+    (tmp_path / "w.arff").write_text("@relation r\n@attribute a numeric\n@attribute b numeric\n@data\n"
+                                     "1 2\n1.5\t2.5,\n'10', \"20\"\n11,21\n")
+    for name in ("t.tsv", "noext", "w.arff"):
+        r = run(tmp_path / name)
+        assert r.code == 0, (name, r.err)
+        assert json.loads((tmp_path / (name + ".out") / "summary.json").read_text())["n"] == 4, name
+    (tmp_path / "packed.arff").write_bytes(gzip.compress((tmp_path / "w.arff").read_bytes()))
+    r = run(tmp_path / "packed.arff")
+    assert r.code == 3 and "compressed" in r.err, r.err
+    os.mkfifo(tmp_path / "fifo.arff")
+    r = run(tmp_path / "fifo.arff")
+    assert r.code == 2 and r.seconds < HANG_GUARD_S, r.err
+    r = run_cli(["gen-data", tmp_path / "g.csv", "-n", 5, "-m", 2, "-k", 1, "-q"], timeout=300)
+    assert r.code == 0, r.err
+    assert (tmp_path / "g.csv").read_text().splitlines()[0] == "X1,X2"
