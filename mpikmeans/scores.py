@@ -23,12 +23,14 @@ weights (the means), of each row's squared distance to a reference point (the
 spread ``V``), of its squared and plain distance to its cluster's mean and of
 its silhouette.  Every per-row value depends on the row and on these global
 totals only, so the scores are the same bits at ``-np 1`` and ``-np 7``.  The
-sampled silhouette is computed by rank 0 on the gathered sample.
+sample is gathered on every rank; each rank sums the distances of its share of
+the sample's rows (a row's sums do not depend on who computes them), and the
+shares are gathered in row order.
 
 **Passes.**  One pass of ``O(N M)`` for the means and spreads, one of ``O(N K M)``
 that gives each row's silhouette and, on the way, its distance to its
 cluster's mean (Calinski–Harabasz's and Davies–Bouldin's dispersions); the
-sample's ``O(S^2 M)`` on rank 0.
+sample's ``O(S^2 M)``, shared by the ranks.
 
 **Weights.**  Instance weights act as frequency weights where the definitions
 allow: Calinski–Harabasz and Davies–Bouldin equal scikit-learn's on the data
@@ -169,25 +171,70 @@ def _silhouette_rows(x, labels, w, weighted, mt, slot, spread, mass, own_out, s_
                 s_out[i] = bi / ai - 1.0
 
 
+#: Sample rows a task of the sampled silhouette takes at once (each column of the sample read once for all of them)
+_TILE_ROWS = 8
+#: Sample rows whose distances a task holds at once (the tile's distances stay in the first-level cache)
+_TILE_COLS = 512
+
+
 @njit(parallel=True, cache=True)
-def _sample_sums(xt, lab, nlab, out):  # pragma: no cover - compiled
-    # xt (m, s): the sample transposed.  out[i, l]: the sum of row i's Euclidean distances to the
-    # sample's rows of label l (itself left out), added in row order
+def _sample_sums(xt, lab, nlab, lo, hi, out):  # pragma: no cover - compiled
+    # xt (m, s): the sample transposed.  out[i - lo, l]: the sum of row i's Euclidean distances to the
+    # sample's rows of label l (itself left out), added in row order, for the rows lo <= i < hi.
+    # A task takes a tile of rows against the sample a chunk of columns at a time; four attributes a
+    # pass keep a distance in a register, still added in attribute order
     m, s = xt.shape
-    for i in prange(s):
-        d2 = np.zeros(s)
-        for j in range(m):
-            v = xt[j, i]
-            col = xt[j]
-            for r in range(s):
-                t = col[r] - v
-                d2[r] += t * t
-        row = out[i]
-        for q in range(nlab):
-            row[q] = 0.0
-        for r in range(s):
-            if r != i:
-                row[lab[r]] += math.sqrt(d2[r])
+    tiles = (hi - lo + _TILE_ROWS - 1) // _TILE_ROWS
+    for tile in prange(tiles):
+        i0 = lo + tile * _TILE_ROWS
+        nt = min(hi, i0 + _TILE_ROWS) - i0
+        d2 = np.empty((_TILE_ROWS, _TILE_COLS))
+        acc = np.zeros((_TILE_ROWS, nlab))
+        for r0 in range(0, s, _TILE_COLS):
+            nr = min(s, r0 + _TILE_COLS) - r0
+            d2[:, :] = 0.0
+            j = 0
+            while j + 4 <= m:
+                c0 = xt[j, r0:r0 + nr]
+                c1 = xt[j + 1, r0:r0 + nr]
+                c2 = xt[j + 2, r0:r0 + nr]
+                c3 = xt[j + 3, r0:r0 + nr]
+                for t in range(nt):
+                    v0 = xt[j, i0 + t]
+                    v1 = xt[j + 1, i0 + t]
+                    v2 = xt[j + 2, i0 + t]
+                    v3 = xt[j + 3, i0 + t]
+                    row = d2[t]
+                    for r in range(nr):
+                        u0 = c0[r] - v0
+                        u1 = c1[r] - v1
+                        u2 = c2[r] - v2
+                        u3 = c3[r] - v3
+                        d = row[r] + u0 * u0
+                        d = d + u1 * u1
+                        d = d + u2 * u2
+                        row[r] = d + u3 * u3
+                j += 4
+            while j < m:
+                cs = xt[j, r0:r0 + nr]
+                for t in range(nt):
+                    v = xt[j, i0 + t]
+                    row = d2[t]
+                    for r in range(nr):
+                        u = cs[r] - v
+                        row[r] += u * u
+                j += 1
+            ls = lab[r0:r0 + nr]
+            for t in range(nt):
+                row = d2[t]
+                a = acc[t]
+                skip = i0 + t - r0
+                for r in range(nr):
+                    if r != skip:
+                        a[ls[r]] += math.sqrt(row[r])
+        for t in range(nt):
+            for q in range(nlab):
+                out[i0 - lo + t, q] = acc[t, q]
 
 
 # ======================================================================== the scores
@@ -220,11 +267,61 @@ def sample_indices(n: int, size: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False)).astype(np.int64)
 
 
-def sampled_silhouette(xs: np.ndarray, labels: np.ndarray) -> float | None:
-    """scikit-learn's ``silhouette_score(xs, labels)`` (Euclidean), by the same definition.
+def sample_label_sums(xs: np.ndarray, lab: np.ndarray, nlab: int, lo: int, hi: int) -> np.ndarray:
+    """For the sample's rows ``lo .. hi-1``: the sum of each one's Euclidean distances to every label's rows.
 
-    Each distance is summed in attribute order (no Gram-matrix shortcut), so
-    the result does not depend on the threads or the BLAS.
+    Each distance adds its terms in attribute order and the sums go in row
+    order, so a row's sums do not depend on the threads nor on which rows a
+    call takes: the ranks may share the rows.
+
+    Parameters
+    ----------
+    xs : ndarray, shape (s, m), float64
+    lab : ndarray, shape (s,), int64
+        Labels ``0 .. nlab-1``.
+    nlab : int
+    lo, hi : int
+
+    Returns
+    -------
+    ndarray, shape (hi - lo, nlab), float64
+        The row itself is left out of its own label's sum.
+    """
+    out = np.empty((hi - lo, nlab))
+    if hi > lo:
+        _sample_sums(np.ascontiguousarray(np.asarray(xs, dtype=np.float64).T), np.ascontiguousarray(lab, dtype=np.int64),
+                     nlab, lo, hi, out)
+    return out
+
+
+def silhouette_from_sums(sums: np.ndarray, lab: np.ndarray, nlab: int) -> float:
+    """scikit-learn's silhouette score from every sample row's :func:`sample_label_sums`.
+
+    Parameters
+    ----------
+    sums : ndarray, shape (s, nlab), float64
+    lab : ndarray, shape (s,), int64
+    nlab : int
+
+    Returns
+    -------
+    float
+        The mean of ``(b - a) / max(a, b)``, 0 for a row alone in its label.
+    """
+    s = len(lab)
+    freqs = np.bincount(lab, minlength=nlab).astype(np.float64)
+    rows = np.arange(s)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        intra = sums[rows, lab] / (freqs[lab] - 1.0)  # 0/0 for a label of one row: 0 below
+        others = sums / freqs
+        others[rows, lab] = np.inf
+        inter = others.min(axis=1)
+        sil = (inter - intra) / np.maximum(intra, inter)
+    return float(np.mean(np.nan_to_num(sil)))
+
+
+def sampled_silhouette(xs: np.ndarray, labels: np.ndarray) -> float | None:
+    """scikit-learn's ``silhouette_score(xs, labels)`` (Euclidean), by the same definition, in this process.
 
     Parameters
     ----------
@@ -237,21 +334,10 @@ def sampled_silhouette(xs: np.ndarray, labels: np.ndarray) -> float | None:
         None where scikit-learn refuses: fewer than 2 labels, or one per row.
     """
     present, lab = np.unique(np.asarray(labels), return_inverse=True)
-    s = len(lab)
     nlab = len(present)
-    if not 1 < nlab < s:
+    if not 1 < nlab < len(lab):
         return None
-    sums = np.empty((s, nlab))
-    _sample_sums(np.ascontiguousarray(np.asarray(xs, dtype=np.float64).T), lab.astype(np.int64), nlab, sums)
-    freqs = np.bincount(lab, minlength=nlab).astype(np.float64)
-    rows = np.arange(s)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        intra = sums[rows, lab] / (freqs[lab] - 1.0)  # 0/0 for a label of one row: 0 below
-        others = sums / freqs
-        others[rows, lab] = np.inf
-        inter = others.min(axis=1)
-        sil = (inter - intra) / np.maximum(intra, inter)
-    return float(np.mean(np.nan_to_num(sil)))
+    return silhouette_from_sums(sample_label_sums(xs, lab, nlab, 0, len(lab)), lab, nlab)
 
 
 def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: np.ndarray | None = None,
@@ -404,13 +490,14 @@ def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: 
         mine = idx[(idx >= lo) & (idx < lo + n_local)] - lo
         keep = mine[labels[mine] >= 0]
         pieces = comm.allgather((x[keep], labels[keep]))
-        taken = sum(len(lab) for _, lab in pieces)
-
-        def on_root():
-            xs = np.concatenate([xp for xp, _ in pieces]) if taken else np.empty((0, m))
-            return sampled_silhouette(xs, np.concatenate([lab for _, lab in pieces]))
-
-        sample = comm.from_root(on_root)
+        xs = np.concatenate([xp for xp, _ in pieces])
+        present_s, lab = np.unique(np.concatenate([lp for _, lp in pieces]), return_inverse=True)
+        taken, nlab = len(lab), len(present_s)
+        if 1 < nlab < taken:
+            # every rank its share of the sample's rows; their sums gathered in row order
+            lo, hi = taken * comm.rank // comm.size, taken * (comm.rank + 1) // comm.size
+            sums = np.vstack(comm.allgather(sample_label_sums(xs, lab, nlab, lo, hi)))
+            sample = silhouette_from_sums(sums, lab, nlab)
         if sample is None and undefined is None:
             undefined = "the sample has fewer than 2 clusters, or one row per cluster: no sampled silhouette"
 
@@ -447,4 +534,4 @@ def _davies_bouldin(means: np.ndarray, mean_dist: np.ndarray) -> float:
 
 
 __all__ = ["DEFAULT_SAMPLE", "SCORE_CHOICES", "SCORE_NAMES", "all_dist2", "quality_scores", "sample_indices",
-           "sampled_silhouette"]
+           "sample_label_sums", "sampled_silhouette", "silhouette_from_sums"]
