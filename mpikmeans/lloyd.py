@@ -138,6 +138,11 @@ class _Merged:
         self.searched = None if buf[ns + 6] else int(buf[ns + 5])
         self.stop = bool(buf[ns + 7])
 
+    def empty(self) -> np.ndarray:
+        """Which clusters have no rows (or zero weight), shape (k,), bool: by the integer their count's
+        limbs stand for (limbs split differently can stand for zero)."""
+        return decode(self.limbs[:, -1, :], self.scales.columns[-1]) == 0.0
+
     def sums_counts(self) -> tuple:
         """The decoded sums ``(k, m)`` and counts (weights) ``(k,)``, float64."""
         values = decode(self.limbs, self.scales.columns)
@@ -152,8 +157,7 @@ def _relocate_empty(comm, backend, x, row_offset, centres, merged: _Merged, weig
     member of one empty cluster.  Works on the merged totals, exactly, so every
     rank makes the same change.  Returns the number of clusters moved.
     """
-    counts = merged.limbs[:, -1, :]
-    empty = np.flatnonzero(~counts.any(axis=1))
+    empty = np.flatnonzero(merged.empty())
     dist2, rows, labels = backend.farthest(centres, len(empty))
     mine = [(-float(d), row_offset + int(i), int(a), x[i].copy(), 1.0 if weights is None else float(weights[i]))
             for d, i, a in zip(dist2, rows, labels)]
@@ -274,7 +278,7 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
         part = backend.step(centres, scales)
         merged = _Merged(comm, part, bool(stop_requested and stop_requested()), scales, sse_exponent)
         relocated, dropped = state.relocated, state.dropped
-        if empty_cluster == "farthest" and not merged.limbs[:, -1, :].any(axis=1).all():
+        if empty_cluster == "farthest" and merged.empty().any():
             relocated += _relocate_empty(comm, backend, x, row_offset, centres, merged, weights)
         sums, counts = merged.sums_counts()
         new, filled = _new_centres(sums, counts, centres, layout, weights is not None)

@@ -294,9 +294,6 @@ class _Resplit(Serialised):
         return r
 
 
-@pytest.mark.xfail(strict=True, reason="lloyd.py takes a cluster for empty only where its count limbs are all "
-                                       "zero (merged.limbs[:, -1, :].any(axis=1)), not where their integer is "
-                                       "zero: limbs split after adding, as the GPU's, are never relocated")
 def test_limbs_count_by_their_integer():
     x, c0 = two_blobs_and_an_outlier()
     w = np.random.default_rng(5).uniform(0.1, 3.0, len(x))

@@ -305,13 +305,20 @@ class Serialised(RowDistances):
         if x is not None:
             self.load(x, weights)
 
-    def load(self, x, weights=None):
+    def load(self, x, weights=None, magnitudes=None):
         with _backend_lock:
-            self.inner.load(x, weights)
+            self.inner.load(x, weights, magnitudes)
 
-    def step(self, centres):
+    def magnitudes(self):
+        return self.inner.magnitudes()
+
+    def step(self, centres, scales):
         with _backend_lock:
-            return self.inner.step(centres)
+            return self.inner.step(centres, scales)
+
+    def farthest(self, centres, count):
+        with _backend_lock:
+            return self.inner.farthest(centres, count)
 
     def assign(self, centres):
         with _backend_lock:
