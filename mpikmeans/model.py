@@ -127,6 +127,50 @@ class Model:
         """The centres in data units, shape (k, columns) (a nominal block one-hot)."""
         return self.scaler.inverse(self.centres_scaled)
 
+    def centres_for(self, layout: Layout, model_path: str) -> np.ndarray:
+        """The centres in data units as a run with ``layout`` starts from them (``--init model.json``).
+
+        Parameters
+        ----------
+        layout : Layout
+            The run's clustered attributes (``LocalData.layout``).
+        model_path : str
+            For the message.
+
+        Returns
+        -------
+        ndarray, shape (k, layout.columns), float64
+            In the run's columns (a nominal attribute's categories in the run's order).
+
+        Raises
+        ------
+        UsageError
+            The run clusters other attributes than the model, or a category the model lacks.
+        """
+        mine = self.layout
+        if list(layout.names) != list(mine.names):
+            raise UsageError(f"--init {model_path}: the model clusters {', '.join(mine.names)}; this run clusters "
+                             f"{', '.join(layout.names)}")
+        data = self.centres
+        out = np.zeros((self.k, layout.columns))
+        for name, start, values, theirs_start, theirs in zip(layout.names, layout.starts, layout.values,
+                                                              mine.starts, mine.values):
+            if (values is None) != (theirs is None):
+                raise UsageError(f"--init {model_path}: attribute {name!r} is "
+                                 f"{'numeric' if values is None else 'nominal'} here, not in the model")
+            if values is None:
+                out[:, start] = data[:, theirs_start]
+                continue
+            for c, category in enumerate(values):
+                if category in theirs:
+                    out[:, start + c] = data[:, theirs_start + theirs.index(category)]
+            lost = np.flatnonzero(out[:, start:start + len(values)].max(axis=1) == 0.0)
+            if len(lost):
+                category = theirs[int(np.argmax(data[lost[0], theirs_start:theirs_start + len(theirs)]))]
+                raise UsageError(f"--init {model_path}: centre {lost[0] + 1} has {name} = {category!r}, not one of "
+                                 "this data's categories")
+        return out
+
     @classmethod
     def from_run(cls, local, scaler: Scaler, result, cfg, dtype: str, scores: dict | None = None) -> "Model":
         """The model of a finished ``mpikmeans run`` (every rank builds the same one; no collective).

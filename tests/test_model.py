@@ -315,3 +315,18 @@ def test_load_and_score_under_a_communicator(rows, tmp_path):
     out = run_ranks(3, body)
     assert np.array_equal(np.concatenate([labels for labels, _ in out]), km.labels_)
     assert {score for _, score in out} == {km.score(rows)}  # the total, the same bits on every rank
+
+
+def test_a_model_gives_a_runs_initial_centres(mixed, numeric_model, tmp_path):
+    model, _, local = fit_like_run(mixed, k=3, nominal="weka", missing="drop", ignore="id")
+    back = load_model(_edited(tmp_path, model, lambda d: None))
+    assert back.centres_for(local.layout, "M.json").tobytes() == model.centres.tobytes()
+    # the same categories in another order: the run's columns
+    from mpikmeans.nominal import Layout
+
+    swapped = Layout(["a", "colour", "b"], [0, 1, 4], [None, ("blue", "green", "red"), None])
+    again = back.centres_for(swapped, "M.json")
+    assert np.array_equal(again[:, 1:4], model.centres[:, 3:0:-1]) and np.array_equal(again[:, [0, 4]],
+                                                                                          model.centres[:, [0, 4]])
+    with pytest.raises(UsageError, match="the model clusters a, colour, b; this run clusters X1"):
+        back.centres_for(numeric_model[2].layout, "M.json")
