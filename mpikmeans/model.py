@@ -219,8 +219,8 @@ class Model:
             "stop_reason": str(result.stop_reason),
             "sizes": None if result.sizes is None else [int(s) for s in result.sizes],
         }
-        if scores is not None:
-            info["scores"] = scores
+        if scores is not None:  # the scores of the fit, without their timing (summary.json has it)
+            info["scores"] = {key: v for key, v in scores.items() if key != "seconds"}
         return cls(attributes, cfg.nominal, {"policy": cfg.missing, "fill": None}, scaler,
                    np.array(result.centres, dtype=np.float64), dtype, str(cfg.init), int(cfg.seed),
                    float(result.inertia), int(local.n), info)
