@@ -7,7 +7,9 @@
   removed and rebuilt; entries never mix keys;
 - many processes filling an empty store, or an empty Numba cache, at once (two
   jobs of four ranks) all succeed, and every entry left behind is whole;
-- a Numba cache index or entry damaged on disk is compiled again, not an error.
+- a Numba cache index or entry damaged on disk is compiled again, not an error;
+- what is warm: a marker per warm-up part, keyed by what changes its compiled code (:func:`warm_key`),
+  written atomically; :func:`cold_parts` lists what a run still needs.
 """
 
 from __future__ import annotations
@@ -297,8 +299,8 @@ def test_two_gpu_jobs_of_four_ranks_start_on_an_empty_cache_and_a_damaged_store_
     r = job("c")  # refuses the damaged entries it needs, compiles them again, rewrites them
     assert r.code == 0, r.err
     assert (tmp_path / "c" / "centers.csv").read_bytes() == centres
-    # and a warm-up those the run did not need (k-means||'s nearest-candidate kernel)
-    r = run_cli(["warmup", data, "-k", 5, "--gpu", "-q"], timeout=600, env=env)
+    # and a warm-up those the run did not need (k-means||'s nearest-candidate kernel, the other dtype's)
+    r = run_cli(["warmup", "--gpu", "-q"], timeout=600, env=env)
     assert r.code == 0, r.err
     for f in entries:  # every damaged entry was refused, compiled again and rewritten whole
         assert C.KernelStore.payload(f.read_bytes())
@@ -308,12 +310,24 @@ def test_info_says_whether_the_kernel_caches_are_warm(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from conftest import run_cli
 
-    r = run_cli(["info"], env={"MPIKMEANS_CACHE_DIR": tmp_path / "empty"})
+    env = {"MPIKMEANS_CACHE_DIR": tmp_path / "c", "NUMBA_CACHE_DIR": None}
+    r = run_cli(["info"], env=env)
     assert r.code == 0, r.err
-    assert "CPU kernels cold" in r.out and " 0 of " in r.out
-    r = run_cli(["info"])  # the suite's cache, filled by its first run (conftest.warm_numba_cache)
+    line = next(ln for ln in r.out.splitlines() if ln.startswith("kernel cache:"))
+    assert line == (f"kernel cache: {tmp_path / 'c'}: cpu cold, gpu-float64 cold, gpu-float32 cold"
+                    "  (mpikmeans warmup compiles them)"), line
+    # the cpu part marked warm (as a warm-up does at its end), in a process of that cache root
+    subprocess.run([sys.executable, "-c", "from mpikmeans.cache import mark_warm; mark_warm('cpu', 1.0)"],
+                   env=_env(MPIKMEANS_CACHE_DIR=tmp_path / "c"), check=True, timeout=120)
+    r = run_cli(["info", "--json"], env=env)
     assert r.code == 0, r.err
-    assert "CPU kernels warm" in r.out, r.out
+    import json
+
+    assert json.loads(r.out)["cache"]["parts"] == {"cpu": "warm", "gpu-float64": "cold", "gpu-float32": "cold"}
+    r = run_cli(["info"], env=env)
+    line = next(ln for ln in r.out.splitlines() if ln.startswith("kernel cache:"))
+    # no GPU here: its cold parts are not what a run on this node needs
+    assert "cpu warm" in line and "mpikmeans warmup compiles them" not in line, line
 
 
 def test_info_says_when_every_run_compiles_the_python_sources(tmp_path):
@@ -328,3 +342,169 @@ def test_info_says_when_every_run_compiles_the_python_sources(tmp_path):
     assert r.code == 0, r.err
     assert f"Python bytecode: cached in {tmp_path / 'pyc'}" in r.out, r.out
     assert (tmp_path / "pyc").is_dir()
+
+
+# ---------------------------------------------------------------------------------------- what is warm
+
+@pytest.fixture
+def machine(monkeypatch, tmp_path):
+    """A cache root of its own and a fixed description of the machine (the warm keys' inputs)."""
+    monkeypatch.setenv("MPIKMEANS_CACHE_DIR", str(tmp_path / "cache"))
+    desc = {"cpu": "Some CPU", "gpus": "Some GPU", "numba": "0.1", "numba-cuda": "0.2"}
+    monkeypatch.setattr(C, "_cpu_model", lambda: desc["cpu"])
+    monkeypatch.setattr(C, "_gpu_models", lambda: desc["gpus"])
+    monkeypatch.setattr(C, "_version", lambda dist: desc[dist])
+    return desc
+
+
+def test_the_parts_and_their_commands():
+    assert C.PARTS == (C.CPU_PART,) + C.GPU_PARTS == ("cpu", "gpu-float64", "gpu-float32")
+    assert [C.gpu_part(d) for d in ("float64", "float32")] == list(C.GPU_PARTS)
+    assert set(C.COMPILE_ESTIMATE_S) == set(C.PARTS)
+    assert C.warmup_command("gpu-float32") == [sys.executable, "-m", "mpikmeans", "warmup", "--part", "gpu-float32",
+                                               "-q"]
+    # the per-shape GPU markers are gone: a part covers every shape
+    assert not hasattr(C, "gpu_shape_key") and not hasattr(C, "mark_gpu_shape_warm")
+    assert not hasattr(C, "gpu_shape_warm")
+
+
+def test_warm_key_changes_with_the_part_and_what_compiles_it(machine, monkeypatch, tmp_path):
+    keys = {p: C.warm_key(p) for p in C.PARTS}
+    assert len(set(keys.values())) == 3 and all(len(k) == 32 for k in keys.values())
+    assert keys == {p: C.warm_key(p) for p in C.PARTS}  # stable
+
+    def changed(**what):
+        saved = dict(machine)
+        machine.update(what)
+        try:
+            return {p for p in C.PARTS if C.warm_key(p) != keys[p]}
+        finally:
+            machine.clear()
+            machine.update(saved)
+
+    assert changed(cpu="Another CPU") == set(C.PARTS)
+    assert changed(numba="0.9") == set(C.PARTS)
+    assert changed(gpus="Another GPU") == set(C.GPU_PARTS)
+    assert changed(**{"numba-cuda": "0.9"}) == set(C.GPU_PARTS)
+    # the CPU kernels' sources change every part's key (the GPU kernels' sources: the test below)
+    monkeypatch.setattr(C, "source_hash", lambda files=None: "other" if files is None else "gpu")
+    assert all(C.warm_key(p) != keys[p] for p in C.PARTS)
+
+
+def _gpu_source_copies(tmp_path) -> list:
+    out = []
+    for src in C.GPU_SOURCES:
+        dst = tmp_path / "gpu-sources" / os.path.basename(src)
+        dst.parent.mkdir(exist_ok=True)
+        dst.write_bytes(Path(src).read_bytes())
+        out.append(dst)
+    return out
+
+
+def test_every_gpu_kernel_source_is_in_the_gpu_hash(machine, monkeypatch, tmp_path):
+    """The GPU kernels' store keys (:func:`mpikmeans.backends.gpu.compiled.toolchain`) and the GPU parts'
+    warm markers hold the hash of :data:`GPU_SOURCES`: an edit of any of them must change it, or a kernel
+    compiled from the old source is loaded after the edit.  Copies of the real sources, each edited in turn."""
+    copies = _gpu_source_copies(tmp_path)
+    assert sorted(c.name for c in copies) == ["fixedsums.py", "initk.py", "intrinsics.py", "rows.py", "stepk.py"]
+    monkeypatch.setattr(C, "GPU_SOURCES", tuple(str(c) for c in copies))
+    base = C.source_hash([str(c) for c in copies])
+    keys = {p: C.warm_key(p) for p in C.PARTS}
+    unchanged = []
+    for c in copies:
+        text = c.read_bytes()
+        c.write_bytes(text.replace(b"\n", b"\n# an edit\n", 1))
+        changed = {p for p in C.PARTS if C.warm_key(p) != keys[p]}
+        if C.source_hash([str(x) for x in copies]) == base or changed != set(C.GPU_PARTS):
+            unchanged.append(c.name)
+        c.write_bytes(text)
+    assert not unchanged, f"edits of {unchanged} leave the GPU sources' hash (and the GPU parts' keys) as they were"
+
+
+def test_mark_warm_and_cold_parts(machine):
+    assert not any(C.is_warm(p) for p in C.PARTS)
+    assert C.cold_parts() == ["cpu"]
+    assert C.cold_parts("float32") == ["cpu", "gpu-float32"]
+    C.mark_warm("cpu", 12.34)
+    assert C.is_warm("cpu") and not C.is_warm("gpu-float32")
+    assert C.cold_parts() == [] and C.cold_parts("float64") == ["gpu-float64"]
+    C.mark_warm("gpu-float64", 3.0)
+    assert C.cold_parts("float64") == [] and C.cold_parts("float32") == ["gpu-float32"]
+    marker = Path(C.cache_root()) / "warm" / f"cpu-{C.warm_key('cpu')}"
+    assert marker.read_text() == "12.3\n"
+    # another machine (or version) sharing the cache: its own key, so not warm for it
+    machine["cpu"] = "Another CPU"
+    assert not C.is_warm("cpu") and C.cold_parts() == ["cpu"]
+
+
+def test_a_marker_appears_whole_or_not_at_all(machine, monkeypatch):
+    """The marker is written under a temporary name and renamed into place: a reader never sees a part of
+    it, and a write that fails leaves no marker (and raises nothing: best effort)."""
+    seen = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        seen.append((os.path.exists(dst), Path(src).read_text(), ".tmp-" in os.path.basename(src)))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(C.os, "replace", replace)
+    C.mark_warm("cpu", 1.0)
+    assert seen == [(False, "1.0\n", True)] and C.is_warm("cpu")
+    warm_dir = Path(C.cache_root()) / "warm"
+    assert [p.name for p in warm_dir.iterdir()] == [f"cpu-{C.warm_key('cpu')}"]
+    monkeypatch.setattr(C.os, "replace", _failing_replace)
+    C.mark_warm("gpu-float32", 1.0)  # no exception
+    assert not C.is_warm("gpu-float32")
+    assert not (warm_dir / f"gpu-float32-{C.warm_key('gpu-float32')}").exists()
+
+
+def _failing_replace(src, dst):
+    raise OSError(28, "No space left on device")
+
+
+def test_a_failed_marker_write_leaves_no_temporary_file(machine, monkeypatch):
+    """A cache on a full (shared) disk: the marker's temporary file is removed, as the kernel store's is."""
+    monkeypatch.setattr(C.os, "replace", _failing_replace)
+    C.mark_warm("cpu", 1.0)
+    warm_dir = Path(C.cache_root()) / "warm"
+    assert not list(warm_dir.iterdir()), list(warm_dir.iterdir())
+
+
+def test_an_unwritable_cache_root_marks_nothing_and_raises_nothing(machine, monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache root should be")
+    monkeypatch.setenv("MPIKMEANS_CACHE_DIR", str(blocker))
+    C.mark_warm("cpu", 1.0)
+    assert not C.is_warm("cpu") and C.cold_parts() == ["cpu"]
+
+
+_MARK = textwrap.dedent(
+    r"""
+    import sys
+    from mpikmeans import cache as C
+    for i in range(200):
+        C.mark_warm("cpu", float(sys.argv[1]))
+        assert C.is_warm("cpu")
+    """
+)
+
+
+def test_many_processes_mark_one_part_at_once(tmp_path):
+    env = _env(MPIKMEANS_CACHE_DIR=tmp_path / "c")
+    procs = [subprocess.Popen([sys.executable, "-c", _MARK, str(j)], env=env, stderr=subprocess.PIPE, text=True)
+             for j in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    files = list((tmp_path / "c" / "warm").iterdir())
+    assert len(files) == 1 and files[0].name.startswith("cpu-"), files
+    assert files[0].read_text() in {f"{float(j):.1f}\n" for j in range(4)}
+
+
+def test_warming_flag():
+    assert C.warming() is False
+    try:
+        assert C.warming(True) is True and C.warming() is True
+    finally:
+        C.warming(False)
+    assert C.warming() is False
