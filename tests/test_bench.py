@@ -19,7 +19,9 @@ from mpikmeans.io.gen import GenSpec, write_blobs
 
 from conftest import mpirun_path, run_cli
 
-pytestmark = pytest.mark.mpi
+# a hang guard: the quick sweeps are a few dozen launches, and a first one after a change of the kernels'
+# sources compiles them (minutes on two busy cores)
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(1200)]
 
 #: Repeats of each point in the quick run (the rows must say so)
 REPEATS = 2
@@ -39,7 +41,7 @@ def quick(tmp_path_factory):
     if mpirun_path() is None:
         pytest.skip("mpirun not found")
     out = tmp_path_factory.mktemp("bench") / "quick"
-    r = run_cli(["bench", "run", "--quick", "-o", out, "--iterations", 3, "--repeats", REPEATS], timeout=600)
+    r = run_cli(["bench", "run", "--quick", "-o", out, "--iterations", 3, "--repeats", REPEATS], timeout=1100)
     assert r.code == 0, r.err + r.out
     return out, r
 

@@ -14,6 +14,9 @@ from mpikmeans.bench import runs
 from mpikmeans.errors import UsageError
 
 NO_GPU = {"NUMBA_ENABLE_CUDASIM": None, "CUDA_VISIBLE_DEVICES": ""}
+# a hang guard: each end-to-end test is several launches, and the first after a change of the kernels'
+# sources compiles them
+pytestmark = pytest.mark.timeout(1200)
 
 
 # -- the figures of one run -------------------------------------------------------------------

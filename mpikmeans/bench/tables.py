@@ -34,12 +34,13 @@ MATRIX_COLUMNS = (
 
 def matrix_table(doc: dict) -> list:
     """The matrix's rows as lines of text: phases in seconds, iterations in milliseconds, scikit-learn beside."""
+    wide = max([6] + [len(r["shape"]) + 1 for r in doc["rows"]])
     lines = ["seconds (helpers: a cold run's background compiles, summed); iterations in ms (it med, it max: "
              "the median and the slowest, @: which)",
-             f"{'shape':<6}{'backend':<8}{'dtype':<8}{'init':<10}{'cache':<6}"
+             f"{'shape':<{wide}}{'backend':<8}{'dtype':<8}{'init':<10}{'cache':<6}"
              + "".join(f"{head:>{width}}" for head, width, _ in MATRIX_COLUMNS)]
     for r in doc["rows"]:
-        left = f"{r['shape']:<6}{r['backend_asked']:<8}{r['dtype_asked']:<8}{r['init']:<10}{r['cache']:<6}"
+        left = f"{r['shape']:<{wide}}{r['backend_asked']:<8}{r['dtype_asked']:<8}{r['init']:<10}{r['cache']:<6}"
         if "error" in r:
             lines.append(left + "  FAILED: " + r["error"].splitlines()[0])
         else:
