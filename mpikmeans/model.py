@@ -23,12 +23,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import __version__
 from .errors import InputError, RunError, UsageError
 from .io.arff import select_attributes
 from .io.output import write_atomic
@@ -38,6 +38,9 @@ from .scaling import Scaler
 
 #: The ``format`` key's value: what marks a JSON file as an mpikmeans model.
 FORMAT = "mpikmeans-model"
+#: The package's version, read from the package itself (imported before any of its modules): an import of
+#: it here would close a cycle through the package's lazily loaded API (api -> model -> package -> api)
+_TOOL_VERSION = sys.modules[__package__].__version__
 #: The format version this mpikmeans writes and reads.
 FORMAT_VERSION = 1
 #: The file name a run writes its model under.
@@ -209,7 +212,7 @@ class Model:
             if entry["name"] in cats:
                 entry["categories"] = cats[entry["name"]]
         info = {
-            "tool_version": __version__,
+            "tool_version": _TOOL_VERSION,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "data": {"path": os.path.abspath(local.path), "relation": local.header.relation,
                      "format": local.header.format, "input_rows": int(local.input_rows)},
@@ -231,7 +234,7 @@ class Model:
         doc = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "tool_version": self.info.get("tool_version", __version__),
+            "tool_version": self.info.get("tool_version", _TOOL_VERSION),
             "created": self.info.get("created"),
             "data": self.info.get("data"),
             "attributes": self.attributes,
@@ -355,7 +358,7 @@ def load_model(path: str) -> Model:
     version = doc.get("format_version")
     if version != FORMAT_VERSION:
         raise UsageError(f"{path}: a model of format version {version!r} (written by mpikmeans "
-                         f"{doc.get('tool_version', '?')}); this mpikmeans {__version__} reads version "
+                         f"{doc.get('tool_version', '?')}); this mpikmeans {_TOOL_VERSION} reads version "
                          f"{FORMAT_VERSION}: use the mpikmeans that wrote it, or fit the model again")
     missing = [key for key in REQUIRED if key not in doc]
     if missing:
