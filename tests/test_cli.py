@@ -243,7 +243,7 @@ def test_gen_data_report_is_json(tmp_path):
     assert figures["bytes"] == out.stat().st_size
     assert figures["ranks"] == 1 and (figures["n"], figures["m"], figures["k"], figures["seed"]) == (1000, 3, 2, 4)
     assert figures["write_s"] >= 0 and figures["startup_s"] > 0
-    r = run_cli(["gen-data", out, "-n", 10, "-m", 2, "-k", 2, "--report", tmp_path / "nodir" / "r.json"])
+    r = run_cli(["gen-data", out, "-n", 10, "-m", 2, "-k", 2, "--overwrite", "--report", tmp_path / "nodir" / "r.json"])
     assert r.code == 1 and "cannot write" in r.err and "Traceback" not in r.err
 
 
