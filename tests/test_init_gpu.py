@@ -1,7 +1,8 @@
 """The initialisations on the GPU backend give the CPU's centres, bit for bit, at any rank count.
 
 k-means++ and k-means|| keep D² on the device and run their passes there
-(mpikmeans/backends/gpu/initk.py); the CPU backend runs its own kernels.  Each
+(mpikmeans/backends/gpu/initk.py), or on the host where the rows stream through the
+device in chunks; the CPU backend runs its own kernels.  Each
 rank count runs once under ``mpirun`` with the CUDA simulator (every rank its own
 process, the real communicator); every rank computes the centres with both
 backends, and rank 0 prints them.  The tests compare the two backends, and the
@@ -52,7 +53,8 @@ _PROGRAM = textwrap.dedent(
         for weighted in (False, True):
             wl = w[lo:hi] if weighted else None
             got = {}
-            for name, backend in (("cpu", CPUBackend(threads=1)), ("gpu", GPUBackend())):
+            for name, backend in (("cpu", CPUBackend(threads=1)), ("gpu", GPUBackend()),
+                                  ("gpu_streamed", GPUBackend(chunk_rows=40))):
                 backend.load(x[lo:hi], wl)
                 c = initial_centres(comm, method, k, x[lo:hi], lo, n, 11, weights=wl, backend=backend, rounds=2)
                 got[name] = c.tobytes().hex()
@@ -66,7 +68,7 @@ _PROGRAM = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def runs():
-    """Centres per rank count: {ranks: {case: {"cpu": hex, "gpu": hex}}}."""
+    """Centres per rank count: {ranks: {case: {"cpu": hex, "gpu": hex, "gpu_streamed": hex}}}."""
     mpirun = mpirun_path()
     if mpirun is None:
         pytest.skip("mpirun not found")
@@ -89,6 +91,7 @@ def test_gpu_init_equals_cpu_init(runs):
     for ranks, cases in runs.items():
         for case, got in cases.items():
             assert got["gpu"] == got["cpu"], (ranks, case)
+            assert got["gpu_streamed"] == got["cpu"], (ranks, case)  # rows streamed: the passes on the host
 
 
 def test_init_centres_do_not_depend_on_the_rank_count(runs):
