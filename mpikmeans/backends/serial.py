@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from ..jit import njit
 
-from . import RowDistances
+from .base import RowDistances
 
 
 @njit(cache=True, forceinline=True)

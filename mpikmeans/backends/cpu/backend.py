@@ -11,7 +11,7 @@ from ...cpus import process_threads
 from ...exact import BlockFixed, limbs_to_int, scale_factors
 from ...fixedsums import Scales, cluster_sums, column_magnitudes, sum_rows
 from ...memory import available_memory
-from .. import Backend, BackendInfo, StepResult, farthest_rows
+from ..base import Backend, BackendInfo, StepResult, farthest_rows
 from .blas import one_thread
 from .bounds import assign_pass, bound_drops, centre_moves, half_gaps, step_pass
 from .certified import centre_data, screen_rows

@@ -25,7 +25,7 @@ import numpy as np
 
 from ...exact import BlockFixed, limbs_to_int, scale_factors
 from ...fixedsums import Scales, column_magnitudes
-from .. import Backend, BackendInfo, BackendUnavailable, StepResult
+from ..base import Backend, BackendInfo, BackendUnavailable, StepResult
 from . import initk
 from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count

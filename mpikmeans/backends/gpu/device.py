@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 
-from .. import BackendUnavailable
+from ..base import BackendUnavailable
 
 try:  # numba-cuda is an optional dependency
     from numba import cuda
