@@ -93,14 +93,16 @@ def test_predict_and_fit_predict(x):
     assert km.score(x) == pytest.approx(-km.inertia_, rel=1e-12)
 
 
-def test_matches_scikit_learn_from_the_same_start(x):
+@pytest.mark.parametrize("weighted", [False, True])
+def test_matches_scikit_learn_from_the_same_start(x, weighted):
     from sklearn.cluster import KMeans as SKKMeans
 
     from mpikmeans import KMeans
 
     c0 = x[np.random.default_rng(2).choice(len(x), 8, replace=False)]
-    ours = KMeans(n_clusters=8, init=c0).fit(x)
-    ref = SKKMeans(n_clusters=8, init=c0, n_init=1, algorithm="lloyd", tol=0, max_iter=300).fit(x)
+    w = np.random.default_rng(3).uniform(0.1, 4.0, len(x)) if weighted else None
+    ours = KMeans(n_clusters=8, init=c0, backend="cpu").fit(x, sample_weight=w)
+    ref = SKKMeans(n_clusters=8, init=c0, n_init=1, algorithm="lloyd", tol=0, max_iter=300).fit(x, sample_weight=w)
     assert np.array_equal(ours.labels_, ref.labels_)
     np.testing.assert_allclose(ours.cluster_centers_, ref.cluster_centers_, rtol=1e-9)
     assert ours.inertia_ == pytest.approx(ref.inertia_, rel=1e-9)
