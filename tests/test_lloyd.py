@@ -182,6 +182,23 @@ def test_empty_cluster_keep(ranks):
     assert np.array_equal(labels_of(res), two.labels)
 
 
+@pytest.mark.xfail(strict=True, reason="fixedsums.Scales.sse_exponent bounds every row's d² by its distance to "
+                                       "the farthest centre (max |c_j| over all centres), not to the nearest: a "
+                                       "far centre quantises the SSE to 0.0 (1e100) or makes the run fail with "
+                                       "'centres too far' (1e200), although no row is near it")
+@pytest.mark.parametrize("far", [1e100, 1e200])
+def test_a_far_empty_centre_leaves_the_sse_as_it_is(far):
+    # a centre far from every row (an --init file's) keeps no row under "keep": the SSE, per cluster and
+    # per iteration, is that of the run without it
+    x, c0 = two_blobs_and_an_outlier()
+    c0[2] = [far, -far]
+    res = run_lloyd_rows(x, 2, c0, empty_cluster="keep")[0]
+    two = run_lloyd_rows(x, 2, c0[:2], empty_cluster="keep")[0]
+    assert res.centres[:2].tobytes() == two.centres.tobytes()
+    assert res.inertia == two.inertia > 0 and res.cluster_sse[:2].tobytes() == two.cluster_sse.tobytes()
+    assert [h["sse"] for h in res.history] == [h["sse"] for h in two.history]
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_empty_cluster_farthest_first_move(ranks):
     x, c0 = two_blobs_and_an_outlier()
