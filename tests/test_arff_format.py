@@ -213,4 +213,4 @@ def test_gzip_input_is_refused(tmp_path):
     with gzip.open(path, "wt") as f:
         f.write("@relation r\n@attribute x numeric\n@data\n1\n")
     r = run_cli(["run", path, "-k", 1])
-    assert r.code == 3 and "cannot be split by byte offsets" in r.err
+    assert r.code == 3 and "compressed (gzip): decompress it first" in r.err

@@ -14,7 +14,7 @@ from conftest import run_cli  # noqa: E402
 from threadcomm import run_ranks  # noqa: E402
 
 from mpikmeans.errors import InputError  # noqa: E402
-from mpikmeans.io.arff import read_arff  # noqa: E402
+from mpikmeans.io import formats  # noqa: E402
 from mpikmeans.io.csvhead import read_csv_header  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def table():
 
 
 def _read(path, ranks):
-    parts = run_ranks(ranks, lambda comm: read_arff(str(path), comm))
+    parts = run_ranks(ranks, lambda comm: formats.read_local(comm, str(path)))
     return np.vstack([p.x for p in parts]), parts[0]
 
 

@@ -8,7 +8,9 @@ exchanged so that each rank knows the global index of its first row (labels are
 written in input order) and the line number of any bad row.
 
 Data lines are parsed by :mod:`mpikmeans.io.rowparse` (compiled; numbers
-bit-identical to Python's ``float()``).
+bit-identical to Python's ``float()``), with Weka's tokens for an ARFF file and
+the delimiter alone for a CSV file (the header's ``format``); which file is
+which is decided in :mod:`mpikmeans.io.formats`.
 
 This module never imports mpi4py: the communicator is passed in.
 """
@@ -20,18 +22,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError, UsageError
+from ..errors import InputError, MpikmeansError, UsageError
 from ..exact import exact_column_means
 from ..nominal import ONE, Layout
-from . import rowparse
+from . import open_input, rowparse
 from .header import Header, shared_header
-from .split import READ_PIECE, byte_ranges, first_line_start
+from .split import (READ_PIECE, _count_newlines, byte_ranges, first_line_start, last_newline, line_cuts, read_into,
+                    span_cuts)
 
 #: Bytes of text per parsing thread in one piece.  A rank with few threads (many
 #: ranks per node) then fills a smaller buffer: less memory touched for the first
-#: time in each process, which is what a run's one read pays (2-core VM, first
-#: read of 432 MB in a fresh process, 1 thread, median of 8: 0.97 s in 8 MiB
-#: pieces, 0.11 s of it system time; 1.15 s in 64 MiB pieces, 0.32 s system).
+#: time in each process, which is what a run's one read pays (the first touch of a
+#: page costs system time, which larger pieces multiply).
 PIECE_PER_THREAD = 8 << 20
 
 _NL = 10
@@ -217,7 +219,13 @@ def select_attributes(header: Header, ignore: str | None = None, nominal: str = 
     if not names:
         what = f" ({len(ignored)} ignored with --ignore)" if ignored else ""
         kinds_named = "numeric or nominal" if nominal == "weka" else "numeric"
-        raise InputError(f"{header.path}: no {kinds_named} attribute is left to cluster{what}")
+        nominals = [a.name for j, a in enumerate(header.attributes) if a.kind == "nominal" and j not in ignored_idx]
+        hint = ""
+        if nominal == "skip" and nominals:
+            shown = ", ".join(repr(n) for n in nominals[:5]) + (", ..." if len(nominals) > 5 else "")
+            hint = (f"; its nominal attribute{'s' if len(nominals) > 1 else ''} ({shown}) can be clustered "
+                    "as Weka's SimpleKMeans does with --nominal weka")
+        raise InputError(f"{header.path}: no {kinds_named} attribute is left to cluster{what}{hint}")
     layout = Layout(names, starts, values)
     if not layout.has_nominal:
         return Selection(kinds, outcol, names, skipped, ignored)
@@ -236,11 +244,12 @@ _MESSAGES = {
 }
 
 
-def _describe(code: int, path: str, line_no: int, col: int, attrs: list, token: str) -> str:
+def _describe(code: int, header: Header, line_no: int, col: int, token: str) -> str:
     """The message for a bad row: file, line, attribute, what is wrong."""
-    where = f"{path}:{line_no}"
+    where = f"{header.path}:{line_no}"
+    attrs = header.attributes
     a = len(attrs)
-    noun = "column" if path.lower().endswith(".csv") else "attribute"  # a CSV file's columns
+    noun = "column" if header.format == "csv" else "attribute"
     if "\x00" in token or any(ord(ch) < 32 and ch not in "\t\r" for ch in token) or "\ufffd" in token:
         shown = token.encode("utf-8", "backslashreplace")[:40]
         attr = f"{noun} {attrs[col].name!r}: " if 0 <= col < a else ""
@@ -249,9 +258,11 @@ def _describe(code: int, path: str, line_no: int, col: int, attrs: list, token: 
         return (f"{where}: row has {col} value{'s' if col != 1 else ''}, expected {a} "
                 f"({noun} {attrs[col].name!r} is missing)")
     if code == rowparse.E_MANY:
-        declared = f"the first line has {a} columns" if noun == "column" else f"the header declares {a} attributes"
-        return (f"{where}: row has more than {a} values ({declared}; "
-                "a decimal comma would split a number in two)")
+        if noun == "column":
+            return (f"{where}: row has more than {a} values (the first line has {a} columns; "
+                    "a decimal comma would split a number in two)")
+        return (f"{where}: row has more than {a} values (the header declares {a} attributes; a decimal comma "
+                "would split a number in two, and a value with blanks or commas in it needs quotes)")
     if code == rowparse.E_INDEX:
         return f"{where}: sparse index {token!r} is not an attribute index (0..{a - 1})"
     if code == rowparse.E_SPARSE:
@@ -262,21 +273,21 @@ def _describe(code: int, path: str, line_no: int, col: int, attrs: list, token: 
     return f"{where}: {noun} {attrs[col].name!r}: " + _MESSAGES[code].format(token=token, values=values)
 
 
-#: The reader's compiled kernels, as :func:`warm_up` loads them.
-READ_KERNELS = ("last_newline", "span_cuts", "_count_newlines", "parse_rows", "_min_max_rows", "_combine_min_max")
+#: The text reader's compiled kernels, as :func:`warm_up` loads them (what a warm-up compiles ahead).
+READ_KERNELS = (last_newline, span_cuts, _count_newlines, rowparse.parse_rows, rowparse._min_max_rows,
+                rowparse._combine_min_max)
 
 
 def warm_up(threads: int = 1) -> None:
     """Pay the reader's one-time start-up now, on a two-line buffer, so no read is timed with it.
 
     The first call of any Numba function in a process initialises Numba itself
-    (its typing and lowering registries; through Numba's BLAS check that
-    imports SciPy), about 0.3-0.5 s, and the first call of each kernel loads it
-    from Numba's on-disk cache (about 10 ms each).  Both are paid once per
-    process whatever the file size, so with many ranks each reading a small
-    share they would dominate a timed read.  Each kernel of :data:`READ_KERNELS`
-    is called here with the argument types the reader gives it (the tests
-    check that reading afterwards adds no compiled version).
+    (its registries; through Numba's BLAS check it imports SciPy), and the first
+    call of each kernel loads it from Numba's on-disk cache: both once per
+    process whatever the file size, so with many ranks each reading a small share
+    they would dominate a timed read.  Each kernel of :data:`READ_KERNELS` is
+    called here with the argument types the reader gives it (the tests check
+    that reading afterwards adds no compiled version).
 
     Parameters
     ----------
@@ -297,45 +308,13 @@ def warm_up(threads: int = 1) -> None:
     weights = np.empty(2)
     res = np.empty((1, 8), dtype=np.int64)
     rowparse.parse_parallel(text, cuts, seg, kinds, outcol, rowparse.MISSING_ERROR, out, weights, res)
-    rowparse.last_newline(text, 0)
-    rowparse.line_cuts(text, 1)
+    last_newline(text, 0)
+    line_cuts(text, 1)
     rowparse.column_min_max(out, 1)
 
 
-#: The fewest bytes worth a thread of their own when a piece is read by several.
-_READ_STRIDE = 2 << 20
-
-
-def _read_into(fd, view, offset: int, pool, parts: int = 1) -> int:
-    """Fill ``view`` from the file at ``offset``, in up to ``parts`` strides read by ``pool``'s threads.
-
-    ``os.preadv`` copies straight into the caller's buffer (no bytes object)
-    and releases the GIL, so threads copy from the page cache side by side.
-
-    Returns
-    -------
-    int
-        Bytes read (fewer than ``len(view)`` only at the end of the file).
-    """
-    def fill(lo: int, hi: int) -> int:
-        done = lo
-        while done < hi:  # preadv may read less than asked
-            got = os.preadv(fd, [view[done:hi]], offset + done)
-            if got == 0:
-                break
-            done += got
-        return done - lo
-
-    size = len(view)
-    strides = min(parts, size // _READ_STRIDE)
-    if pool is None or strides < 2:
-        return fill(0, size)
-    bounds = [size * k // strides for k in range(strides + 1)]
-    return sum(pool.map(lambda k: fill(bounds[k], bounds[k + 1]), range(strides)))
-
-
 def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, path: str, threads: int = 1,
-                delim: int = ord(",")):
+                delim: int = ord(","), weka: int = rowparse.WEKA_TOKENS):
     """Parse the owned lines ``[start, end)`` piece by piece, each piece by ``threads`` threads.
 
     One text buffer of ``PIECE_PER_THREAD`` bytes per thread (at most
@@ -369,13 +348,13 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
     try:
         while pos < end or have:
             want = min(cap - have, end - pos)
-            got = _read_into(fd, memoryview(buf)[have:have + want], pos, pool, parts)
+            got = read_into(fd, memoryview(buf)[have:have + want], pos, pool, parts)
             if got < want:
                 raise InputError(f"{path}: file shrank while reading (expected {end} bytes)")
             pos += want
             have += want
             if pos < end:
-                nl = rowparse.last_newline(buf[:have], 0)
+                nl = last_newline(buf[:have], 0)
                 if nl < 0:  # a single line longer than the buffer: make room for it
                     grown = np.empty(2 * cap, dtype=np.uint8)
                     grown[:have] = buf[:have]
@@ -385,7 +364,7 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
             else:
                 use = have
             text = buf[:use]
-            cuts, counts = rowparse.line_cuts(text, parts, pool)
+            cuts, counts = line_cuts(text, parts, pool)
             # room for one row per line: a span holds whole lines, each ending in a
             # newline but the file's last one (in the last span that is not empty)
             ends = cuts[1:]
@@ -408,7 +387,7 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
             res = np.empty((parts, 8), dtype=np.int64)
             first = rows
             rowparse.parse_parallel(text, cuts, seg + first, sel.kinds, sel.outcol, missing_mode, out, weights, res,
-                                    pool, sel.nominal, delim)
+                                    pool, sel.nominal, delim, weka)
             for t in range(parts):
                 got, lines, has_w, err, err_line, err_col, ts, te = (int(v) for v in res[t])
                 base = first + int(seg[t])
@@ -474,17 +453,17 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
     start = end = lo
     bytes_read = 0
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        error = InputError(f"{path}: cannot open: {exc.strerror}")
-        fd = None
+        fd = open_input(path)
+    except MpikmeansError as exc:
+        error, fd = exc, None
     if fd is not None:
+        weka = rowparse.WEKA_TOKENS if header.format == "arff" else rowparse.CSV_TOKENS
         try:
             start, r1 = first_line_start(fd, lo, header.data_offset, header.file_size)
             end, r2 = first_line_start(fd, hi, header.data_offset, header.file_size)
             end = max(start, end)
             x, weights, lines, weighted, bad = _parse_span(fd, start, end, sel, mode, path, threads,
-                                                           ord(header.delimiter))
+                                                           ord(header.delimiter), weka)
             bytes_read = (end - start) + r1 + r2
         except InputError as exc:
             error = exc
@@ -494,20 +473,21 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
             os.close(fd)
     # one exchange gives every rank its first line's number, the row counts,
     # whether any row is weighted, and whether any rank found a bad row
-    reports = comm.allgather((len(x), lines, weighted, bad, None if error is None else error.message))
+    failure = None if error is None else (type(error), error.message)
+    reports = comm.allgather((len(x), lines, weighted, bad, failure))
     problems = []
     line_base = header.data_line
-    for r, (_, r_lines, _, r_bad, r_msg) in enumerate(reports):
-        if r_msg is not None:
-            problems.append((-1, r, r_msg))
+    for r, (_, r_lines, _, r_bad, r_failure) in enumerate(reports):
+        if r_failure is not None:
+            problems.append((-1, r, r_failure))
         elif r_bad is not None:
             code, line_in, col, token = r_bad
             line_no = line_base + line_in
-            problems.append((line_no, r, _describe(code, path, line_no, col, header.attributes, token)))
+            problems.append((line_no, r, (InputError, _describe(code, header, line_no, col, token))))
         line_base += r_lines
     if problems:
-        _, _, message = min(problems)
-        raise InputError(message, collective=True)
+        _, _, (cls, message) = min(problems, key=lambda p: p[:2])
+        raise cls(message, collective=True)
     input_rows = sum(r[0] for r in reports)
     if input_rows == 0:
         raise InputError(f"{path}: the data section has no rows", collective=True)
@@ -515,7 +495,7 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
 
     kept, missing_count = None, 0
     if mode == rowparse.MISSING_NAN:
-        x, weights, kept, missing_count = _apply_missing(comm, x, weights, missing, path, sel.layout)
+        x, weights, kept, missing_count = _apply_missing(comm, x, weights, missing, header, sel)
     counts = comm.allgather(len(x))
     n = sum(counts)
     if n == 0:
@@ -530,7 +510,7 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
                      input_rows=input_rows, missing=missing_count)
 
 
-def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, path: str, layout: Layout | None = None):
+def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, header: Header, sel: Selection):
     """Drop rows with a ``?`` or fill it with the global mean of its attribute (collective).
 
     A nominal attribute's ``?`` (a block of NaN, see :mod:`mpikmeans.nominal`)
@@ -543,7 +523,13 @@ def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, path: 
     kept : ndarray of bool, shape (rows read,), or None when every row is kept
     count : int
         Rows dropped (``drop``) or values replaced (``mean``), over all ranks.
+
+    Raises
+    ------
+    InputError
+        On every rank (``mean``): an attribute has no value at all; the message names it.
     """
+    layout = sel.layout
     nan = np.isnan(x)
     if policy == "drop":
         bad_rows = nan.any(axis=1)
@@ -564,8 +550,14 @@ def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, path: 
     count = int(stats[1][numeric].sum() + sum(stats[1][s] for _, s, _ in blocks))
     if count == 0:
         return x, weights, None, 0
-    if (stats[0] == 0).any():
-        raise InputError(f"{path}: an attribute has only missing values: no mean to fill in", collective=True)
+    empty = np.flatnonzero(stats[0] == 0)
+    if len(empty):
+        lay = layout if layout is not None else Layout.numeric(sel.names)
+        k = max(a for a, start in enumerate(lay.starts) if start <= empty[0])
+        noun = "column" if header.format == "csv" else "attribute"
+        fill = "mean" if lay.values[k] is None else "mode"
+        raise InputError(f"{header.path}: {noun} {lay.names[k]!r} has only missing values ('?'): no {fill} to fill "
+                         "in; leave it out with --ignore", collective=True)
     # the means of the values present, summed exactly: the same bits at any rank count
     fill = exact_column_means(comm, np.where(nan, 0.0, x), stats[0])
     for _, s, v in blocks:
@@ -577,10 +569,11 @@ def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, path: 
 
 def read_arff(path: str, comm, header: Header | None = None, ignore: str | None = None,
               missing: str = "error", threads: int = 1, nominal: str = "skip") -> LocalData:
-    """Read an ARFF file in parallel: header on rank 0, rows on every rank.
+    """Read a text file in parallel: header on rank 0, rows on every rank.
 
-    Collective.  See :func:`read_local`; ``header`` skips the header step when
-    the caller already has it from :func:`shared_header`.
+    Collective.  See :func:`read_local`.  Without ``header`` the file is read as
+    ARFF (:func:`.header.shared_header`); a caller with any text format's header
+    (:func:`mpikmeans.io.formats.shared_header`: ARFF, CSV, TSV) passes it.
     """
     header = header or shared_header(path, comm)
     try:

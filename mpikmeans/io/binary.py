@@ -28,14 +28,15 @@ import numpy as np
 
 from ..errors import InputError
 from ..jit import njit, prange
-from .arff import LocalData, read_arff
+from . import open_input
+from .arff import LocalData, Selection, read_arff
+from .header import Header
 from .output import write_atomic, write_parallel
+from .rowparse import _combine_min_max
+from .split import read_into
 
 #: float64 values in a memory page: :func:`fault_in` reads one of each.
 PAGE_VALUES = 4096 // 8
-
-#: Bytes per ``pread`` when reading a rank's rows (several in flight, one per thread).
-READ_PIECE = 16 << 20
 
 
 def sidecar_path(npy: str) -> str:
@@ -58,18 +59,24 @@ def _npy_header(shape: tuple, dtype=np.float64) -> bytes:
 
 def convert(comm, source: str, target: str, ignore: str | None = None, missing: str = "error",
             threads: int = 1, timings: dict | None = None) -> LocalData:
-    """Parse ``source`` (ARFF) and write ``target`` (.npy) and its sidecar (collective).
+    """Parse the ARFF file ``source`` and write ``target`` (.npy) and its sidecar (collective).
+
+    :func:`mpikmeans.io.formats.convert` takes any input format; this one an
+    ARFF file.  ``ignore`` and ``missing`` are as for ``mpikmeans run``;
+    ``threads`` parse (as a run's reader does); ``timings``: see :func:`timed_copy`.
+    """
+    return timed_copy(comm, lambda: read_arff(source, comm, ignore=ignore, missing=missing, threads=threads),
+                      target, missing, threads, timings)
+
+
+def timed_copy(comm, read, target: str, missing: str = "error", threads: int = 1,
+               timings: dict | None = None) -> LocalData:
+    """``read()`` (collective, a :class:`LocalData`), then :func:`write_npy` of it to ``target``.
 
     Parameters
     ----------
-    comm : Comm or SerialComm
-    source, target : str
-    ignore, missing
-        As for ``mpikmeans run``.
-    threads : int
-        Parsing threads per rank (as a run's reader uses).
     timings : dict, optional
-        Filled with this rank's ``read_s`` (parsing) and ``write_s`` (the
+        Filled with this rank's ``read_s`` (the read) and ``write_s`` (the
         ``.npy``, the weights and the sidecar, up to the final barrier).
 
     Returns
@@ -78,15 +85,40 @@ def convert(comm, source: str, target: str, ignore: str | None = None, missing: 
         What this rank read.
     """
     t0 = time.perf_counter()
-    local = read_arff(source, comm, ignore=ignore, missing=missing, threads=threads)
+    local = read()
     t_read = time.perf_counter()
+    write_npy(comm, local, target, missing, threads)
+    if timings is not None:
+        timings.update(read_s=t_read - t0, write_s=time.perf_counter() - t_read)
+    return local
+
+
+def write_npy(comm, local: LocalData, target: str, missing: str = "error", threads: int = 1) -> None:
+    """Write the rows every rank read as ``target`` (.npy), its weights and its sidecar (collective).
+
+    Every rank writes its own rows at their offset (a rank may have none).
+
+    Parameters
+    ----------
+    comm : Comm or SerialComm
+    local : LocalData
+        This rank's rows, as a reader gave them.
+    target : str
+    missing : str
+        The ``--missing`` policy the rows were read with (recorded in the sidecar).
+    threads : int
+        Writing threads per rank.
+    """
+    # flat views: a rank without rows writes an empty piece (a (0, m) array's
+    # memoryview cannot be cast to bytes)
+    rows = np.ascontiguousarray(local.x, dtype="<f8").reshape(-1)
     head = _npy_header((local.n, local.m)) if comm.rank == 0 else b""
-    write_parallel(comm, target, head, [np.ascontiguousarray(local.x, dtype="<f8")], threads)
+    write_parallel(comm, target, head, [rows], threads)
     if local.weights is not None:
         whead = _npy_header((local.n,)) if comm.rank == 0 else b""
         write_parallel(comm, weights_path(target), whead, [np.ascontiguousarray(local.weights, dtype="<f8")])
     if comm.rank == 0:
-        meta = {"source": os.path.abspath(source), "relation": local.header.relation, "attributes": local.names,
+        meta = {"source": os.path.abspath(local.path), "relation": local.header.relation, "attributes": local.names,
                 "skipped_attributes": local.selection.skipped, "ignored_attributes": local.selection.ignored,
                 "n": local.n, "m": local.m, "weights": local.weights is not None,
                 "missing": {"policy": missing, "count": local.missing},
@@ -96,9 +128,6 @@ def convert(comm, source: str, target: str, ignore: str | None = None, missing: 
                              "file": _stamp(target)}}
         write_atomic(sidecar_path(target), (json.dumps(meta, indent=2) + "\n").encode())
     comm.barrier()
-    if timings is not None:
-        timings.update(read_s=t_read - t0, write_s=time.perf_counter() - t_read)
-    return local
 
 
 def _stamp(path: str) -> list:
@@ -116,7 +145,7 @@ def npy_layout(path: str) -> tuple[tuple, np.dtype, int]:
         Not a ``.npy`` file, or a Fortran-ordered one.
     """
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_input(path), "rb") as f:
             version = np.lib.format.read_magic(f)
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
@@ -195,34 +224,25 @@ def describe_npy(path: str) -> tuple[int, int, int, dict, int | None, tuple | No
 
 
 def read_rows(path: str, offset: int, out: np.ndarray, threads: int = 1) -> None:
-    """Fill ``out`` (C-contiguous) with the file's bytes from ``offset``: ``pread`` on ``threads`` threads.
+    """Fill ``out`` (C-contiguous, any shape, empty too) with the file's bytes from ``offset``, on ``threads`` threads.
 
     Raises
     ------
     InputError
         The file is shorter than the rows it should hold.
     """
-    view = memoryview(out).cast("B")
-    size = len(view)
-    pieces = [(a, min(size, a + READ_PIECE)) for a in range(0, size, READ_PIECE)]
-    fd = os.open(path, os.O_RDONLY)
+    view = memoryview(out.reshape(-1)).cast("B")  # flat: a (0, m) array's view cannot be cast
+    fd = open_input(path)
     try:
-        def read(piece):
-            a, b = piece
-            while a < b:
-                got = os.preadv(fd, [view[a:b]], offset + a)
-                if got == 0:
-                    raise InputError(f"{path}: the file ends {b - a} bytes before its rows do", collective=True)
-                a += got
-
-        if threads > 1 and len(pieces) > 1:
-            with ThreadPoolExecutor(min(threads, len(pieces))) as pool:
-                list(pool.map(read, pieces))  # the system call releases the GIL: the reads overlap
+        if threads > 1:
+            with ThreadPoolExecutor(threads) as pool:  # the system call releases the GIL: the reads overlap
+                got = read_into(fd, view, offset, pool, threads)
         else:
-            for piece in pieces:
-                read(piece)
+            got = read_into(fd, view, offset)
     finally:
         os.close(fd)
+    if got < len(view):
+        raise InputError(f"{path}: the file ends {len(view) - got} bytes before its rows do", collective=True)
 
 
 def map_rows(path: str, offset: int, shape: tuple) -> np.ndarray | None:
@@ -312,20 +332,7 @@ def scan_rows(x, parts):  # pragma: no cover - compiled
                 if not (v - v == 0.0):  # NaN or infinite
                     nonfinite += 1
         bad[t] = nonfinite
-    mins = np.empty(m)
-    maxs = np.empty(m)
-    for j in range(m):
-        a = np.inf
-        b = -np.inf
-        for t in range(parts):
-            v = lo[t, j]
-            if v < a or (v == a and np.signbit(v)):
-                a = v
-            v = hi[t, j]
-            if v > b or (v == b and not np.signbit(v)):
-                b = v
-        mins[j] = a
-        maxs[j] = b
+    mins, maxs = _combine_min_max(lo, hi)
     return bad.sum(), mins, maxs
 
 
@@ -353,9 +360,6 @@ def read_npy(path: str, comm, threads: int = 1) -> LocalData:
     InputError
         Not a 2-D float64 ``.npy``, or non-finite values.
     """
-    from .arff import Selection
-    from .header import Header
-
     # one rank reads the headers and the sidecar for all: one metadata read on a parallel file
     # system, the same answer on every rank (whether the stored extremes still hold decides a
     # collective below), and no header parsed on several threads at once (CPython 3.11's parser
@@ -389,7 +393,7 @@ def read_npy(path: str, comm, threads: int = 1) -> LocalData:
         if bad:
             raise InputError(f"{path}: {bad} values are not finite numbers", collective=True)
         mins, maxs = comm.allreduce(mins, "min"), comm.allreduce(maxs, "max")
-    header = Header(meta.get("relation", os.path.basename(path)), [], 0, 0, os.path.getsize(path), path)
+    header = Header(meta.get("relation", os.path.basename(path)), [], 0, 0, os.path.getsize(path), path, format="npy")
     kinds = np.zeros(m, dtype=np.int64)
     selection = Selection(kinds, np.arange(m), names, meta.get("skipped_attributes", []),
                           meta.get("ignored_attributes", []))

@@ -7,7 +7,8 @@ This module only decides what the first line is: column names (any field that
 is not a number makes it a header line) or the first row (the columns are then
 named ``col1 .. colM``), and which delimiter the file uses: the one of comma,
 tab, semicolon and ``|`` that the first line holds most often outside quotes
-(a comma on a tie; a single column needs none).
+(a comma on a tie; a single column needs none), unless the caller names it
+(a ``.tsv`` file's tab, see :mod:`.formats`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import io
 import os
 
 from ..errors import InputError
+from . import open_input
 from .header import Attribute, Header
 
 #: how far into the file the first line may end
@@ -42,6 +44,8 @@ def detect_delimiter(line: str) -> str:
 
 def _is_number(field: str) -> bool:
     text = field.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":  # a quoted number is a number
+        text = text[1:-1].strip()
     if text in ("", "?"):  # an empty or missing value: still a data row (the reader decides)
         return True
     try:
@@ -51,35 +55,39 @@ def _is_number(field: str) -> bool:
     return True
 
 
-def read_csv_header(path: str) -> Header:
+def read_csv_header(path: str, delimiter: str | None = None) -> Header:
     """The columns of a CSV file, its delimiter and where its rows start.
 
     Parameters
     ----------
     path : str
+    delimiter : str, optional
+        The byte between values; default: :func:`detect_delimiter` of the first line.
 
     Returns
     -------
     Header
         ``relation``: the file's name; ``attributes``: one numeric attribute
         per column (the header line's names, else ``col1 .. colM``);
-        ``data_offset``/``data_line``: the first data row; ``delimiter``
-        (:func:`detect_delimiter`).
+        ``data_offset``/``data_line``: the first data row; ``delimiter``;
+        ``format``: ``"csv"``.
 
     Raises
     ------
+    UsageError
+        ``path`` is not a regular file (see :func:`mpikmeans.io.open_input`).
     InputError
-        An unreadable or empty file, a header line without data rows, or a
-        header line naming a column twice.
+        An unreadable, compressed or empty file, a header line without data
+        rows, or a header line naming a column twice.
     """
+    fd = open_input(path)
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(min(size, _FIRST_LINE_MAX))
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a CSV file") from None
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, min(size, _FIRST_LINE_MAX), 0)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     start = 3 if head.startswith(b"\xef\xbb\xbf") else 0  # UTF-8 byte-order mark
     nl = head.find(b"\n", start)
     if nl < 0:
@@ -93,7 +101,7 @@ def read_csv_header(path: str) -> Header:
     if not first.strip():
         raise InputError(f"{path}:1: the first line is empty: a CSV file starts with its column names or "
                          "its first row")
-    delimiter = detect_delimiter(first)
+    delimiter = delimiter or detect_delimiter(first)
     fields = next(csv.reader(io.StringIO(first), delimiter=delimiter, skipinitialspace=True))
     named = not all(_is_number(f) for f in fields)
     if named:
@@ -113,4 +121,4 @@ def read_csv_header(path: str) -> Header:
         offset, line = start, 1
     relation = os.path.splitext(os.path.basename(path))[0]
     attributes = [Attribute(name, "numeric", 1) for name in names]
-    return Header(relation, attributes, offset, line, size, path, delimiter)
+    return Header(relation, attributes, offset, line, size, path, delimiter, "csv")

@@ -1,4 +1,4 @@
-"""Synthetic input: Gaussian blobs around K random centres, written as ARFF.
+"""Synthetic input: Gaussian blobs around K random centres, written as ARFF (or CSV, TSV).
 
 The file depends only on (n, m, k, seed, spread, decimals), never on the number
 of ranks that write it: rows are generated in fixed blocks of ``BLOCK_ROWS``,
@@ -18,6 +18,10 @@ and writing it only after the exchange (measured).  The random draws and the
 compiled kernels release the GIL.  The bytes never depend on the number of
 ranks or threads.
 
+The file's name decides its header and delimiter (:func:`mpikmeans.io.formats.text_output`:
+``*.csv`` a line of column names and commas, ``*.tsv`` the same with tabs,
+any other name an ARFF header); the values are the same in each.
+
 Values are written in fixed point with ``decimals`` digits after the point.
 The data set *is* that text: parsing a value gives the float64 nearest to the
 decimal written, and formatting that float64 again gives back the same text,
@@ -33,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .header import header_text
 from ..errors import RunError
+from .formats import text_output
 from .output import _tmp_name, publish, pwrite_all, remove_quietly
 from .textfmt import MAX_FIELD, format_blob_rows, rows_text_bytes
 
@@ -131,8 +135,8 @@ class _Maker:
     threads at once, each with its own :class:`_Buffers`.
     """
 
-    def __init__(self, spec: GenSpec, lo: int, hi: int):
-        self.spec, self.lo, self.hi = spec, lo, hi
+    def __init__(self, spec: GenSpec, lo: int, hi: int, delimiter: str = ","):
+        self.spec, self.lo, self.hi, self.delimiter = spec, lo, hi, delimiter
         self.centres = blob_centres(spec)
         self.block_rows = BLOCK_ROWS
         self.chunk = max(1, min(self.block_rows, CHUNK_VALUES // spec.m))
@@ -161,7 +165,7 @@ class _Maker:
         spec, pos = self.spec, 0
         for blob, z, first, last in self._chunks(block, bufs.z):
             pos += format_blob_rows(self.centres, blob, z, first, last, spec.spread, spec.decimals,
-                                    bufs.text[pos:])
+                                    bufs.text[pos:], self.delimiter)
         return bufs.text[:pos]
 
     def size(self, block: int, bufs: _Buffers) -> int:
@@ -178,7 +182,7 @@ class _Buffers:
 
 
 def local_rows_text(spec: GenSpec, lo: int, hi: int) -> list:
-    """The ARFF text of rows ``[lo, hi)``, in pieces of at most one block.
+    """The text of rows ``[lo, hi)`` (commas between values), in pieces of at most one block.
 
     Returns
     -------
@@ -271,7 +275,8 @@ def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> i
     ----------
     spec : GenSpec
     path : str
-        Appears only once the whole file is written.
+        Appears only once the whole file is written; its name decides the
+        header and delimiter (:func:`mpikmeans.io.formats.text_output`).
     comm : Comm or SerialComm
     threads : int, optional
         Threads making and writing this rank's blocks; default:
@@ -287,15 +292,17 @@ def write_blobs(spec: GenSpec, path: str, comm, threads: int | None = None) -> i
     ------
     ValueError
         ``spec`` is invalid (on every rank, before any collective).
+    UsageError
+        ``path`` names a binary or compressed file (on every rank, before any collective).
     RunError
         On every rank, if any rank could not write.
     """
     spec.validate()
+    head, delimiter = text_output(path, spec.relation, [f"X{j + 1}" for j in range(spec.m)])
     threads = max(1, threads or default_threads(comm))
     lo, hi = rows_of_rank(spec.n, comm.rank, comm.size)
-    maker = _Maker(spec, lo, hi)
+    maker = _Maker(spec, lo, hi, delimiter)
     blocks = _blocks(lo, hi)
-    head = header_text(spec.relation, [f"X{j + 1}" for j in range(spec.m)])
     block_bytes = maker.block_rows * spec.m * MAX_FIELD  # one text buffer
     workers = max(1, min(threads, BUFFER_BYTES // block_bytes, len(blocks)))  # one buffer each
     free: list = []  # buffers not in use (list.pop and list.append are atomic)

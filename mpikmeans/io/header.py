@@ -3,6 +3,8 @@
 Rank 0 parses the header (:func:`read_header`) and broadcasts it
 (:func:`shared_header`); every rank then knows the attributes, where the data
 section starts, and its first line's number.  :func:`header_text` writes one.
+:class:`Header` is also what the CSV reader (:mod:`.csvhead`) makes of a CSV
+file's first line; which of the two a file takes is decided in :mod:`.formats`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import InputError
+from . import open_input
 
 NUMERIC_TYPES = ("numeric", "real", "integer")
 
@@ -46,6 +49,10 @@ class Header:
     path : str
     delimiter : str
         The character between a row's values.
+    format : {"arff", "csv", "npy"}
+        How the rows are read: as Weka's ArffLoader tokenises them (values
+        separated by a comma or by blanks), as a CSV file's (values separated
+        by ``delimiter`` alone), or not text at all (a ``.npy`` copy).
     """
 
     relation: str
@@ -55,6 +62,7 @@ class Header:
     file_size: int
     path: str = ""
     delimiter: str = ","  # between values: a comma in ARFF, a CSV file's own
+    format: str = "arff"
 
     @property
     def names(self) -> list:
@@ -223,33 +231,34 @@ def parse_header(path: str, head: bytes, complete: bool = True) -> Header:
 
 
 def read_header(path: str) -> Header:
-    """Read and parse the header of ``path`` (see :func:`parse_header`); for a ``.csv`` file, its
-    first line (see :func:`mpikmeans.io.csvhead.read_csv_header`)."""
-    if path.lower().endswith(".csv"):
-        from .csvhead import read_csv_header  # it builds on this module
+    """Read and parse the ARFF header of ``path`` (see :func:`parse_header`).
 
-        return read_csv_header(path)
-    if path.endswith(".gz"):
-        raise InputError(f"{path}: compressed input cannot be split by byte offsets; decompress it first")
+    Raises
+    ------
+    UsageError
+        ``path`` is not a regular file (see :func:`mpikmeans.io.open_input`).
+    InputError
+        It cannot be read, is compressed, or its header is malformed.
+    """
+    fd = open_input(path)
     try:
-        with open(path, "rb") as f:
-            head = b""
-            block = 1 << 16
-            while True:
-                more = f.read(block)
-                head += more
-                try:
-                    return parse_header(path, head, complete=not more)
-                except _NeedMore:
-                    block = min(block * 2, 1 << 24)
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not an ARFF file") from None
+        head = b""
+        block = 1 << 16
+        while True:
+            more = os.pread(fd, block, len(head))
+            head += more
+            try:
+                return parse_header(path, head, complete=not more)
+            except _NeedMore:
+                block = min(block * 2, 1 << 24)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
 
 
 def shared_header(path: str, comm) -> Header:
-    """Rank 0 parses the header and broadcasts it; every rank gets it or the same error (collective)."""
+    """Rank 0 parses the ARFF header and broadcasts it; every rank gets it or the same error (collective)."""
     return comm.from_root(lambda: read_header(path))
 
 

@@ -329,6 +329,22 @@ def _long_significand(p, int_start, int_end, frac_start, frac_end):
     return w, q, truncated
 
 
+@njit(cache=True, forceinline=True)
+def _digits(p, i, stop, w):
+    """The decimal digits from ``p[i]`` on, no further than ``stop``: ``(w * 10**k + their value, the end)``.
+
+    The product wraps around harmlessly past 19 digits (see :func:`_parse_at`).
+    """
+    while i < stop:
+        # uint64 wrap-around turns "not in '0'..'9'" into one comparison.
+        d = np.uint64(p[i]) - _U48
+        if d > _U9:
+            break
+        w = w * _U10 + d
+        i += 1
+    return w, i
+
+
 # forceinline=True makes LLVM inline the compiled body into each jitted caller:
 # the per-token call overhead (arguments and a status word passed through
 # memory) is otherwise a sizeable part of parsing a short token.
@@ -366,15 +382,8 @@ def _parse_at(p, start, stop):
     # loops accumulate unconditionally (uint64 arithmetic wraps harmlessly
     # if there are more) and only remember where the digits are; longer
     # significands are redone carefully by _long_significand below.
-    w = _U0
     int_start = i
-    while i < stop:
-        # uint64 wrap-around turns "not in '0'..'9'" into one comparison.
-        d = np.uint64(p[i]) - _U48
-        if d > _U9:
-            break
-        w = w * _U10 + d
-        i += 1
+    w, i = _digits(p, i, stop, _U0)
     int_end = i
     frac_start = i
     frac_end = i
@@ -388,12 +397,7 @@ def _parse_at(p, start, stop):
                     break
                 w = w * _TEN8 + _eight_digits_value(word)
                 i += 8
-        while i < stop:
-            d = np.uint64(p[i]) - _U48
-            if d > _U9:
-                break
-            w = w * _U10 + d
-            i += 1
+        w, i = _digits(p, i, stop, w)
         frac_end = i
     ndigits = (int_end - int_start) + (frac_end - frac_start)
     if ndigits == 0:

@@ -1,4 +1,4 @@
-"""The compiled parser of ARFF data lines (dense and sparse rows, weights, quotes).
+"""The compiled parser of data lines: ARFF's (dense and sparse rows, weights, quotes) and a CSV file's.
 
 One pass over a buffer of whole lines, in Numba.  Each attribute has a kind:
 ``KEEP`` (a numeric attribute that is clustered: parsed exactly into its output
@@ -9,43 +9,38 @@ attribute's categories and written as a one-hot block of columns) or ``SKIP``
 ignores: the token is only scanned, quotes respected, so a quoted value with
 commas inside does not shift the columns).
 
-Accepted, as Weka's ArffLoader does: dense rows ``v1, v2, ...``; sparse rows
-``{index value, ...}`` with 0-based indices (omitted values are 0, ``{}`` is a
-row of zeros, a nominal attribute's first category); an instance weight
-``{w}`` after the last value; ``?`` for a missing value; ``%`` comments at the end of a line (outside quotes); blanks
-and tabs around values; CRLF line ends.
+Two tokenisations (``weka``).  ARFF, as Weka's ArffLoader reads it (its
+tokenizer takes blanks and commas alike as separators): values separated by a
+comma, blanks (spaces, tabs) or both; an unquoted value ends at a blank, a
+comma, a quote, ``{``, ``}`` or ``%``; a comma may end the row; two commas with
+no value between them are an empty value, an error (Weka would skip it and
+shift the later values one attribute to the left).  CSV: values separated by
+the file's delimiter alone, blanks around a value trimmed.
+
+Both accept dense rows ``v1, v2, ...``; sparse rows ``{index value, ...}``
+with 0-based indices (omitted values are 0, ``{}`` is a row of zeros, a
+nominal attribute's first category); an instance weight ``{w}`` after the last
+value; ``?`` for a missing value; a quoted number (``'1.5'``, ``"1.5"``, blanks
+inside trimmed: the same value as unquoted); ``%`` comments at the end of a
+line (outside quotes); CRLF line ends.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
+
 from ..jit import njit
-
 from ..nominal import ONE
-from .numparse import (
-    PARSE_OK,
-    PARSE_RANGE,
-    data_pointer,
-    parse_number_ptr,
-    parse_prefix_ptr,
-)
+# the line cutter's kernels, where mpikmeans.warmup looks for the reader's kernels
+from .split import _count_newlines, last_newline, line_cuts, span_cuts  # noqa: F401
+from .numparse import PARSE_OK, PARSE_RANGE, data_pointer, parse_number_ptr, parse_prefix_ptr
 
-KEEP = 0
-SKIP = 1
-NOMINAL = 2
+KEEP, SKIP, NOMINAL = 0, 1, 2
 
-_NL = 10
-_CR = 13
-_SPACE = 32
-_TAB = 9
-_COMMA = 44
-_PERCENT = 37
-_LBRACE = 123
-_RBRACE = 125
-_QUESTION = 63
-_SQUOTE = 39
-_DQUOTE = 34
-_BACKSLASH = 92
+_NL, _CR, _SPACE, _TAB, _COMMA, _PERCENT = 10, 13, 32, 9, 44, 37
+_LBRACE, _RBRACE, _QUESTION, _SQUOTE, _DQUOTE, _BACKSLASH = 123, 125, 63, 39, 34, 92
 
 # error codes
 E_NONE = 0
@@ -64,6 +59,10 @@ E_NOMINAL = 11     # a value that is not one of a nominal attribute's categories
 MISSING_ERROR = 0
 MISSING_NAN = 1    # store NaN; the caller drops the row or fills in the mean
 
+#: ``weka`` of :func:`parse_rows`: ARFF's tokens (Weka's), or a CSV file's.
+CSV_TOKENS = 0
+WEKA_TOKENS = 1
+
 
 @njit(cache=True, forceinline=True)
 def _blank(c, delim):
@@ -79,10 +78,28 @@ def _skip_blanks(p, i, n, delim):
 
 
 @njit(cache=True, forceinline=True)
-def _scan_token(p, i, n, quoted_ok, delim):
+def _skip_separators(p, i, n, delim):
+    """Past blanks and delimiters (ARFF after a row's last value, and inside a sparse row)."""
+    while i < n and (p[i] == delim or _blank(p[i], delim)):
+        i += 1
+    return i
+
+
+@njit(cache=True, forceinline=True)
+def _word_end(c, delim, weka):
+    """Whether an unquoted token ends before byte ``c``."""
+    if c == delim or c == _NL or c == _PERCENT or c == _RBRACE:
+        return True
+    # Weka's tokenizer: a word is made of the bytes that are none of blank, comma,
+    # quote, '{', '}' and '%'
+    return weka != 0 and (c == _SPACE or c == _TAB or c == _CR or c == _LBRACE or c == _SQUOTE or c == _DQUOTE)
+
+
+@njit(cache=True, forceinline=True)
+def _scan_token(p, i, n, quoted_ok, delim, weka):
     """Span of the token at ``i``: ``(start, end, next, ok)``.
 
-    A token ends before the delimiter (``,`` in ARFF), ``}``, ``%`` or the line end.  A quoted token
+    An unquoted token ends where :func:`_word_end` says.  A quoted token
     (only where ``quoted_ok``) runs to its closing quote, backslash escapes
     honoured.  ``ok`` is False for a quote never closed on the line.
     """
@@ -99,10 +116,7 @@ def _scan_token(p, i, n, quoted_ok, delim):
             return ts, i, i, False
         i += 1
         return ts, i, i, True
-    while i < n:
-        c = p[i]
-        if c == delim or c == _NL or c == _PERCENT or c == _RBRACE:
-            break
+    while i < n and not _word_end(p[i], delim, weka):
         i += 1
     te = i
     while te > ts and _blank(p[te - 1], delim):
@@ -110,12 +124,38 @@ def _scan_token(p, i, n, quoted_ok, delim):
     return ts, te, i, True
 
 
+@njit(cache=True, forceinline=True)
+def _separator(p, i, n, delim, weka):
+    """Past the separator after a value that is not a row's last: ``(next, ok)``, ``ok`` False where the row
+    ends first.  In ARFF a comma, blanks, or none after a quote (Weka's tokenizer needs none there)."""
+    k = _skip_blanks(p, i, n, delim)
+    if weka == 0:
+        if k >= n or p[k] != delim:
+            return k, False
+        return k + 1, True
+    if k < n and p[k] == delim:
+        k += 1  # (the value's reader skips the blanks after it)
+    # where the row ends here, the next value is empty: the caller says E_FEW then
+    # (a test per value of the hot loop saved)
+    return k, True
+
+
+@njit(cache=True)
+def _value_error(p, n, weka, err, j, pts, pte, ts, te):
+    """Attribute ``j``'s error, its token at ``[ts, te)``, the last value's at ``[pts, pte)``: ``(code, j, ts, te)``.
+    In ARFF an empty token where the text, the line or the values (``{``, ``}``) end is E_FEW, the row cut short."""
+    if weka != 0 and err == E_EMPTY and j > 0 and (
+            ts >= n or p[ts] == _NL or p[ts] == _PERCENT or p[ts] == _LBRACE or p[ts] == _RBRACE):
+        return E_FEW, j, pts, pte
+    return err, j, ts, te
+
+
 # not inlined (unlike the helpers around it): only quoted, missing and malformed
 # tokens get here, and another inlined copy of the number parser would only make
 # the hot loop's code and the parser's first compile larger
 @njit(cache=True)
-def _value(p, ts, te, kind, missing_mode):
-    """Parse one token of a kept attribute: ``(value, error code)``."""
+def _value(p, ts, te, missing_mode):
+    """Parse one unquoted token of a kept attribute: ``(value, error code)``."""
     if te == ts:
         return 0.0, E_EMPTY
     if te - ts == 1 and p[ts] == _QUESTION:
@@ -130,47 +170,60 @@ def _value(p, ts, te, kind, missing_mode):
     return 0.0, E_NUMBER
 
 
+@njit(cache=True)  # not inlined, as _value
+def _quoted_number(p, i, n, delim, weka):
+    """The quoted number at ``i`` (``'1.5'``): ``(value, error code, ts, te, next)``.
+
+    Blanks inside the quotes are trimmed (as Java's ``Double.valueOf``, which
+    Weka calls); ``'?'``, ``''`` and anything else not a number are ``E_NUMBER``.
+    """
+    ts, te, k, ok = _scan_token(p, i, n, True, delim, weka)
+    if not ok:
+        return 0.0, E_QUOTE, ts, te, k
+    a, b = ts + 1, te - 1
+    while a < b and _blank(p[a], _COMMA):
+        a += 1
+    while b > a and _blank(p[b - 1], _COMMA):
+        b -= 1
+    if a == b or p[a] == _QUESTION:
+        return 0.0, E_NUMBER, ts, te, k
+    v, err = _value(p, a, b, MISSING_ERROR)
+    return v, err, ts, te, k
+
+
 @njit(cache=True, forceinline=True)
-def _kept_token(p, i, n, missing_mode, delim):
+def _kept_token(p, i, n, missing_mode, delim, weka):
     """Parse the token at ``i`` of a kept attribute: ``(value, error code, ts, te, next)``.
 
     One pass for the usual token: the number is read where it starts, and
-    only if a delimiter (after optional blanks) does not follow it is the
-    token scanned as :func:`_scan_token` does and judged by :func:`_value`,
+    only if the token goes on after it (CSV: no delimiter after optional
+    blanks; ARFF: no end of a word) is the token scanned as :func:`_scan_token`
+    does and judged by :func:`_value` (or, quoted, by :func:`_quoted_number`),
     which gives the same token span and error as scanning first would.
     """
     i = _skip_blanks(p, i, n, delim)
     v, status, e = parse_prefix_ptr(p, i, n)
     if status == PARSE_OK:
-        k = e
-        while k < n and _blank(p[k], delim):
-            k += 1
-        if k >= n:
-            return v, E_NONE, i, e, k
-        c = p[k]
-        if c == delim or c == _NL or c == _PERCENT or c == _RBRACE:
-            return v, E_NONE, i, e, k
-    ts, te, k, _ = _scan_token(p, i, n, False, delim)
-    v, err = _value(p, ts, te, KEEP, missing_mode)
+        if weka != 0:
+            if e >= n or _word_end(p[e], delim, weka):
+                return v, E_NONE, i, e, e
+        else:
+            k = _skip_blanks(p, e, n, delim)
+            if k >= n or p[k] == delim or p[k] == _NL or p[k] == _PERCENT or p[k] == _RBRACE:
+                return v, E_NONE, i, e, k
+    if i < n and (p[i] == _SQUOTE or p[i] == _DQUOTE):
+        return _quoted_number(p, i, n, delim, weka)
+    ts, te, k, _ = _scan_token(p, i, n, False, delim, weka)
+    v, err = _value(p, ts, te, missing_mode)
     return v, err, ts, te, k
 
 
-@njit(cache=True)
-def _kept_token_call(p, i, n, missing_mode, delim):
-    """:func:`_kept_token` as a call, not inlined: for the values of sparse rows.
-
-    Sparse rows are rare; each inlined copy of the number parser adds to the
-    parser's code and its first compile, so only dense rows (the usual ones)
-    inline it.
-    """
-    return _kept_token(p, i, n, missing_mode, delim)
-
-
 @njit(cache=True)  # rare (weighted rows only), and not inlined for the same reason as _value
-def _weight(p, i, n, delim):
+def _weight(p, i, n, delim, weka):
     """Parse ``{w}`` at ``i``: ``(weight, next, error code, ts, te)``."""
     i += 1  # past '{'
-    ts, te, i, ok = _scan_token(p, i, n, False, delim)
+    ts, te, i, ok = _scan_token(p, i, n, False, delim, weka)
+    i = _skip_blanks(p, i, n, delim)
     if i >= n or p[i] != _RBRACE or te == ts:
         return 1.0, i, E_WEIGHT, ts, te
     w, status = parse_number_ptr(p, ts, te)
@@ -216,13 +269,13 @@ def no_nominal(a: int) -> tuple:
 
 
 @njit(cache=True)  # not inlined: nominal values are rarer than numbers, and the hot loop stays small
-def _nominal_token(p, i, n, first, count, start, text, missing_mode, delim):
+def _nominal_token(p, i, n, first, count, start, text, missing_mode, delim, weka):
     """Look up the token at ``i`` among a nominal attribute's categories: ``(index, error code, ts, te, next)``.
 
     The token may be quoted (backslash escapes honoured, as the header's values
     are unquoted); ``?`` is a missing value: index -1 with ``MISSING_NAN``.
     """
-    ts, te, k, ok = _scan_token(p, i, n, True, delim)
+    ts, te, k, ok = _scan_token(p, i, n, True, delim, weka)
     if not ok:
         return -1, E_QUOTE, ts, te, k
     if te == ts:
@@ -264,8 +317,83 @@ def _put_category(out, row, col, count, idx):
         out[row, col + idx] = ONE
 
 
+@njit(cache=True)  # not inlined: a dense row's numbers take the inlined path, the rest comes here
+def _put_value(p, i, n, kind, j, out, row, outcol, nom_first, nom_count, nom_start, nom_text, missing_mode, delim,
+               weka):
+    """Read attribute ``j``'s value at ``i`` into row ``row`` of ``out``: ``(error code, ts, te, next)``."""
+    if kind == KEEP:
+        v, err, ts, te, k = _kept_token(p, i, n, missing_mode, delim, weka)
+        if err == E_NONE:
+            out[row, outcol[j]] = v
+        return err, ts, te, k
+    if kind == NOMINAL:
+        cat, err, ts, te, k = _nominal_token(p, i, n, nom_first[j], nom_count[j], nom_start, nom_text,
+                                             missing_mode, delim, weka)
+        if err == E_NONE:
+            _put_category(out, row, outcol[j], nom_count[j], cat)
+        return err, ts, te, k
+    ts, te, k, ok = _scan_token(p, i, n, True, delim, weka)
+    return (E_QUOTE if not ok else E_EMPTY if te == ts else E_NONE), ts, te, k
+
+
+@njit(cache=True)  # sparse rows are rare: a call of its own keeps the dense loop small
+def _sparse_row(p, i, n, kinds, outcol, out, row, nom_first, nom_count, nom_start, nom_text, missing_mode, delim,
+                weka):
+    """Read the sparse row whose ``{`` is at ``i`` into row ``row``: ``(error code, attribute, ts, te, next)``.
+
+    An omitted value is 0, a nominal attribute's first category.  CSV: pairs
+    ``index value`` (a blank between them) separated by the delimiter.  ARFF:
+    Weka's tokens, so index and value are separated by blanks or a comma and so
+    are the pairs, and a comma may come before the ``}``.
+    """
+    a = kinds.shape[0]
+    out[row, :] = 0.0
+    for j in range(a):
+        if kinds[j] == NOMINAL and nom_count[j] > 0:
+            out[row, outcol[j]] = ONE
+    i += 1
+    last = -1
+    while True:
+        i = _skip_separators(p, i, n, delim) if weka != 0 else _skip_blanks(p, i, n, delim)
+        if i < n and p[i] == _RBRACE and (weka != 0 or last < 0):
+            return E_NONE, -1, -1, -1, i + 1
+        s = i
+        idx = 0
+        while i < n and 48 <= p[i] <= 57:
+            if idx <= a:  # stop growing: any larger index is as wrong
+                idx = idx * 10 + (p[i] - 48)
+            i += 1
+        if i > s and idx >= a:
+            return E_INDEX, -1, s, i, i
+        # after the index: a blank (CSV), the end of a word (ARFF)
+        follows = i < n and (_word_end(p[i], delim, weka) if weka != 0 else _blank(p[i], delim))
+        if i == s or not follows:
+            while i < n and p[i] != delim and p[i] != _RBRACE and p[i] != _NL:
+                i += 1
+            return E_SPARSE, -1, s, i, i
+        last = idx
+        if weka != 0:
+            i = _skip_separators(p, i, n, delim)
+            if i >= n or p[i] == _NL or p[i] == _PERCENT or p[i] == _LBRACE or p[i] == _RBRACE:
+                return E_SPARSE, idx, s, i, i
+        err, ts, te, i = _put_value(p, i, n, kinds[idx], idx, out, row, outcol, nom_first, nom_count, nom_start,
+                                    nom_text, missing_mode, delim, weka)
+        if err != E_NONE:
+            return err, idx, ts, te, i
+        if weka != 0:
+            continue
+        i = _skip_blanks(p, i, n, delim)
+        if i < n and p[i] == delim:
+            i += 1
+            continue
+        if i < n and p[i] == _RBRACE:
+            return E_NONE, -1, -1, -1, i + 1
+        return E_SPARSE, last, s, i, i
+
+
 @njit(cache=True, nogil=True)
-def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_count, nom_start, nom_text, delim):
+def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_count, nom_start, nom_text, delim,
+               weka):
     """Parse whole data lines of ``text`` (compiled).
 
     Parameters
@@ -286,8 +414,10 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_c
     nom_first, nom_count, nom_start, nom_text : ndarray
         The categories of the ``NOMINAL`` attributes (:func:`nominal_table`).
     delim : int
-        The byte between values: ``,`` (44) in ARFF; a CSV file's own (tab,
-        ``;``, ``|``).  A tab that is not the delimiter is a blank.
+        The byte between values: ``,`` in ARFF; a CSV file's own (tab, ``;``,
+        ``|``).  A tab that is not the delimiter is a blank.
+    weka : int
+        ``WEKA_TOKENS`` (ARFF, ``delim`` a comma) or ``CSV_TOKENS`` (module docstring).
 
     Returns
     -------
@@ -301,14 +431,7 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_c
     # reference-count increment and decrement (two calls) per call
     buf = data_pointer(text)
     a = kinds.shape[0]
-    m = out.shape[1]
-    any_nominal = False
-    for j in range(a):
-        any_nominal = any_nominal or kinds[j] == NOMINAL
-    i = 0
-    rows = 0
-    line = 0
-    weighted = 0
+    i = rows = line = weighted = 0
     while i < n:
         i = _skip_blanks(buf, i, n, delim)
         if i >= n:
@@ -323,102 +446,48 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_c
             continue
         weights[rows] = 1.0
         if c == _LBRACE:
-            # sparse row: {index value, ...}; an omitted value is 0, a nominal one's first category
-            for j in range(m):
-                out[rows, j] = 0.0
-            if any_nominal:
-                for j in range(a):
-                    if kinds[j] == NOMINAL and nom_count[j] > 0:
-                        out[rows, outcol[j]] = ONE
-            i = _skip_blanks(buf, i + 1, n, delim)
-            if i < n and buf[i] == _RBRACE:
-                i += 1
-            else:
-                last = -1
-                while True:
-                    i = _skip_blanks(buf, i, n, delim)
-                    s = i
-                    idx = 0
-                    while i < n and 48 <= buf[i] <= 57:
-                        if idx <= a:  # stop growing: any larger index is as wrong
-                            idx = idx * 10 + (buf[i] - 48)
-                        i += 1
-                    if i > s and idx >= a:
-                        return rows, line, weighted, E_INDEX, line, -1, s, i
-                    if i == s or i >= n or not _blank(buf[i], delim):
-                        while i < n and buf[i] != delim and buf[i] != _RBRACE and buf[i] != _NL:
-                            i += 1
-                        return rows, line, weighted, E_SPARSE, line, -1, s, i
-                    last = idx
-                    if kinds[idx] == KEEP:
-                        v, err, ts, te, i = _kept_token_call(buf, i, n, missing_mode, delim)
-                        if err != E_NONE:
-                            return rows, line, weighted, err, line, idx, ts, te
-                        out[rows, outcol[idx]] = v
-                    elif kinds[idx] == NOMINAL:
-                        cat, err, ts, te, i = _nominal_token(buf, i, n, nom_first[idx], nom_count[idx], nom_start,
-                                                             nom_text, missing_mode, delim)
-                        if err != E_NONE:
-                            return rows, line, weighted, err, line, idx, ts, te
-                        _put_category(out, rows, outcol[idx], nom_count[idx], cat)
-                    else:
-                        ts, te, i, ok = _scan_token(buf, i, n, True, delim)
-                        if not ok:
-                            return rows, line, weighted, E_QUOTE, line, idx, ts, te
-                        if te == ts:
-                            return rows, line, weighted, E_EMPTY, line, idx, ts, te
-                    i = _skip_blanks(buf, i, n, delim)
-                    if i < n and buf[i] == delim:
-                        i += 1
-                        continue
-                    if i < n and buf[i] == _RBRACE:
-                        i += 1
-                        break
-                    return rows, line, weighted, E_SPARSE, line, last, s, i
+            err, col, ts, te, i = _sparse_row(buf, i, n, kinds, outcol, out, rows, nom_first, nom_count, nom_start,
+                                              nom_text, missing_mode, delim, weka)
+            if err != E_NONE:
+                return rows, line, weighted, err, line, col, ts, te
         else:
+            ts = te = 0
             for j in range(a):
                 # (a line with nothing on it was taken as blank above, so an
                 # empty token is a real empty value: ",," or a trailing ",")
                 if kinds[j] == KEEP:
-                    v, err, ts, te, i = _kept_token(buf, i, n, missing_mode, delim)
+                    v, err, ts2, te2, i = _kept_token(buf, i, n, missing_mode, delim, weka)
                     if err != E_NONE:
-                        return rows, line, weighted, err, line, j, ts, te
+                        err, col, ts, te = _value_error(buf, n, weka, err, j, ts, te, ts2, te2)
+                        return rows, line, weighted, err, line, col, ts, te
                     out[rows, outcol[j]] = v
-                elif kinds[j] == NOMINAL:
-                    cat, err, ts, te, i = _nominal_token(buf, i, n, nom_first[j], nom_count[j], nom_start, nom_text,
-                                                         missing_mode, delim)
-                    if err != E_NONE:
-                        return rows, line, weighted, err, line, j, ts, te
-                    _put_category(out, rows, outcol[j], nom_count[j], cat)
                 else:
-                    ts, te, i, ok = _scan_token(buf, i, n, True, delim)
-                    if not ok:
-                        return rows, line, weighted, E_QUOTE, line, j, ts, te
-                    if te == ts:
-                        return rows, line, weighted, E_EMPTY, line, j, ts, te
+                    err, ts2, te2, i = _put_value(buf, i, n, kinds[j], j, out, rows, outcol, nom_first, nom_count,
+                                                  nom_start, nom_text, missing_mode, delim, weka)
+                    if err != E_NONE:
+                        err, col, ts, te = _value_error(buf, n, weka, err, j, ts, te, ts2, te2)
+                        return rows, line, weighted, err, line, col, ts, te
+                ts, te = ts2, te2
                 if j < a - 1:
-                    i = _skip_blanks(buf, i, n, delim)
-                    if i >= n or buf[i] != delim:
+                    i, ok = _separator(buf, i, n, delim, weka)
+                    if not ok:
                         return rows, line, weighted, E_FEW, line, j + 1, ts, te
-                    i += 1
-        # after the values: an optional ", {weight}" (dense) or "{weight}"
-        i = _skip_blanks(buf, i, n, delim)
-        if i < n and buf[i] == delim:
-            j = _skip_blanks(buf, i + 1, n, delim)
-            if j < n and buf[j] == _LBRACE:
-                w, i, err, ts, te = _weight(buf, j, n, delim)
-                if err != E_NONE:
-                    return rows, line, weighted, err, line, -1, ts, te
-                weights[rows] = w
-                weighted = 1
-            else:
+        # after the values: an optional weight; ARFF: "{w}" among blanks and commas,
+        # CSV: "{w}" or "D {w}"
+        brace = _skip_separators(buf, i, n, delim) if weka != 0 else _skip_blanks(buf, i, n, delim)
+        i = brace
+        if weka == 0 and i < n and buf[i] == delim:
+            brace = _skip_blanks(buf, i + 1, n, delim)
+            if brace >= n or buf[brace] != _LBRACE:
                 return rows, line, weighted, E_MANY, line, a, i, i + 1
-        elif i < n and buf[i] == _LBRACE:
-            w, i, err, ts, te = _weight(buf, i, n, delim)
+        if brace < n and buf[brace] == _LBRACE:
+            w, i, err, ts, te = _weight(buf, brace, n, delim, weka)
             if err != E_NONE:
                 return rows, line, weighted, err, line, -1, ts, te
             weights[rows] = w
             weighted = 1
+            if weka != 0:
+                i = _skip_separators(buf, i, n, delim)
         i = _skip_blanks(buf, i, n, delim)
         if i < n and buf[i] != _NL and buf[i] != _PERCENT:
             te = i
@@ -433,99 +502,29 @@ def parse_rows(text, kinds, outcol, missing_mode, out, weights, nom_first, nom_c
     return rows, line, weighted, E_NONE, -1, -1, -1, -1
 
 
-@njit(cache=True, nogil=True)
-def span_cuts(buf, parts):
-    """Cut ``buf`` into ``parts`` spans of whole lines, about equal in bytes.
-
-    Returns
-    -------
-    cuts : ndarray, shape (parts + 1,), int64
-        Span t is ``buf[cuts[t]:cuts[t + 1]]``; every cut is a line start.
-    """
-    n = buf.shape[0]
-    cuts = np.empty(parts + 1, dtype=np.int64)
-    cuts[0] = 0
-    for t in range(1, parts):
-        p = max(n * t // parts, cuts[t - 1])
-        while p < n and p > 0 and buf[p - 1] != _NL:
-            p += 1
-        cuts[t] = p
-    cuts[parts] = n
-    return cuts
-
-
-def line_cuts(buf, parts, pool=None):
-    """Cut ``buf`` into ``parts`` spans of whole lines (:func:`span_cuts`); also count each span's newlines.
-
-    The counts run on ``pool``'s threads, a span each (the kernel releases the
-    GIL): one thread counts at its share of the memory bandwidth (about 5 GB/s on
-    the H100 machine's VM, 1.3 s of a 6.8 GB read on 16 threads), the spans'
-    threads together at the machine's.
-
-    Returns
-    -------
-    cuts : ndarray, shape (parts + 1,), int64
-    newlines : ndarray, shape (parts,), int64
-    """
-    cuts = span_cuts(buf, parts)
-
-    def count(t):
-        return _count_newlines(buf[cuts[t]:cuts[t + 1]])
-
-    if pool is None or parts == 1:
-        return cuts, np.array([count(t) for t in range(parts)], dtype=np.int64)
-    return cuts, np.array(list(pool.map(count, range(parts))), dtype=np.int64)
-
-
-@njit(cache=True, nogil=True)
-def _count_newlines(buf):
-    # a plain loop of its own: LLVM vectorises it (~20 GB/s), the same loop
-    # inside a prange body does not (~1.6 GB/s)
-    c = 0
-    for i in range(buf.shape[0]):
-        if buf[i] == _NL:
-            c += 1
-    return c
-
-
-@njit(cache=True, nogil=True)
-def last_newline(buf, lo):
-    """Index of the last ``\n`` in ``buf[lo:]``, or -1."""
-    i = buf.shape[0] - 1
-    while i >= lo:
-        if buf[i] == _NL:
-            return i
-        i -= 1
-    return -1
-
-
 def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, res, pool=None, nominal=None,
-                   delim=_COMMA):
+                   delim=_COMMA, weka=WEKA_TOKENS):
     """:func:`parse_rows` on each span ``buf[cuts[t]:cuts[t+1]]`` at once, one thread each.
 
-    Span t writes its rows from ``out[seg[t]]`` on (``seg`` leaves room for
-    as many rows as the span has lines); ``res[t]`` gets :func:`parse_rows`'
-    eight results, token offsets counted from the start of ``buf``.  The
-    caller moves the spans' rows together (only needed after a span with
-    blank or comment lines) and reports the first error.
+    Span t writes its rows from ``out[seg[t]]`` on (``seg`` leaves room for as
+    many rows as the span has lines); ``res[t]`` gets :func:`parse_rows`' eight
+    results, token offsets counted from the start of ``buf``.  The caller moves
+    the spans' rows together and reports the first error.  ``nominal``,
+    ``delim`` and ``weka`` are :func:`parse_rows`' (default: no nominal attribute).
 
-    ``nominal`` is the table of the ``NOMINAL`` attributes' categories
-    (:func:`nominal_table`; default: none) and ``delim`` the byte between values.
-
-    The spans run on ``pool``'s threads (a ``concurrent.futures`` executor; one
-    after the other without one): :func:`parse_rows` releases the GIL.  Python
-    threads rather than a Numba ``prange``: the same speed, and a parallel kernel
-    around the parser would add seconds to its first compile on every new machine.
+    The spans run on ``pool``'s threads (one after the other without one):
+    :func:`parse_rows` releases the GIL.  Python threads rather than a Numba
+    ``prange``: a parallel kernel around the parser would add seconds to its
+    first compile on every new machine.
     """
     parts = cuts.shape[0] - 1
     nominal = nominal if nominal is not None else no_nominal(len(kinds))
 
     def span(t):
         r = parse_rows(buf[cuts[t]:cuts[t + 1]], kinds, outcol, missing_mode,
-                       out[seg[t]:seg[t + 1]], weights[seg[t]:seg[t + 1]], *nominal, delim)
+                       out[seg[t]:seg[t + 1]], weights[seg[t]:seg[t + 1]], *nominal, delim, weka)
         res[t, :6] = r[:6]
-        res[t, 6] = r[6] + cuts[t]
-        res[t, 7] = r[7] + cuts[t]
+        res[t, 6:] = (r[6] + cuts[t], r[7] + cuts[t])
 
     if pool is None or parts == 1:
         for t in range(parts):
@@ -534,28 +533,35 @@ def parse_parallel(buf, cuts, seg, kinds, outcol, missing_mode, out, weights, re
         list(pool.map(span, range(parts)))
 
 
+@njit(cache=True, forceinline=True)
+def _below(v, c):
+    # -0.0 counts as below 0.0 (np.min keeps whichever it meets first): the same bits whatever the blocks
+    return v < c or (v == c and np.signbit(v))
+
+
+@njit(cache=True, forceinline=True)
+def _above(v, c):
+    return v > c or (v == c and not np.signbit(v))
+
+
 @njit(cache=True, nogil=True)
 def _min_max_rows(x, a, b, lo, hi):  # pragma: no cover - compiled
-    for j in range(x.shape[1]):
-        lo[j] = np.inf
-        hi[j] = -np.inf
+    lo[:] = np.inf
+    hi[:] = -np.inf
     for i in range(a, b):
         for j in range(x.shape[1]):
             v = x[i, j]
-            c = lo[j]
-            if v < c or (v == c and np.signbit(v)):
+            if _below(v, lo[j]):
                 lo[j] = v
-            c = hi[j]
-            if v > c or (v == c and not np.signbit(v)):
+            if _above(v, hi[j]):
                 hi[j] = v
 
 
 def column_min_max(x, parts):
     """Per-column minimum and maximum of ``x`` (shape (n, m), no NaN), in ``parts`` row blocks at once.
 
-    ``-0.0`` counts as below ``0.0`` (``np.min`` would keep whichever it met
-    first), so the result is the same bits whatever the blocks.  The blocks run
-    on threads (the kernel releases the GIL).
+    ``-0.0`` counts as below ``0.0``, so the result is the same bits whatever
+    the blocks.  The blocks run on threads (the kernel releases the GIL).
 
     Returns
     -------
@@ -572,8 +578,6 @@ def column_min_max(x, parts):
     if parts == 1:
         block(0)
     else:
-        from concurrent.futures import ThreadPoolExecutor
-
         with ThreadPoolExecutor(parts) as pool:
             list(pool.map(block, range(parts)))
     return _combine_min_max(lo, hi)
@@ -581,20 +585,14 @@ def column_min_max(x, parts):
 
 @njit(cache=True, nogil=True)
 def _combine_min_max(lo, hi):  # pragma: no cover - compiled
-    # the blocks in order, with the same signed-zero rule as within a block
+    """The extremes of blocks' extremes ``lo``, ``hi`` (shape (parts, m)), in block order."""
     parts, m = lo.shape
-    mins = np.empty(m)
-    maxs = np.empty(m)
-    for j in range(m):
-        a = np.inf
-        b = -np.inf
-        for t in range(parts):
-            v = lo[t, j]
-            if v < a or (v == a and np.signbit(v)):
-                a = v
-            v = hi[t, j]
-            if v > b or (v == b and not np.signbit(v)):
-                b = v
-        mins[j] = a
-        maxs[j] = b
+    mins = np.full(m, np.inf)
+    maxs = np.full(m, -np.inf)
+    for t in range(parts):
+        for j in range(m):
+            if _below(lo[t, j], mins[j]):
+                mins[j] = lo[t, j]
+            if _above(hi[t, j], maxs[j]):
+                maxs[j] = hi[t, j]
     return mins, maxs

@@ -1,10 +1,11 @@
-"""Splitting the data section over the ranks (the specification's §5.6), and what a rank will need.
+"""Splitting the data section over the ranks (the specification's §5.6) and a rank's text over its threads.
 
 The data section of S bytes is cut into equal byte ranges, one per rank; a rank
 owns exactly the lines whose first byte lies in its range, so it skips a partial
 first line and finishes the line that crosses its end: every line is read by one
 rank and no rank sends rows to another.  Before reading, every rank checks that
-its share fits the memory it may use.
+its share fits the memory it may use.  A piece of a rank's text is cut the same
+way into spans of whole lines, one per parsing thread (:func:`line_cuts`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,49 @@ import os
 
 import numpy as np
 
-from ..errors import InputError, RunError
+from ..jit import njit
+from ..errors import InputError, MpikmeansError, RunError
 from ..memory import available_memory
+from . import open_input
 from .header import Header
 
 #: Most bytes of text parsed at a time by one rank (bounds the text buffer's memory).
 READ_PIECE = 64 << 20
 
 _NL = 10
+
+
+#: The fewest bytes worth a thread of their own when a piece is read by several.
+READ_STRIDE = 2 << 20
+
+
+def read_into(fd, view, offset: int, pool=None, parts: int = 1) -> int:
+    """Fill ``view`` (a writable byte buffer) from the file ``fd`` at ``offset``, in up to ``parts`` strides
+    read by ``pool``'s threads (a ``concurrent.futures`` executor; one after the other without one).
+
+    ``os.preadv`` copies straight into the caller's buffer (no bytes object)
+    and releases the GIL, so threads copy from the page cache side by side.
+
+    Returns
+    -------
+    int
+        Bytes read (fewer than ``len(view)`` only at the end of the file).
+    """
+    def fill(lo: int, hi: int) -> int:
+        done = lo
+        while done < hi:  # preadv may read less than asked
+            got = os.preadv(fd, [view[done:hi]], offset + done)
+            if got == 0:
+                break
+            done += got
+        return done - lo
+
+    size = len(view)
+    strides = min(parts, size // READ_STRIDE)
+    if pool is None or strides < 2:
+        return fill(0, size)
+    bounds = [size * k // strides for k in range(strides + 1)]
+    return sum(pool.map(lambda k: fill(bounds[k], bounds[k + 1]), range(strides)))
 
 
 def byte_ranges(data_offset: int, file_size: int, ranks: int) -> list:
@@ -80,7 +116,7 @@ def plan_local(path: str, header: Header, rank: int, size: int) -> dict:
         ``host_bytes`` (peak memory for the parsed rows and text buffers).
     """
     lo, hi = byte_ranges(header.data_offset, header.file_size, size)[rank]
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_input(path)
     try:
         start, _ = first_line_start(fd, lo, header.data_offset, header.file_size)
         end, _ = first_line_start(fd, hi, header.data_offset, header.file_size)
@@ -116,12 +152,16 @@ def check_memory(path: str, header: Header, comm) -> dict:
     RunError
         On every rank: the estimate, what is available, and how many ranks
         would fit.
+    InputError, UsageError
+        On every rank: a rank could not read the file.
     """
 
     try:
         plan = plan_local(path, header, comm.rank, comm.size)
     except OSError as exc:
         plan, error = None, InputError(f"{path}: cannot read on {comm.host}: {exc.strerror}")
+    except MpikmeansError as exc:
+        plan, error = None, exc
     else:
         error = None
     avail = available_memory()
@@ -137,3 +177,68 @@ def check_memory(path: str, header: Header, comm) -> dict:
             )
     comm.agree(error)
     return plan
+
+
+@njit(cache=True, nogil=True)
+def span_cuts(buf, parts):
+    """Cut ``buf`` into ``parts`` spans of whole lines, about equal in bytes.
+
+    Returns
+    -------
+    cuts : ndarray, shape (parts + 1,), int64
+        Span t is ``buf[cuts[t]:cuts[t + 1]]``; every cut is a line start.
+    """
+    n = buf.shape[0]
+    cuts = np.empty(parts + 1, dtype=np.int64)
+    cuts[0] = 0
+    for t in range(1, parts):
+        p = max(n * t // parts, cuts[t - 1])
+        while p < n and p > 0 and buf[p - 1] != _NL:
+            p += 1
+        cuts[t] = p
+    cuts[parts] = n
+    return cuts
+
+
+def line_cuts(buf, parts, pool=None):
+    """Cut ``buf`` into ``parts`` spans of whole lines (:func:`span_cuts`); also count each span's newlines.
+
+    The counts run on ``pool``'s threads, a span each (the kernel releases the
+    GIL): one thread counts at its share of the memory bandwidth, the spans'
+    threads together at the machine's.
+
+    Returns
+    -------
+    cuts : ndarray, shape (parts + 1,), int64
+    newlines : ndarray, shape (parts,), int64
+    """
+    cuts = span_cuts(buf, parts)
+
+    def count(t):
+        return _count_newlines(buf[cuts[t]:cuts[t + 1]])
+
+    if pool is None or parts == 1:
+        return cuts, np.array([count(t) for t in range(parts)], dtype=np.int64)
+    return cuts, np.array(list(pool.map(count, range(parts))), dtype=np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _count_newlines(buf):
+    # a plain loop of its own: LLVM vectorises it, the same loop inside a prange
+    # body it does not
+    c = 0
+    for i in range(buf.shape[0]):
+        if buf[i] == _NL:
+            c += 1
+    return c
+
+
+@njit(cache=True, nogil=True)
+def last_newline(buf, lo):
+    """Index of the last ``\n`` in ``buf[lo:]``, or -1."""
+    i = buf.shape[0] - 1
+    while i >= lo:
+        if buf[i] == _NL:
+            return i
+        i -= 1
+    return -1

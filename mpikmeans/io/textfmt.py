@@ -24,30 +24,6 @@ _PAIRS = np.frombuffer("".join(f"{i:02d}" for i in range(100)).encode(), dtype=n
 
 
 @njit(cache=True, forceinline=True)
-def _write_digits(out, end, u, width, pairs):
-    """Write ``u`` in decimal ending just before ``end``, zero-padded to ``width``; return the start."""
-    p = end
-    while u >= 100:
-        q = u // np.uint64(100)
-        r = u - q * np.uint64(100)
-        p -= 2
-        out[p] = pairs[2 * r]
-        out[p + 1] = pairs[2 * r + 1]
-        u = q
-    if u >= 10:
-        p -= 2
-        out[p] = pairs[2 * u]
-        out[p + 1] = pairs[2 * u + 1]
-    else:
-        p -= 1
-        out[p] = np.uint8(48 + u)
-    while end - p < width:
-        p -= 1
-        out[p] = 48
-    return p
-
-
-@njit(cache=True, forceinline=True)
 def _ndigits(u):
     n = 1
     while u >= 10:
@@ -139,8 +115,9 @@ def _put_fixed(out, pos, v, decimals, scale, pairs):
         out[pos + 1] = pairs[2 * ip + 1]
         pos += 2 - one
     else:
-        pos += _ndigits(ip)
-        _write_digits(out, pos, ip, 1, pairs)
+        width = _ndigits(ip)
+        pos += width
+        _write_width(out, pos, ip, width, pairs)
     if decimals == 0:
         return pos
     out[pos] = 46  # '.'
@@ -158,6 +135,21 @@ def _put_fixed(out, pos, v, decimals, scale, pairs):
     return pos
 
 
+@njit(cache=True, forceinline=True)
+def _put_field(out, pos, t, last, delim, decimals, scale, pairs):
+    """The value ``t / 10**decimals`` and the byte after it (``delim``, or a newline after a row's last)."""
+    pos = _put_fixed(out, pos, t, decimals, scale, pairs)
+    out[pos] = 10 if last else delim
+    return pos + 1
+
+
+@njit(cache=True, forceinline=True)
+def _blob_tick(centres, z, b, i, j, spread, factor):
+    # the same operations, in the same order, as
+    # np.rint((centres[blob] + spread * z) * factor).astype(np.int64)
+    return np.int64(np.rint((centres[b, j] + spread * z[i, j]) * factor))
+
+
 @njit(cache=True, nogil=True)
 def _write_fixed(ticks, decimals, text, table):
     n, m = ticks.shape
@@ -167,29 +159,21 @@ def _write_fixed(ticks, decimals, text, table):
     pos = 0
     for i in range(n):
         for j in range(m):
-            pos = _put_fixed(out, pos, ticks[i, j], decimals, scale, pairs)
-            out[pos] = 44 if j < m - 1 else 10  # ',' or '\n'
-            pos += 1
+            pos = _put_field(out, pos, ticks[i, j], j == m - 1, 44, decimals, scale, pairs)
     return pos
 
 
 @njit(cache=True, nogil=True)
-def _write_blob_rows(centres, blob, z, lo, hi, spread, factor, decimals, text, table):
+def _write_blob_rows(centres, blob, z, lo, hi, spread, factor, decimals, text, table, delim):
     m = z.shape[1]
     scale = np.uint64(10) ** np.uint64(decimals)
     out = data_pointer(text)
     pairs = data_pointer(table)
     pos = 0
     for i in range(lo, hi):
-        b = blob[i]
         for j in range(m):
-            # the same operations, in the same order, as
-            # np.rint((centres[blob] + spread * z) * factor).astype(np.int64)
-            x = centres[b, j] + spread * z[i, j]
-            t = np.int64(np.rint(x * factor))
-            pos = _put_fixed(out, pos, t, decimals, scale, pairs)
-            out[pos] = 44 if j < m - 1 else 10  # ',' or '\n'
-            pos += 1
+            t = _blob_tick(centres, z, blob[i], i, j, spread, factor)
+            pos = _put_field(out, pos, t, j == m - 1, delim, decimals, scale, pairs)
     return pos
 
 
@@ -200,10 +184,8 @@ def _blob_rows_bytes(centres, blob, z, lo, hi, spread, factor, decimals):
     fixed = (decimals + 1 if decimals > 0 else 0) + 1  # point, fraction, separator
     total = 0
     for i in range(lo, hi):
-        b = blob[i]
         for j in range(m):
-            x = centres[b, j] + spread * z[i, j]
-            v = np.int64(np.rint(x * factor))
+            v = _blob_tick(centres, z, blob[i], i, j, spread, factor)
             u = (np.uint64(-(v + 1)) + np.uint64(1)) if v < 0 else np.uint64(v)
             total += np.int64(v < 0) + _ndigits(u // scale) + fixed
     return total
@@ -218,12 +200,13 @@ def rows_text_bytes(centres: np.ndarray, blob: np.ndarray, z: np.ndarray, lo: in
 
 
 def format_blob_rows(centres: np.ndarray, blob: np.ndarray, z: np.ndarray, lo: int, hi: int,
-                     spread: float, decimals: int, out: np.ndarray) -> int:
+                     spread: float, decimals: int, out: np.ndarray, delimiter: str = ",") -> int:
     """Rows ``lo..hi`` of Gaussian blobs, as :func:`format_fixed` writes their ticks.
 
     The text of ``format_fixed(np.rint((centres[blob] + spread * z) * 10.0**decimals)
     .astype(np.int64)[lo:hi], decimals)``, bit for bit, computed row by row
-    without the intermediate arrays.  Releases the GIL.
+    without the intermediate arrays (with ``delimiter`` between values in place
+    of its commas).  Releases the GIL.
 
     Parameters
     ----------
@@ -236,6 +219,8 @@ def format_blob_rows(centres: np.ndarray, blob: np.ndarray, z: np.ndarray, lo: i
     decimals : int
         In [0, 18]; the values times ``10**decimals`` must fit in int64.
     out : ndarray, shape (>= (hi - lo) * m * 22,), uint8
+    delimiter : str
+        One byte between values.
 
     Returns
     -------
@@ -248,7 +233,8 @@ def format_blob_rows(centres: np.ndarray, blob: np.ndarray, z: np.ndarray, lo: i
         raise ValueError("out must be a contiguous 1-D uint8 array")
     if len(out) < (hi - lo) * z.shape[1] * _MAX_FIELD:
         raise ValueError("output buffer too small")
-    return _write_blob_rows(centres, blob, z, lo, hi, float(spread), 10.0**decimals, decimals, out, _PAIRS)
+    return _write_blob_rows(centres, blob, z, lo, hi, float(spread), 10.0**decimals, decimals, out, _PAIRS,
+                            ord(delimiter))
 
 
 def format_fixed(ticks: np.ndarray, decimals: int = 0) -> np.ndarray:
