@@ -10,9 +10,9 @@ them are the same bits at ``-np 1`` and ``-np 7``, on the CPU and on a GPU.
 **Encoding.**  Each summed quantity has one power-of-two scale ``2**s`` for the
 whole run, fixed from a global bound on its magnitude so that ``|v| 2**s <
 2**VBITS`` (:class:`Scales`).  A value ``v`` becomes two integers (:func:`encode`):
-``h = floor(t)`` and ``l = floor((t - h) 2**VBITS)``, with ``t = v 2**s``; both
-steps are exact in float64 (``t`` is a power-of-two scaling, ``t - h`` loses
-nothing), so ``v = (h + l 2**-VBITS) 2**-s`` up to less than ``2**-(s + VBITS)``:
+``h = floor(t)`` and ``l = floor((t - h) 2**VBITS)``, with ``t = v 2**s`` (a
+power-of-two scaling, exact), so ``v = (h + l 2**-VBITS) 2**-s`` up to less than
+one unit ``2**-(s + VBITS)``:
 a resolution of ``2**-100`` of the largest value of that column.  The rounding
 is the same floor on every backend, so a row adds the same integers whoever
 adds it.
@@ -71,7 +71,7 @@ def encode_py(v, f1, f2):
     Returns
     -------
     h, l : int64
-        ``0 <= l < 2**VBITS``.
+        ``0 <= l <= 2**VBITS`` (``t - h`` rounds to 1 for a tiny negative ``t``: still within one unit).
     """
     t = v * f1 * f2
     h = math.floor(t)
@@ -141,12 +141,17 @@ class Scales:
         return cls(cols, factors, mags, float(wmax))
 
     def sse_exponent(self, centres: np.ndarray) -> int:
-        """The scale of ``w d²`` for rows assigned to ``centres`` (k, m): from ``|x_j - c_j| <= |x_j| + |c_j|``."""
-        reach = self.magnitudes + (np.abs(centres).max(axis=0) if len(centres) else 0.0)
-        with np.errstate(over="ignore"):
-            bound = float(np.dot(reach, reach)) * self.wmax
+        """The scale of ``w d²`` for rows assigned to their nearest of ``centres`` (k, m).
+
+        A row's squared distance to its nearest centre is at most its distance to any one centre
+        ``a``, at most ``sum_j (|x_j| + |c_aj|)²``: the bound is the smallest of these, so a far
+        centre that keeps no rows changes nothing.
+        """
+        with np.errstate(over="ignore", invalid="ignore"):
+            reach = self.magnitudes + (np.abs(centres) if len(centres) else np.zeros((1, len(self.magnitudes))))
+            bound = float(np.min(np.einsum("ij,ij->i", reach, reach))) * self.wmax
         if not math.isfinite(bound):
-            raise ValueError("the centres are too far from the rows for a finite SSE")
+            raise ValueError("every centre is too far from the rows for a finite SSE")
         return exponent_for(bound)
 
 

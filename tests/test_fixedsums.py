@@ -175,16 +175,18 @@ def test_scales_keep_every_encoded_value_below_the_bound(wmax):
             v = w[i] * (x[i, j] if j < m else 1.0)
             h, _ = encode_at(float(v), int(sc.columns[j]))
             assert abs(h) < 1 << VB, (i, j)
+        nearest = np.inf  # the SSE holds each row's distance to its nearest centre
         for c in centres:
             d2 = 0.0
             for j in range(m):
                 t = x[i, j] - c[j]
                 d2 += t * t
-            h, _ = encode_at(float(w[i] * d2), se)
-            assert 0 <= h < 1 << VB
-    # and the farthest row from centre 0 uses its scale: a quarter of the range or more
-    d2 = float((((mags + np.abs(centres).max(axis=0)) ** 2) * wmax).sum())
-    assert encode_at(d2, se)[0] >= 1 << (VB - 2)
+            nearest = min(nearest, d2)
+        h, _ = encode_at(float(w[i] * nearest), se)
+        assert 0 <= h < 1 << VB
+    # the scale is the nearest centre's reach: the smallest of each centre's bound
+    reach = mags + np.abs(centres)
+    assert se == F.exponent_for(float((reach * reach).sum(axis=1).min()) * wmax)
 
 
 def test_sse_exponent_without_centres_and_too_far():

@@ -182,10 +182,6 @@ def test_empty_cluster_keep(ranks):
     assert np.array_equal(labels_of(res), two.labels)
 
 
-@pytest.mark.xfail(strict=True, reason="fixedsums.Scales.sse_exponent bounds every row's d² by its distance to "
-                                       "the farthest centre (max |c_j| over all centres), not to the nearest: a "
-                                       "far centre quantises the SSE to 0.0 (1e100) or makes the run fail with "
-                                       "'centres too far' (1e200), although no row is near it")
 @pytest.mark.parametrize("far", [1e100, 1e200])
 def test_a_far_empty_centre_leaves_the_sse_as_it_is(far):
     # a centre far from every row (an --init file's) keeps no row under "keep": the SSE, per cluster and
