@@ -143,6 +143,15 @@ def test_shape(tmp_path):
     assert formats.shape(str(tmp_path / "d.npy"), ranks=2) == formats.Shape(3, 2, ("X1", "X2"), 2, True)
 
 
+def test_input_files(tmp_path):
+    np.save(tmp_path / "d.npy", X)
+    npy = str(tmp_path / "d.npy")
+    assert formats.input_files(npy) == [npy, npy + ".json", str(tmp_path / "d.weights.npy")]
+    csv = _write(tmp_path, "d.csv", CSV)
+    assert formats.input_files(csv) == [csv]
+    assert formats.input_files(str(tmp_path / "missing")) == [str(tmp_path / "missing")]
+
+
 def test_read_header_of_a_npy_is_a_usage_error(tmp_path):
     np.save(tmp_path / "d.npy", X)
     with pytest.raises(UsageError, match="no text header"):

@@ -32,7 +32,7 @@ import re
 import numpy as np
 import pytest
 
-from mpikmeans.io import rowparse
+from mpikmeans.io import rowparse, split
 from mpikmeans.io.rowparse import (
     E_EMPTY,
     E_FEW,
@@ -1047,12 +1047,12 @@ def test_line_cuts(parts):
     r = random.Random(parts)
     text = "".join("x" * r.randint(0, 30) + "\n" for _ in range(200)) + "tail"
     buf = np.frombuffer(text.encode(), dtype=np.uint8)
-    cuts, counts = rowparse.line_cuts(buf, parts)
+    cuts, counts = split.line_cuts(buf, parts)
     assert cuts[0] == 0 and cuts[-1] == len(buf) and (np.diff(cuts) >= 0).all()
     assert all(c == 0 or c == len(buf) or buf[c - 1] == 10 for c in cuts)
     assert [int((buf[a:b] == 10).sum()) for a, b in zip(cuts[:-1], cuts[1:])] == counts.tolist()
-    assert rowparse.last_newline(buf, 0) == text.rindex("\n")
-    assert rowparse.last_newline(buf[-4:], 0) == -1
+    assert split.last_newline(buf, 0) == text.rindex("\n")
+    assert split.last_newline(buf[-4:], 0) == -1
 
 
 def test_column_min_max_any_parts():

@@ -4,8 +4,8 @@ Every caller that reads DATA, or needs its shape, asks this module:
 :func:`read_local` (this rank's rows, collective), :func:`shape` (rows and
 columns without parsing), :func:`shared_header` / :func:`read_header` (a text
 file's attributes), :func:`warm_up` (the reader's start-up), :func:`convert`
-(any input to ``.npy``); :func:`text_output` says what ``gen-data`` writes for
-a name.  A file is recognised as follows, the first row that applies winning:
+(any input to ``.npy``), :func:`input_files` (what a read opens, never to be
+written over); :func:`text_output` says what ``gen-data`` writes for a name.  A file is recognised as follows, the first row that applies winning:
 
 ==================================  ==============================  ===================  =====================
 the file                            recognised by                   header               rows
@@ -187,6 +187,19 @@ def detect(path: str) -> Format:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
     finally:
         os.close(fd)
+
+
+def input_files(path: str) -> list:
+    """Every file a read of ``path`` opens: ``path`` and, for a ``.npy`` copy, its sidecar and weights.
+
+    For the commands' check that no output is written over an input; a file
+    that cannot be recognised is just itself (the read reports it).
+    """
+    try:
+        fmt = detect(path)
+    except (InputError, UsageError):
+        return [path]
+    return [path] if fmt.header is not None else [path, binary.sidecar_path(path), binary.weights_path(path)]
 
 
 def read_header(path: str) -> Header:

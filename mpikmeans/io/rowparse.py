@@ -33,8 +33,6 @@ import numpy as np
 
 from ..jit import njit
 from ..nominal import ONE
-# the line cutter's kernels, where mpikmeans.warmup looks for the reader's kernels
-from .split import _count_newlines, last_newline, line_cuts, span_cuts  # noqa: F401
 from .numparse import PARSE_OK, PARSE_RANGE, data_pointer, parse_number_ptr, parse_prefix_ptr
 
 KEEP, SKIP, NOMINAL = 0, 1, 2
