@@ -98,11 +98,13 @@ def _write_exe(path: Path, text: str) -> Path:
 
 
 def submit(template: Path, tmp: Path, env: dict, *, cwd: Path | None = None, workdir: Path | None = None,
-           timeout: float = 90, term_after: float | None = None) -> Job:
+           timeout: float = 90, term_after: float | None = None, term_when: str | None = None) -> Job:
     """Run ``bash SPOOL_COPY`` of ``template`` as a scheduler would, in an env -i environment.
 
     ``env`` is all the job's environment besides PATH/HOME/MPI_ENV. ``term_after`` sends
-    SIGTERM to the job shell after that many seconds (a walltime kill).
+    SIGTERM to the job shell after that many seconds (a walltime kill); ``term_when`` sends
+    it once a line of the job's output holds that text (``iter    5`` with ``-v``: the
+    ranks are iterating, however long their start took).
     """
     spool = tmp / "spool"
     spool.mkdir(exist_ok=True)
@@ -116,18 +118,26 @@ def submit(template: Path, tmp: Path, env: dict, *, cwd: Path | None = None, wor
     cmd = ["timeout", "-k", "5", str(timeout), "bash", str(copy)]
     p = subprocess.Popen(cmd, cwd=cwd or home, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, start_new_session=True)
+    head = ""
     try:
-        if term_after is not None:
-            time.sleep(term_after)
+        if term_when is not None:
+            for line in p.stdout:
+                head += line
+                if term_when in line:
+                    break
+        if term_after is not None or term_when is not None:
+            if term_after is not None:
+                time.sleep(term_after)
             # the job shell is timeout's only child
             shell = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
             for pid in shell:
                 os.kill(int(pid), signal.SIGTERM)
         out, _ = p.communicate(timeout=timeout + 15)
+        out = head + out
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         out, _ = p.communicate()
-        raise AssertionError(f"{template.name} did not end within {timeout + 15} s:\n{out}") from None
+        raise AssertionError(f"{template.name} did not end within {timeout + 15} s:\n{head}{out}") from None
     return Job(p.returncode, out, time.monotonic() - t0, workdir or Path(env.get("PBS_O_WORKDIR", home)))
 
 
@@ -271,17 +281,18 @@ def test_walltime_checkpoint_then_resubmit_resumes(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     data = work / "slow.arff"
-    # big enough that the job is still iterating when 'walltime' comes at 6 s (the CPU
-    # backend got faster: 200,000 rows converged in 5 s)
-    gen = subprocess.run([str(BIN / "mpikmeans"), "gen-data", str(data), "-n", "800000", "-m", "4", "-k", "30",
+    # overlapping blobs: many iterations, so the job is still iterating when 'walltime' comes
+    gen = subprocess.run([str(BIN / "mpikmeans"), "gen-data", str(data), "-n", "200000", "-m", "4", "-k", "30",
                           "--seed", "4", "--spread", "6", "-q"], capture_output=True, text=True, env={**os.environ})
     assert gen.returncode == 0, gen.stderr
-    settings = dict(DATA="slow.arff", K="30", ARGS="--init range --max-iter 100000")
+    settings = dict(DATA="slow.arff", K="30", ARGS="--init range --max-iter 100000 -v")
     env = torque_env(tmp_path, work, slots=2, jobid="120", np=2, **settings)
-    job = submit(PBS / "mpi_run.pbs", tmp_path, env, term_after=6, timeout=90)
+    job = submit(PBS / "mpi_run.pbs", tmp_path, env, term_when="iter    5", timeout=HANG_GUARD_S * 3)
     assert job.code == 75, job.out
     # named after DATA, K and a hash of ARGS and CONFIG
-    [ckpt] = work.glob("slow.k30.*.checkpoint.npz")
+    ckpts = list(work.glob("slow.k30.*.checkpoint.npz"))
+    assert len(ckpts) == 1, job.out
+    ckpt = ckpts[0]
     assert "resumes from there" in job.out
     env = torque_env(tmp_path, work, slots=2, jobid="121", np=2, **settings)
     job = submit(PBS / "mpi_run.pbs", tmp_path, env, timeout=240)  # a generous bound: two ranks iterate to convergence on two busy cores

@@ -225,9 +225,7 @@ def test_item09_restarts_stopped_say_they_cannot_resume(slow, tmp_path):
 def test_item09_job_sigterm_ends_in_75_with_the_ranks_message(tmp_path):
     """A scheduler's SIGTERM to the job script: the template stops mpirun with SIGUSR2, so the ranks
     finish their iteration, save, say so (mpirun keeps their output) and exit 75."""
-    import shutil
-
-    from test_pbs import BIN, MPI_ENV, PBS, torque_env
+    from test_pbs import BIN, PBS, submit, torque_env
 
     work = tmp_path / "work"
     work.mkdir()
@@ -236,33 +234,11 @@ def test_item09_job_sigterm_ends_in_75_with_the_ranks_message(tmp_path):
     assert gen.returncode == 0, gen.stderr
     settings = dict(DATA="slow.arff", K="30", ARGS="--init range --max-iter 100000 -v")
     env = torque_env(tmp_path, work, slots=2, jobid="140", np=2, **settings)
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    shutil.copy(PBS / "mpi_run.pbs", spool / "job.SC")
-    home = tmp_path / "home"
-    home.mkdir()
-    env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(home), **MPI_ENV, **env}
-    p = subprocess.Popen(["bash", str(spool / "job.SC")], cwd=home, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    seen = _wait_for_lines(p.stdout, "iter    5")  # iterating (-v), whatever the compile took
-    p.send_signal(signal.SIGTERM)  # to the job shell alone, as Torque's qdel and walltime do first
-    try:
-        out = "".join(seen) + p.communicate(timeout=HANG_GUARD_S)[0]
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == EXIT_CHECKPOINTED, out
+    # to the job shell alone once the ranks iterate, as Torque's qdel and walltime do first
+    job = submit(PBS / "mpi_run.pbs", tmp_path, env, term_when="iter    5", timeout=HANG_GUARD_S * 3)
+    assert job.code == EXIT_CHECKPOINTED, job.out
     ckpts = list(work.glob("slow.k30.*.checkpoint.npz"))
-    assert len(ckpts) == 1, out
-    assert "mpikmeans: stopped by SIGUSR2 after iteration" in out, out
-    assert f"state saved to {ckpts[0].name}" in out and "resumes from there" in out, out
+    assert len(ckpts) == 1, job.out
+    assert "mpikmeans: stopped by SIGUSR2 after iteration" in job.out, job.out
+    assert f"state saved to {ckpts[0].name}" in job.out and "resumes from there" in job.out, job.out
     assert not list(work.glob(".mpikmeans-status*"))
-
-
-def _wait_for_lines(stream, needle: str) -> list:
-    seen, deadline = [], time.monotonic() + HANG_GUARD_S * 2
-    for line in stream:
-        seen.append(line)
-        if needle in line or time.monotonic() > deadline:
-            break
-    return seen

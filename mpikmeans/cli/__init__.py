@@ -100,18 +100,18 @@ def _reporter(comm, verbose: int):
     return report
 
 
-#: A file rank 0 writes its exit code into as it ends (the job templates read it: mpirun's own
-#: code after a signal is not the ranks', see :mod:`mpikmeans.interrupt`).
+#: A file rank 0 writes its exit code and the job's rank count into as it ends (``"75 4"``): the job
+#: templates read it, since mpirun's own code after a signal is not the ranks' (see
+#: :mod:`mpikmeans.interrupt`), and a count that is not the job's means independent copies ran.
 STATUS_VARIABLE = "MPIKMEANS_STATUS_FILE"
 
 
-def _write_status(comm, code: int) -> None:
-    path = os.environ.get(STATUS_VARIABLE)
+def _write_status(path: str | None, comm, code: int) -> None:
     if not path or comm.rank != 0:
         return
     try:
         with open(path, "w") as f:
-            f.write(f"{code}\n")
+            f.write(f"{code} {comm.size}\n")
     except OSError as exc:
         click.echo(f"mpikmeans: warning: {STATUS_VARIABLE}={path}: cannot write: {exc.strerror}", err=True)
 
@@ -120,10 +120,12 @@ def _guarded(verbose: int, quiet: bool, body) -> None:
     """Start MPI, run ``body(comm)`` so that no rank can hang, exit with its code."""
     from ..comm import run_guarded, world
 
+    # this process's alone: the processes it starts (compile helpers) must not write it
+    status = os.environ.pop(STATUS_VARIABLE, None)
     comm = world()
     _setup_logging(comm, verbose, quiet)
     code = run_guarded(comm, lambda: body(comm), _reporter(comm, verbose))
-    _write_status(comm, code)
+    _write_status(status, comm, code)
     sys.stdout.flush()
     sys.exit(code)
 

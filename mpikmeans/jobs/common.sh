@@ -33,8 +33,8 @@
 # 4 when the template itself finds a problem after a "successful" run (wrong number of
 # ranks), 127 when mpirun/srun/mpikmeans is not found, and 128+N when the run was killed
 # by signal N before it could save anything (walltime limit, qdel/scancel, out of memory).
-# The code is rank 0's own, which it writes to a status file as it ends: after a signal
-# mpirun's own code is 1 whatever the ranks did (Open MPI 4.1 and 5).
+# The code is rank 0's own, which it writes to a status file as it ends (with the rank count
+# it saw): after a signal mpirun's own code is 1 whatever the ranks did (Open MPI 4.1 and 5).
 # Requires bash 4.2 or later (CentOS 7's is 4.2: empty arrays are expanded with the
 # ${a[@]+"${a[@]}"} form for it).
 
@@ -379,7 +379,7 @@ mk_run() {
     fi
 
     SECONDS=0
-    local started status
+    local started status ranks
     started=$(mktemp "${TMPDIR:-/tmp}/mpikmeans-start.XXXXXX")
     rm -f -- "$MK_STATUS"
     # In the background so that a signal reaches the trap at once (bash runs traps only
@@ -398,9 +398,14 @@ mk_run() {
     MK_PID=
     MK_CKPT_FRESH=0
     [[ -f $CKPT && $CKPT -nt $started ]] && MK_CKPT_FRESH=1
-    status=$(head -c 8 -- "$MK_STATUS" 2>/dev/null || true)
-    status=${status//[[:space:]]/}
-    if [[ $status =~ ^[0-9]+$ ]]; then
+    status=
+    ranks=
+    [[ -r $MK_STATUS ]] && read -r status ranks _ <"$MK_STATUS"
+    if [[ $ranks =~ ^[0-9]+$ && $ranks != "$MK_NP" ]]; then
+        mk_err "mpikmeans's status says ranks=$ranks but the job started $MK_NP: the launcher" \
+               "ran independent copies (mpi4py built for another MPI, or the wrong srun --mpi plugin)"
+        rc=4
+    elif [[ $status =~ ^[0-9]+$ ]]; then
         rc=$status   # rank 0's own code: after a signal mpirun's says only that it was signalled
     elif [[ -n $MK_SIGNAL && $MK_CKPT_FRESH == 1 ]]; then
         rc=75   # killed after saving their state: a distinct code, so a wrapper can resubmit
