@@ -23,9 +23,8 @@ import numba
 import numpy as np
 
 from . import __version__
-from .io.arff import read_arff, warm_up
-from .io.header import shared_header
-from .io.split import check_memory
+from .io import formats
+from .io.split import available_memory, plan_local
 from .backends import BackendUnavailable, cuda_simulator_requested, make_backend
 from .cache import COMPILE_ESTIMATE_S, cold_parts, warming, warmup_command
 from .config import NOTICE
@@ -110,9 +109,7 @@ def _same_file(a: str | None, b: str | None) -> bool:
 
 def _inputs(data: str, cfg, config_path: str | None = None) -> list:
     """(option, path) of every file the run reads: never written over."""
-    found = [("DATA", data)]
-    if data.endswith(".npy"):
-        found.append(("DATA's names", data + ".json"))
+    found = [("DATA", data)] + [("DATA's companion file", f) for f in formats.input_files(data) if f != data]
     if cfg.init not in INIT_METHODS:
         found.append(("--init", cfg.init))
     if config_path:
@@ -380,9 +377,7 @@ def dry_run(comm, data: str, cfg) -> list:
         One per rank: rank, host, byte range, bytes, estimated rows, host
         memory and device memory estimates, available memory.
     """
-    from .io.split import available_memory, plan_local
-
-    header = shared_header(data, comm)
+    header = formats.shared_header(data, comm)
     plan = plan_local(data, header, comm.rank, comm.size)
     m = len(header.attributes)
     item = 4 if cfg.dtype == "float32" else 8
@@ -426,32 +421,18 @@ def prepare_read(comm, data: str, threads: int) -> None:
     Collective: ends with a barrier, so the read that follows starts on every
     rank at once and its time is the reading alone (see :func:`run_job`).
     """
-    if data.endswith(".npy"):
-        from .io.binary import warm_up as warm_up_npy
-
-        warm_up_npy(threads)
-    else:
-        warm_up(threads)
+    formats.warm_up(data, threads)
     comm.barrier()
 
 
 def read_input(comm, data: str, cfg, threads: int):
-    """This rank's rows of DATA: an ARFF file, or a ``.npy`` cache made by ``convert`` (collective).
+    """This rank's rows of DATA, whatever its format (:mod:`mpikmeans.io.formats` decides; collective).
 
-    ``threads`` parse the ARFF file (:func:`rank_threads`).
+    ``threads`` parse a text file (:func:`rank_threads`).
     """
-    if data.endswith(".npy"):
-        from .io.binary import read_npy
-
-        if cfg.ignore or cfg.missing != "error" or cfg.write_arff or cfg.nominal != "skip":
-            raise UsageError("--ignore, --missing, --nominal and --write-arff need the ARFF file, not a .npy cache",
-                             collective=True)
-        return read_npy(data, comm, threads)
-    header = shared_header(data, comm)
-    check_memory(data, header, comm)
-    numba.set_num_threads(threads)
-    return read_arff(data, comm, header=header, ignore=cfg.ignore, missing=cfg.missing, threads=threads,
-                     nominal=cfg.nominal)
+    return formats.read_local(comm, data, formats.ReadOptions(ignore=cfg.ignore, missing=cfg.missing,
+                                                              nominal=cfg.nominal, threads=threads,
+                                                              write_arff=bool(cfg.write_arff)))
 
 
 def run_job(comm, data: str, cfg, launched_at: float | None = None, config_path: str | None = None) -> RunOutcome:
