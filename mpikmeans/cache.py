@@ -77,10 +77,12 @@ def source_hash(files: list[str] | None = None) -> str:
     Parameters
     ----------
     files : list of str, optional
-        Default: every module of the package that holds CPU kernels (it
-        mentions ``njit``), so that an edit of any kernel, or of a helper a
-        kernel inlines from another module, changes the hash.
+        Every one of these files is hashed.  Default: every module of the
+        package that holds CPU kernels (it mentions ``njit``), so that an edit
+        of any kernel, or of a helper a kernel inlines from another module,
+        changes the hash.
     """
+    chosen = files is not None
     if files is None:
         files = []
         for dirpath, dirs, names in os.walk(_PACKAGE):
@@ -91,7 +93,7 @@ def source_hash(files: list[str] | None = None) -> str:
     for path in files:
         with open(path, "rb") as f:
             data = f.read()
-        if any(mark in data for mark in _KERNEL_MARKERS):
+        if chosen or any(mark in data for mark in _KERNEL_MARKERS):
             h.update(os.path.relpath(path, _PACKAGE).encode() + b"\0" + data + b"\0")
     return h.hexdigest()[:16]
 
@@ -353,14 +355,17 @@ def is_warm(part: str) -> bool:
 def mark_warm(part: str, seconds: float) -> None:
     """Record that a part is compiled (best effort: an unwritable cache is compiled again next time)."""
     path = _marker(part)
+    tmp = f"{path}.tmp-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(f"{seconds:.1f}\n")
         os.replace(tmp, path)
     except OSError:
-        pass
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def cold_parts(gpu_dtype: str | None = None) -> list:

@@ -202,35 +202,6 @@ def decode(limbs: np.ndarray, exponent) -> np.ndarray:
     return out.reshape(shape)
 
 
-def add_limbs(limbs: np.ndarray, h: int, l_: int, sign: int = 1) -> None:
-    """``limbs`` (4,) += ``sign`` times the limbs of one encoded value ``(h, l_)`` (host, exact)."""
-    limbs[0] += sign * (h >> LIMB)
-    limbs[1] += sign * (h & LIMB_MASK)
-    limbs[2] += sign * (l_ >> LIMB)
-    limbs[3] += sign * (l_ & LIMB_MASK)
-
-
-def row_limbs(row: np.ndarray, w: float, scales: Scales) -> np.ndarray:
-    """The limbs one row adds to its cluster's sums: ``w x_j`` for each column, then ``w``.
-
-    Parameters
-    ----------
-    row : ndarray, shape (m,), float64
-    w : float
-    scales : Scales
-
-    Returns
-    -------
-    ndarray, shape (m + 1, 4), int64
-    """
-    out = np.zeros((len(row) + 1, 4), dtype=np.int64)
-    f = scales.factors
-    for j, v in enumerate(list(row) + [1.0]):
-        h, l_ = encode(w * v if w != 1.0 else v, f[j, 0], f[j, 1])
-        add_limbs(out[j], int(h), int(l_))
-    return out
-
-
 # ======================================================================== host kernels
 
 @njit(inline="always")
@@ -332,6 +303,29 @@ def sum_rows(x: np.ndarray, weights: np.ndarray | None, new: np.ndarray, old: np
     _sum_rows(x, w, weights is not None, new, old if old is not None else new, old is None,
               np.ascontiguousarray(scales.factors[:, 0]), np.ascontiguousarray(scales.factors[:, 1]), nrb, jc, parts)
     _gather_parts(parts, nrb, jc, out)
+
+
+def row_limbs(row: np.ndarray, w: float, scales: Scales) -> np.ndarray:
+    """The limbs one row adds to its cluster's sums: ``w x_j`` for each column, then ``w``.
+
+    The compiled kernel of :func:`sum_rows` encodes it, so a run that
+    relocates a cluster compiles nothing after a warm-up.
+
+    Parameters
+    ----------
+    row : ndarray, shape (m,), float64
+    w : float
+    scales : Scales
+
+    Returns
+    -------
+    ndarray, shape (m + 1, 4), int64
+    """
+    x = np.ascontiguousarray(row, dtype=np.float64).reshape(1, -1)
+    out = np.zeros((1, x.shape[1] + 1, 4), dtype=np.int64)
+    weights = None if w == 1.0 else np.array([w], dtype=np.float64)
+    sum_rows(x, weights, np.zeros(1, dtype=np.int32), None, scales, out, 1)
+    return out[0]
 
 
 @njit(parallel=True, cache=True)

@@ -286,7 +286,12 @@ _SIM_PROGRAM = textwrap.dedent(
             refused = None
         except BackendUnavailable as exc:
             refused = str(exc)
-        return {"sums_shape": list(r.sums.shape), "sums_zero": not r.sums.any(), "sse_shape": list(r.sse.shape),
+        try:
+            be.warmup(4, 5000)  # one tile of 8 centres x 5000 attributes: 160 KB, over the simulator's 48 KiB
+            too_wide = None
+        except BackendUnavailable as exc:
+            too_wide = str(exc)
+        return {"too_wide": too_wide, "sums_shape": list(r.sums.shape), "sums_zero": not r.sums.any(), "sse_shape": list(r.sse.shape),
                 "sse_zero": not r.sse.any(), "changed": r.changed, "assign": [len(lab), len(d2)],
                 "farthest": len(rows), "available": G.gpu_available(), "count": G.gpu_count(),
                 "descriptions": G.device_descriptions(), "info": [info.name, info.devices, info.dtype],
@@ -429,6 +434,13 @@ def test_sim_discovery_and_device_choice(sim):
     assert rec["shared"] == [0, 0, 0]
     assert "--share-gpus" in rec["refused"]
     assert rec["make_gpu"] == "GPUBackend" and rec["make_auto"] == "GPUBackend"
+
+
+def test_sim_too_many_attributes_for_shared_memory_is_refused_at_warmup(sim):
+    """Wider rows than one tile of centres fits in a block's shared memory: a clear refusal naming the way out,
+    before any kernel compiles or launches."""
+    msg = sim["zero_rows_and_discovery"]["too_wide"]
+    assert msg and "5000 attributes" in msg and "--backend cpu" in msg, msg
 
 
 def test_no_gpu_is_refused_cleanly():

@@ -152,7 +152,7 @@ def test_a_job_keeps_its_rows_when_convert_replaces_the_file(tmp_path):
     other = tmp_path / "other.arff"
     other.write_text("@relation r\n" + "".join(f"@attribute a{j} numeric\n" for j in range(7)) + "@data\n"
                      + "1,2,3,4,5,6,7\n" * 10)
-    r = run_cli(["convert", other, npy])
+    r = run_cli(["convert", other, npy, "--overwrite"])
     assert r.code == 0, r.err
     assert np.load(npy).shape == (10, 7)
     assert np.array_equal(part.x, x)  # the mapping is of the file convert replaced (renamed over)

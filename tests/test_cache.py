@@ -46,16 +46,29 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
 
 
 def test_numba_cache_dir_is_keyed_by_the_kernel_sources(tmp_path):
+    """Files named are hashed whole; by default, the package's modules that hold kernels and no other."""
     a = tmp_path / "a.py"
     b = tmp_path / "b.py"
     a.write_text("from numba import njit\n@njit(cache=True)\ndef f(x):\n    return x + 1\n")
     b.write_text("def g():\n    return 1\n")
     h1 = C.source_hash([str(a), str(b)])
-    b.write_text("def g():\n    return 2\n")  # no kernel in b: the hash stays
-    assert C.source_hash([str(a), str(b)]) == h1
-    a.write_text(a.read_text().replace("x + 1", "x + 2"))
+    b.write_text("def g():\n    return 2\n")
     assert C.source_hash([str(a), str(b)]) != h1
-    assert len(C.source_hash()) == 16
+    h2 = C.source_hash([str(a), str(b)])
+    a.write_text(a.read_text().replace("x + 1", "x + 2"))
+    assert C.source_hash([str(a), str(b)]) != h2
+    package = os.path.dirname(C.__file__)
+    kernels = []
+    for dirpath, dirs, names in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for f in sorted(names):
+            path = os.path.join(dirpath, f)
+            if f.endswith(".py") and path != os.path.abspath(C.__file__) and \
+                    any(mark in Path(path).read_bytes() for mark in C._KERNEL_MARKERS):
+                kernels.append(path)
+    assert any(p.endswith("fixedsums.py") for p in kernels) and not any(p.endswith("model.py") for p in kernels)
+    by_walk = kernels
+    assert C.source_hash() == C.source_hash(by_walk) and len(C.source_hash()) == 16
 
 
 def test_a_process_uses_the_configured_numba_cache(tmp_path):

@@ -297,22 +297,17 @@ def test_decode_depends_on_the_integer_only():
     assert F.decode(base, 7).tobytes() == F.decode(base, np.full(len(base), 7)).tobytes()
 
 
-def test_add_limbs_and_row_limbs():
-    acc = np.zeros(4, dtype=np.int64)
-    F.add_limbs(acc, *encode_at(-2.75, 3))
-    F.add_limbs(acc, *encode_at(1.5, 3))
-    assert limb_value(acc) == math.floor(scaled(-2.75, 3)) + math.floor(scaled(1.5, 3))
-    F.add_limbs(acc, *encode_at(1.5, 3), sign=-1)
-    assert acc.tolist() == split(*encode_at(-2.75, 3))
+def test_row_limbs_are_each_value_encoded():
+    """row_limbs: per column the limbs of ``encode(w x_j)`` (``x_j`` itself at w = 1), then those of ``w``;
+    what sum_rows adds for that row, so the relocation of an empty cluster takes it out exactly."""
     sc = F.Scales.of(np.array([4.0, 1e-7, 30.0]), 2.5)
     row = np.array([-3.9, 5e-8, 29.0])
     for w in (1.0, 2.5, 0.3):
         got = F.row_limbs(row, w, sc)
         assert got.shape == (4, 4) and got.dtype == np.int64
-        # what sum_rows adds for that row: the relocation of an empty cluster takes it out exactly
-        out = np.zeros((1, 4, 4), dtype=np.int64)
-        F.sum_rows(row[None], None if w == 1.0 else np.array([w]), np.zeros(1, np.int32), None, sc, out, 1)
-        assert got.tolist() == out[0].tolist()
+        want = [split(*(int(v) for v in F.encode(w * x if w != 1.0 else x, *sc.factors[j])))
+                for j, x in enumerate(list(row) + [1.0])]
+        assert got.tolist() == want, w
         weighted = np.zeros((1, 4, 4), dtype=np.int64)
         F.sum_rows(row[None], np.array([w]), np.zeros(1, np.int32), None, sc, weighted, 1)
         assert got.tolist() == weighted[0].tolist()

@@ -42,6 +42,94 @@ def test_only_the_cli_prints():
     assert not printers, f"print() outside mpikmeans/cli: {sorted(printers)}"
 
 
-def test_no_module_over_600_lines():
-    long = {_rel(p): n for p in MODULES if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600}
-    assert not long, long
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+NAMES = {_module_name(p): p for p in MODULES}
+
+
+def _imported(name: str, node: ast.AST) -> set:
+    """The package's modules an import statement of module ``name`` loads (``from .x import y``: ``x.y`` where
+    that is a module, else ``x``)."""
+    if isinstance(node, ast.Import):
+        wanted = [a.name for a in node.names]
+    else:
+        if node.level:
+            base = name.split(".") if NAMES[name].name == "__init__.py" else name.split(".")[:-1]
+            base = base[:len(base) - (node.level - 1)]
+            module = ".".join(base + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+        wanted = [f"{module}.{a.name}" if f"{module}.{a.name}" in NAMES else module for a in node.names]
+    out = set()
+    for w in wanted:
+        while w not in NAMES and "." in w:
+            w = w.rsplit(".", 1)[0]
+        if w in NAMES and w != name:
+            out.add(w)
+    return out
+
+
+def import_graph() -> dict:
+    """Module -> the package's modules it imports, wherever the import statement is (in a function too)."""
+    graph = {}
+    for name, path in NAMES.items():
+        graph[name] = set()
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                graph[name] |= _imported(name, node)
+    return graph
+
+
+def _cycles(graph: dict) -> list:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    """Data flows one way: no two modules import each other, directly or through others, not even inside
+    a function (such an import only hides the cycle)."""
+    cycles = _cycles(import_graph())
+    assert not cycles, cycles

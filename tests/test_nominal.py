@@ -243,4 +243,4 @@ def test_npy_input_refuses_nominal_weka(mixed, tmp_path):
     npy = tmp_path / "m.npy"
     assert run_cli(["convert", mixed, npy, "-q"]).code == 0
     r = run_cli(["run", npy, "-k", 2, "--nominal", "weka", "-o", tmp_path / "o"])
-    assert r.code == 2 and "--nominal" in r.err and "need the ARFF file" in r.err, r.err
+    assert r.code == 2 and "--nominal" in r.err and "need the ARFF or CSV file" in r.err, r.err

@@ -2,9 +2,9 @@
 
 - a CPU run starts no GPU preparation; the start of a GPU that cannot be had is
   reported where the backend is made, not lost in its thread;
-- on cold caches helper processes compile the run's other kernels (one per
-  cold part) and the run waits for them; on warm caches none is started; a run
-  that fails stops them.
+- on cold caches helper processes compile the parts the run needs (one per
+  cold part, :mod:`mpikmeans.cache`), after one notice; the run waits for
+  them; on warm caches none is started; a run that fails stops them.
 """
 
 from __future__ import annotations
@@ -40,66 +40,74 @@ def test_a_gpu_start_failure_is_raised_where_the_backend_is_made(monkeypatch):
         start.result()
 
 
-def test_cold_caches_compile_the_rest_in_helper_processes(monkeypatch, tmp_path):
-    data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
-    cfg = RunConfig(k=2, backend="cpu").validate()
-    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: ["rest", "cpu-step"]))
-    bg = runner.BackgroundCompile(SerialComm(), str(data), cfg, gpu=False)
-    assert len(bg.procs) == 2
+def _quick_helpers(monkeypatch, cold, seconds=0.2):
+    """BackgroundCompile with ``cold`` parts cold, each helper a process that sleeps ``seconds``; the dtype
+    each run asks cold_parts about is recorded."""
+    asked = []
+    monkeypatch.setattr(runner, "cold_parts", lambda gpu_dtype=None: asked.append(gpu_dtype) or list(cold))
+    monkeypatch.setattr(runner, "warmup_command",
+                        lambda part: [sys.executable, "-c", f"import time; time.sleep({seconds})"])
+    return asked
+
+
+def test_cold_caches_compile_in_one_helper_process_a_part(monkeypatch, caplog):
+    asked = _quick_helpers(monkeypatch, ["cpu", "gpu-float64"])
+    with caplog.at_level("WARNING", logger="mpikmeans"):
+        bg = runner.BackgroundCompile(SerialComm(), RunConfig(k=2, backend="cpu").validate(), gpu=False)
+    assert asked == [None] and len(bg.procs) == 2
+    notices = [r.getMessage() for r in caplog.records if "compiling kernels for this machine, once" in r.getMessage()]
+    assert len(notices) == 1 and "cpu, gpu-float64" in notices[0] and "mpikmeans warmup" in notices[0], notices
     bg.wait()
-    for proc in bg.procs:
-        assert proc.returncode == 0, proc.stderr
-    assert sorted(bg.seconds) == ["cpu-step", "rest"] and all(v > 0 for v in bg.seconds.values())
-    # a failed run stops them
-    bg = runner.BackgroundCompile(SerialComm(), str(data), cfg, gpu=False)
+    assert all(proc.returncode == 0 for proc in bg.procs)
+    assert sorted(bg.seconds) == ["cpu", "gpu-float64"] and all(v > 0 for v in bg.seconds.values())
+
+
+def test_a_failed_run_stops_its_helpers(monkeypatch):
+    _quick_helpers(monkeypatch, ["cpu"], seconds=600)
+    bg = runner.BackgroundCompile(SerialComm(), RunConfig(k=2, backend="cpu").validate(), gpu=False)
     bg.stop()
-    assert all(proc.returncode is not None for proc in bg.procs)
+    assert bg.procs and all(proc.returncode is not None for proc in bg.procs)
 
 
-def test_the_cold_parts_of_a_run(monkeypatch):
-    """A CPU run's helpers compile the rest and the CPU backend; a GPU run's the rest and its shape's GPU kernels."""
-    import mpikmeans.cache as cache
-    import mpikmeans.warmup as warmup
-
-    data = str(Path(__file__).resolve().parents[1] / "data" / "sample.arff")
-    cfg = RunConfig(k=2).validate()
-    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
-    for rest, cpu, shape in [(False, False, False), (True, True, True), (True, False, True)]:
-        monkeypatch.setattr(warmup, "rest_warm", lambda: rest)
-        monkeypatch.setattr(warmup, "cpu_backend_cold", lambda: [] if cpu else ["step", "init"])
-        monkeypatch.setattr(cache, "gpu_shape_warm", lambda key: shape)
-        cold = runner.BackgroundCompile._cold
-        assert cold(data, cfg, False, 1) == ["rest"] * (not rest) + ["cpu-step", "cpu-init"] * (not cpu)
-        gpu = ["gpu-full", "gpu-assign", "gpu-delta", "gpu-init", "gpu-fixed"]
-        assert cold(data, cfg, True, 1) == ["rest"] * (not rest) + gpu * (not shape)
+@pytest.mark.parametrize("dtype,gpu,sim,want", [
+    ("float64", False, False, None), ("float64", True, False, "float64"), ("float32", True, False, "float32"),
+    ("float32", True, True, None),  # the simulator compiles nothing for a GPU
+])
+def test_the_parts_a_run_needs(monkeypatch, dtype, gpu, sim, want):
+    """A CPU run needs the CPU kernels; a GPU run those of its dtype too (none under the simulator)."""
+    if sim:
+        monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    else:
+        monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    asked = _quick_helpers(monkeypatch, [])
+    runner.BackgroundCompile(SerialComm(), RunConfig(k=2, dtype=dtype).validate(), gpu=gpu).wait()
+    assert asked == [want]
 
 
-def test_the_simulator_starts_no_gpu_helpers(monkeypatch):
-    """Under the CUDA simulator nothing is compiled for the GPU: a GPU run's helpers are the rest's alone."""
-    import mpikmeans.cache as cache
-    import mpikmeans.warmup as warmup
-
-    data = str(Path(__file__).resolve().parents[1] / "data" / "sample.arff")
-    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
-    monkeypatch.setattr(warmup, "rest_warm", lambda: False)
-    monkeypatch.setattr(cache, "gpu_shape_warm", lambda key: False)
-    assert runner.BackgroundCompile._cold(data, RunConfig(k=2).validate(), True, 1) == ["rest"]
-
-
-def test_warm_caches_start_nothing(monkeypatch):
-    data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
-    monkeypatch.setattr(runner.BackgroundCompile, "_cold", staticmethod(lambda *a: []))
-    bg = runner.BackgroundCompile(SerialComm(), str(data), RunConfig(k=2).validate(), gpu=False)
-    assert bg.proc is None
+def test_warm_caches_start_nothing_and_say_nothing(monkeypatch, caplog):
+    _quick_helpers(monkeypatch, [])
+    with caplog.at_level("INFO", logger="mpikmeans"):
+        bg = runner.BackgroundCompile(SerialComm(), RunConfig(k=2).validate(), gpu=False)
+    assert bg.procs == [] and not caplog.records
     bg.wait()
 
 
-def test_after_a_cpu_run_the_rest_is_warm(tmp_path):
+def test_a_warm_up_starts_no_helpers(monkeypatch):
+    """A warm-up's own runs start no compiling processes (each would start more)."""
+    import mpikmeans.cache as cache
+
+    asked = _quick_helpers(monkeypatch, ["cpu"])
+    monkeypatch.setattr(runner, "warming", lambda: True)
+    assert runner.BackgroundCompile(SerialComm(), RunConfig(k=2).validate(), gpu=False).procs == []
+    assert asked == [] and not cache.warming()
+
+
+def test_after_a_cpu_run_the_cpu_part_is_warm(tmp_path):
     from conftest import run_cli
 
-    from mpikmeans.warmup import cpu_backend_cold, rest_warm
+    from mpikmeans.cache import cold_parts, is_warm
 
     data = Path(__file__).resolve().parents[1] / "data" / "sample.arff"
     r = run_cli(["run", data, "-k", 2, "--backend", "cpu", "-o", tmp_path / "o", "-q"])
     assert r.code == 0, r.err
-    assert rest_warm() and cpu_backend_cold() == []
+    assert is_warm("cpu") and cold_parts() == []

@@ -34,6 +34,7 @@ from mpikmeans.backends.cpu.seeding import (  # noqa: E402
 from mpikmeans.backends.cpu.tiles import _tile_rows  # noqa: E402
 from mpikmeans.comm import SerialComm  # noqa: E402
 from mpikmeans.exact import fixed_scale, scale_factors  # noqa: E402
+from mpikmeans.fixedsums import Scales  # noqa: E402
 from mpikmeans.init import init_kmeanspp  # noqa: E402
 
 
@@ -159,7 +160,7 @@ def test_seeding_screens_and_equals_the_serial_kernels(threads):
         if mode is None:
             # by its end the seeding screened, on float32 rows it kept
             assert cpu._seeding.screen_next(32) and cpu._seeding.ys is not None
-        cpu.step(ref)
+        cpu.step(ref, Scales.of(np.abs(x).max(axis=0)))
         assert cpu._seeding is None  # the float32 rows are let go when the iterations start
 
 

@@ -157,4 +157,5 @@ def test_sbatch_mpirun(slurm, inputs, tmp_path):
     work = _workdir(tmp_path, good)
     job, code, state, out = sbatch(slurm, work, {"DATA": good.name, "K": K, "LAUNCHER": "mpirun"})
     _check(work, job, code, state, out)
-    assert "command: mpirun -np 2 mpikmeans run" in out
+    command = next(line for line in out.splitlines() if line.startswith("mpikmeans-job: command: "))
+    assert command.startswith("mpikmeans-job: command: mpirun -np 2 ") and " mpikmeans run blobs.arff " in command, out

@@ -16,7 +16,7 @@ import click
 
 from ..config import BACKENDS, DTYPES, INIT_METHODS
 from ..errors import MpikmeansError, UsageError
-from . import main
+from .app import main
 
 
 def _bench_failed(exc: MpikmeansError) -> None:

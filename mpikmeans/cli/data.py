@@ -10,7 +10,7 @@ import click
 
 from ..config import MISSING_POLICIES
 from ..errors import UsageError
-from . import _guarded, main, plural
+from .app import _guarded, main, plural
 
 #: Above this many bytes, what a command is about to write or read is said first (seconds of work).
 _BIG = 1_000_000_000

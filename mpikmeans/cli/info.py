@@ -8,7 +8,7 @@ import os
 import click
 
 from ..cache import bytecode_status, cache_root
-from . import _guarded, main
+from .app import _guarded, main
 from .warmup import warm_status
 
 

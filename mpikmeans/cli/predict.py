@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..config import BACKENDS, DTYPES
-from . import _guarded, main
+from .app import _guarded, main
 
 
 @main.command(short_help="Apply a saved model (model.json) to DATA: each row's cluster.")

@@ -12,7 +12,7 @@ from ..config import (BACKENDS, DTYPES, EMPTY_POLICIES, MISSING_POLICIES, NOMINA
                       build_config, load_yaml)
 from ..errors import UsageError
 from ..interrupt import EXIT_CHECKPOINTED
-from . import _guarded, main, plural
+from .app import _guarded, main, plural
 
 
 _RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_cluster", "output_dir",

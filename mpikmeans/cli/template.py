@@ -10,7 +10,7 @@ import click
 from ..errors import RunError
 from ..io.output import write_atomic
 from ..jobs import KINDS, render
-from . import main
+from .app import main
 
 
 _HELP = """Write the job script for KIND; it needs no checkout and sources nothing.

@@ -8,7 +8,7 @@ import click
 
 from ..cache import PARTS, cache_root, is_warm
 from ..errors import RunError
-from . import _guarded, main
+from .app import _guarded, main
 
 
 @main.command()

@@ -206,7 +206,17 @@ class GPUBackend(Backend):
         return self._kernels
 
     def warmup(self, k: int, m: int) -> None:
-        """Compile (or load) every kernel a run with this dtype launches: none depends on ``k`` or ``m``."""
+        """Compile (or load) every kernel a run with this dtype launches: none depends on ``k`` or ``m``.
+
+        Raises
+        ------
+        BackendUnavailable
+            Where one tile of centres needs more shared memory than a block of this device may have.
+        """
+        need = step_layout(k, m).screen_smem
+        if need > self.limits.smem_optin:
+            raise BackendUnavailable(f"{m} attributes need {need // 1024} KiB of shared memory a block, more than this "
+                                     f"GPU has ({self.limits.smem_optin // 1024} KiB): use --backend cpu")
         self.kernels()
         for weighted in (False, True):
             initk_kernels(self.dtype, weighted)
@@ -271,7 +281,8 @@ class GPUBackend(Backend):
                           sse=host[out.ns:out.ns + out.nsse].reshape(k, 4).copy(), changed=changed)
 
     def assign(self, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Nearest centre and exact squared distance of every row; the step's labels are left alone."""
+        """Nearest centre and exact squared distance of every row; the step's labels and distances (which
+        :meth:`farthest` answers from) are left alone."""
         centres = np.ascontiguousarray(centres, dtype=np.float64)
         k, m = centres.shape
         labels = np.empty(self.n, dtype=np.int32)
@@ -282,12 +293,12 @@ class GPUBackend(Backend):
         lay = step_layout(k, m)
         cen.upload(centres, self.dtype == "float32")
         dlab = cuda.device_array(self.n, dtype=np.int32)
+        dd2 = cuda.device_array(self.n, dtype=np.float64)
         for s, (stream, x, ld, a, b) in enumerate(self.rows.chunks()):
             slot = s % len(self._flags)
-            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], dlab[a:b], self._d2[a:b],
-                               lay, k)
+            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], dlab[a:b], dd2[a:b], lay, k)
         dlab.copy_to_host(labels)
-        self._d2.copy_to_host(dist2)
+        dd2.copy_to_host(dist2)
         return labels, dist2
 
     def farthest(self, centres: np.ndarray, count: int) -> tuple:

@@ -25,7 +25,7 @@ runs the screen, the recheck and the distances kernel.
 shape                                    layout
 =======================================  ===============================================================
 K <= 16                                  the screen's small register tile: 4 rows x 8 centres a thread
-K > 16                                   the wide tile: 2 rows x 32 centres (a row read once per 32)
+K > 16                                   the wide tile: 4 rows x 16 centres (a row read once per 16)
 ``ceil(K / TC) * M * TC * 4`` bytes fit  the screen stages every centre once per block
 otherwise                                the screen stages its centres a chunk of tiles at a time
 ``24 K (M + 2)`` bytes fit               the sums take every column, in up to 8 copies (one per warp)
