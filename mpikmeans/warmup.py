@@ -31,7 +31,7 @@ import time
 from .cache import CPU_PART, GPU_PARTS, PARTS, gpu_part, mark_warm, warming, warmup_command
 from .comm import LAUNCHER_VARIABLES, SerialComm
 from .config import RunConfig
-from .io.binary import convert
+from .io.formats import convert
 from .io.gen import GenSpec, prepare, write_blobs
 from .runner import run_job
 

@@ -72,7 +72,7 @@ def gen_npy(launch: Launch, ranks: int, path: str, n: int, m: int, k: int, seed:
     """
     if npy_shape(path) == (n, m):
         return {"reused": True}
-    arff = path[:-4] + ".arff" if path.endswith(".npy") else path + ".arff"
+    arff = os.path.splitext(path)[0] + ".arff"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     gen = gen_arff(launch, ranks, arff, n, m, k, "--seed", seed)
     report = path + ".report.json"

@@ -165,8 +165,9 @@ def write_clustered_arff(comm, local, labels: np.ndarray, k: int, path: str) -> 
         piece = np.concatenate([piece, np.array([_NL], dtype=np.uint8)])
     head = b""
     tail = ("@attribute cluster {" + ",".join(words[1:]) + "}\n@data\n").encode()
-    if comm.rank == 0 and local.path.lower().endswith(".csv"):
-        # a CSV file has no ARFF header to copy: its columns, all numeric, as attributes
+    if comm.rank == 0 and local.header.format != "arff":
+        # a CSV or TSV file (whatever its name: io.formats decided) has no ARFF header to copy: its
+        # columns, all numeric, as attributes
         head = header_text(local.header.relation, local.header.names).rsplit(b"@data\n", 1)[0] + tail
     elif comm.rank == 0:
         with open(local.path, "rb") as f:
