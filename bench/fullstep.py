@@ -15,11 +15,21 @@ compiled) is timed apart.  In the same call: PyTorch's iteration (GEMM
 distances, argmin, ``index_add_``) on the same rows in the same dtype; the
 floor (the rows read once at the measured copy bandwidth, or N K M
 multiply-adds at the datasheet FP32 rate, whichever is larger); and, in
-float64, whether the backend's labels equal the CPU backend's.
+float64, whether the backend's labels equal the CPU backend's.  A full step
+(every row summed: after ``forget_labels()``) is timed at the last centres.
+
+``--runs``: a whole Lloyd run on the same backend as ``mpikmeans.KMeans``
+makes it (from the first K rows, ``--iters`` iterations at most, ``tol=0``),
+each iteration's seconds and changed rows from its ``history_``: the slowest
+iteration against the median full step.  ``--run-parity F``: whole float64
+runs on the first ``max(2000, F N)`` rows, the backend against the CPU's:
+labels, centres, SSE and every iteration's SSE identical or not.
 
     python bench/fullstep.py --out fullstep.json                     # A-E, float32 and float64
     python bench/fullstep.py --shapes A,D --dtypes float32 --out a.json
     python bench/fullstep.py --backend cpu --shapes 20000x8x4 --out c.json   # no GPU: the CPU backend
+    python bench/fullstep.py --runs --iters 12 --out runs.json       # and each shape's Lloyd run, iteration by iteration
+    python bench/fullstep.py --shapes A,D --dtypes float64 --no-torch --run-parity 0.02 --out p.json
 
 Shapes: A = 5e6 x 100 K=50, B = 1e7 x 32 K=1000, C = 1e8 x 8 K=16, D = 3e5 x 257 K=1000, E = 2e6 x 3 K=7.
 """
@@ -130,6 +140,36 @@ def stepper(be):
     return lambda c: be.step(c, scales)
 
 
+def lloyd_run(backend, x: np.ndarray, c0: np.ndarray, iters: int):
+    """A whole Lloyd run from ``c0`` on ``backend`` (a name or a Backend), as :class:`mpikmeans.KMeans` makes
+    it: at most ``iters`` iterations, ``tol=0``.  Returns the fitted estimator (``history_``: each iteration's
+    ``seconds``, ``changed`` and ``sse``)."""
+    from mpikmeans import KMeans
+
+    return KMeans(len(c0), init=c0, max_iter=iters, tol=0.0, backend=backend).fit(x)
+
+
+def run_parity(name: str, x: np.ndarray, k: int, iters: int, fraction: float) -> dict:
+    """Whole float64 runs on the first ``max(2000, fraction n)`` rows: backend ``name`` against the CPU's."""
+    from mpikmeans.backends import make_backend
+
+    rows = x[:min(len(x), max(2000, int(fraction * len(x))))]
+    c0 = rows[:k].copy()
+    fits = []
+    for backend in ("cpu", name):
+        be = make_backend(backend, **({"dtype": "float64"} if backend == "gpu" else {}))
+        try:
+            t0 = time.perf_counter()
+            fits.append((lloyd_run(be, rows, c0, iters), time.perf_counter() - t0))
+        finally:
+            be.close()
+    (c, tc), (g, tg) = fits
+    same = (np.array_equal(c.labels_, g.labels_) and np.array_equal(c.cluster_centers_, g.cluster_centers_)
+            and c.inertia_ == g.inertia_ and [h["sse"] for h in c.history_] == [h["sse"] for h in g.history_])
+    return {"rows": len(rows), "identical": bool(same), "iterations": int(g.n_iter_), "cpu_s": tc, "backend_s": tg,
+            "changed": [int(h["changed"]) for h in g.history_]}
+
+
 def measure_shape(name: str, n: int, m: int, k: int, a, torch, bandwidth: float | None, progress) -> list:
     """Every dtype of one shape: one dict each (see the module's notes)."""
     from mpikmeans.backends import make_backend
@@ -173,6 +213,21 @@ def measure_shape(name: str, n: int, m: int, k: int, a, torch, bandwidth: float 
             r.update(step_ms=statistics.median(ms or wall), step_ms_min=min(ms or wall), step_ms_max=max(ms or wall),
                      step_wall_ms=statistics.median(wall), timed_by="CUDA events" if ms else "wall clock",
                      changed=changed, steps=len(wall))
+            fulls = []
+            for _ in range(5):  # every row summed: the step a first iteration or a new K takes
+                be.forget_labels()
+                w0 = time.perf_counter()
+                step(seq[-1])
+                fulls.append(1e3 * (time.perf_counter() - w0))
+            r["full_step_wall_ms"] = statistics.median(fulls[1:])
+            if a.runs:
+                fit = lloyd_run(be, x, c0, a.iters)
+                its = [1e3 * h["seconds"] for h in fit.history_]
+                r.update(run_iter_ms=its, run_changed=[int(h["changed"]) for h in fit.history_],
+                         run_median_iter_ms=statistics.median(its), run_max_iter_ms=max(its),
+                         run_max_over_full=max(its) / r["full_step_wall_ms"])
+            if a.run_parity and dtype == "float64" and a.backend != "cpu":
+                r["run_parity"] = run_parity(a.backend, x, k, a.iters, a.run_parity)
             if a.parity and dtype == "float64" and a.backend != "cpu":
                 cpu = make_backend("cpu")
                 cpu.load(x)
@@ -200,6 +255,15 @@ def line(r: dict) -> str:
         s += f", PyTorch {r['torch_ms']:.3f} ms"
     if "floor_ms" in r:
         s += f", floor {r['floor_ms']:.3f} ms"
+    s += f", full step {r['full_step_wall_ms']:.3f} ms (wall)"
+    if "run_iter_ms" in r:
+        s += (f"\n   run: {len(r['run_iter_ms'])} iterations, median {r['run_median_iter_ms']:.2f} ms, slowest "
+              f"{r['run_max_iter_ms']:.2f} ms = {r['run_max_over_full']:.2f} x the full step; ms "
+              + " ".join(f"{v:.1f}" for v in r["run_iter_ms"]) + f"; changed {r['run_changed'][:6]}")
+    if "run_parity" in r:
+        q = r["run_parity"]
+        s += (f"\n   whole run on {q['rows']} rows against the CPU's: "
+              f"{'IDENTICAL' if q['identical'] else 'DIFFERENT'} labels/centres/SSE/history after {q['iterations']} it")
     if "labels_equal_cpu" in r:
         s += f", labels = CPU's: {r['labels_equal_cpu']} ({r['labels_differing_cpu']} differ)"
     return s
@@ -217,6 +281,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--no-torch", action="store_true", help="leave out PyTorch (and the CUDA events)")
     p.add_argument("--no-parity", dest="parity", action="store_false", help="leave out the labels against the CPU's")
+    p.add_argument("--runs", action="store_true", help="and a whole Lloyd run per shape and dtype, timed by iteration")
+    p.add_argument("--run-parity", type=float, default=0.0, metavar="F",
+                   help="whole float64 runs on a fraction F of the rows against the CPU backend's  [off]")
     p.add_argument("--out", required=True, help="the JSON result")
     a = p.parse_args(argv)
     shapes = []

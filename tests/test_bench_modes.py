@@ -156,6 +156,21 @@ def test_fullstep_on_the_cpu_backend(tmp_path):
     assert "3000x4x3 3000x4 K=3 float64: step" in r.stdout
 
 
+def test_fullstep_runs_time_every_iteration_against_the_full_step(tmp_path):
+    """``--runs``: a whole Lloyd run per shape through ``mpikmeans.KMeans``, each iteration's time and changed
+    rows, the slowest against the median full step (every row summed)."""
+    out = tmp_path / "fs.json"
+    r = _run_script("fullstep", "--backend", "cpu", "--shapes", "3000x4x3", "--dtypes", "float64", "--iters", 5,
+                    "--runs", "--out", out)
+    assert r.returncode == 0, r.stderr + r.stdout
+    (row,) = harness.read_result(str(out))["rows"]
+    assert 1 <= len(row["run_iter_ms"]) <= 5 and len(row["run_changed"]) == len(row["run_iter_ms"])
+    assert row["run_changed"][0] == 3000 and row["full_step_wall_ms"] > 0
+    assert row["run_max_iter_ms"] == max(row["run_iter_ms"]) >= row["run_median_iter_ms"] > 0
+    assert row["run_max_over_full"] == row["run_max_iter_ms"] / row["full_step_wall_ms"]
+    assert "run: " in r.stdout and "x the full step" in r.stdout
+
+
 def test_fullstep_bad_shape_exits_2(tmp_path):
     r = _run_script("fullstep", "--shapes", "Q", "--out", tmp_path / "x.json", timeout=120)
     assert r.returncode == 2 and "A-E or NxMxK" in r.stderr
