@@ -52,9 +52,9 @@ def _results(out_dir):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_", [1, 3, 5])
+@pytest.mark.parametrize("np_", [1, 4])
 def test_item06_convert_with_empty_ranks(tmp_path, np_):
-    # three rows on up to five ranks: some ranks own no line at all
+    # three rows on four ranks: some ranks own no line at all
     src = tmp_path / "three.arff"
     src.write_text(HEADER + "1,2,3\n4,5,6\n7,8,9\n")
     r = run_cli(["convert", src, tmp_path / "t.npy"], np=np_, timeout=120)
@@ -63,7 +63,7 @@ def test_item06_convert_with_empty_ranks(tmp_path, np_):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_", [3, 5])
+@pytest.mark.parametrize("np_", [4])
 def test_item06_comment_block_in_one_ranks_range(tmp_path, np_):
     # a 400 KB comment block between the rows: the ranks whose byte range it fills read no row
     src = tmp_path / "c.arff"
@@ -79,7 +79,7 @@ def test_item06_comment_block_in_one_ranks_range(tmp_path, np_):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_", [1, 3, 5])
+@pytest.mark.parametrize("np_", [1, 4])
 def test_item06_run_npy_with_empty_ranks(tmp_path, np_):
     src = tmp_path / "three.arff"
     src.write_text(HEADER + "1,2,3\n4,5,6\n40,50,60\n")
@@ -91,7 +91,7 @@ def test_item06_run_npy_with_empty_ranks(tmp_path, np_):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_", [1, 3, 5])
+@pytest.mark.parametrize("np_", [1, 4])
 def test_item06_gen_data_and_write_arff_with_empty_ranks(tmp_path, np_):
     data = tmp_path / "g.arff"
     _clean(run_cli(["gen-data", data, "-n", 3, "-m", 2, "-k", 1, "-q"], np=np_, timeout=120), 0)
@@ -186,7 +186,7 @@ def test_item13_gen_data_csv_writes_csv(tmp_path):
     arff_rows = (tmp_path / "g.arff").read_bytes().split(b"@data\n", 1)[1]
     for name, delimiter in (("g.csv", b","), ("g.tsv", b"\t")):
         texts = []
-        for np_ in (1, 3, 5):
+        for np_ in (1, 3, 4):
             path = tmp_path / f"{np_}{name}"
             _clean(run_cli(["gen-data", path, *args], np=np_, timeout=120), 0)
             texts.append(path.read_bytes())
