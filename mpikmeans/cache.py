@@ -300,7 +300,9 @@ def gpu_part(dtype: str) -> str:
     return f"gpu-{dtype}"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``), or "" where it cannot be read: the lent GPU
+    machines are all "vm", and only the model tells their hosts' CPUs apart."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -308,7 +310,7 @@ def _cpu_model() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return ""
 
 
 def _gpu_models() -> str:
@@ -337,7 +339,8 @@ def warm_key(part: str) -> str:
     """A name for "this part's kernels are compiled here": the package's kernel sources, the compilers'
     versions, Python, the CPU model and, for a GPU part, the GPUs' models.  A marker only says whether a
     run compiles first; which entry is loaded is decided by the caches' own keys."""
-    key = [part, source_hash(), _version("numba"), tuple(sys.version_info[:2]), _cpu_model()]
+    key = [part, source_hash(), _version("numba"), tuple(sys.version_info[:2]),
+           cpu_model() or platform.processor() or platform.machine()]
     if part in GPU_PARTS:
         key += [source_hash(list(GPU_SOURCES)), _version("numba-cuda"), _gpu_models()]
     return hashlib.sha256(repr(key).encode()).hexdigest()[:32]

@@ -364,7 +364,7 @@ def machine(monkeypatch, tmp_path):
     """A cache root of its own and a fixed description of the machine (the warm keys' inputs)."""
     monkeypatch.setenv("MPIKMEANS_CACHE_DIR", str(tmp_path / "cache"))
     desc = {"cpu": "Some CPU", "gpus": "Some GPU", "numba": "0.1", "numba-cuda": "0.2"}
-    monkeypatch.setattr(C, "_cpu_model", lambda: desc["cpu"])
+    monkeypatch.setattr(C, "cpu_model", lambda: desc["cpu"])
     monkeypatch.setattr(C, "_gpu_models", lambda: desc["gpus"])
     monkeypatch.setattr(C, "_version", lambda dist: desc[dist])
     return desc

@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import __version__
 from ..backends import cuda_simulator_requested
+from ..cache import cpu_model
 from ..errors import RunError, UsageError
 from ..io.output import write_atomic
 
@@ -294,19 +295,6 @@ def count_gpus() -> int:
     if visible is not None:
         found = min(found, len([v for v in visible.split(",") if v.strip()]))
     return found
-
-
-def cpu_model() -> str:
-    """The processor's model name (``/proc/cpuinfo``), or "" where it cannot be read: the lent GPU
-    machines are all "vm", and only the model tells their hosts' CPUs apart."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def machine_description(gpus: int | None = None) -> dict:
