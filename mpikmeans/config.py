@@ -26,6 +26,11 @@ DTYPES = ("float64", "float32")
 EMPTY_POLICIES = ("farthest", "keep", "drop")
 MISSING_POLICIES = ("error", "drop", "mean")
 NOMINAL_POLICIES = ("skip", "weka")
+# the same as scores.SCORE_CHOICES and scores.DEFAULT_SAMPLE (config imports no numba)
+SCORE_CHOICES = ("all", "none")
+DEFAULT_SCORE_SAMPLE = 10_000
+#: What ``-k`` takes, for messages
+K_FORMS = "K >= 1, a list K1,K2,... or a range FIRST:LAST[:STEP] (1 <= FIRST <= LAST, STEP >= 1)"
 
 
 @dataclass
@@ -34,8 +39,11 @@ class RunConfig:
 
     Attributes
     ----------
-    k : int or None
-        Number of clusters (required).
+    k : int, tuple of int, or None
+        Number of clusters (required).  A list (``2,4,8``) or a range
+        (``2:64``, ``2:64:2``, both ends included) is a K sweep: :meth:`validate`
+        makes it a sorted tuple of distinct values (:func:`parse_k`), a single
+        number an int.
     init : str
         ``k-means++`` (D² sampling, scikit-learn's greedy variant), ``k-means||``
         (scalable oversampling), ``range`` (uniform in the per-attribute
@@ -88,9 +96,14 @@ class RunConfig:
         ``none``, ``minmax`` (Weka's default for Euclidean distance) or ``zscore``.
     write_arff : bool
         Also write the input rows with a nominal ``cluster`` attribute (Weka's AddCluster layout).
+    scores : str
+        ``all``: the quality scores (:mod:`mpikmeans.scores`) after the fit, in
+        summary.json; ``none``: not computed.
+    score_sample : int
+        Rows of the sampled Euclidean silhouette (0: left out).
     """
 
-    k: int | None = None
+    k: int | tuple | str | None = None
     init: str = "k-means++"
     seed: int = 0
     max_iter: int = 300
@@ -112,12 +125,27 @@ class RunConfig:
     n_init: int = 1
     normalize: str = "none"
     write_arff: bool = False
+    scores: str = "all"
+    score_sample: int = DEFAULT_SCORE_SAMPLE
+
+    @property
+    def sweep(self) -> bool:
+        """Whether ``k`` asks for a K sweep (a list or range of K, after :meth:`validate`)."""
+        return isinstance(self.k, tuple)
+
+    @property
+    def k_values(self) -> tuple:
+        """The K values to cluster: the sweep's, or ``(k,)``."""
+        return self.k if isinstance(self.k, tuple) else (self.k,)
 
     def validate(self) -> "RunConfig":
         """Check every setting; raise :class:`UsageError` naming the first bad one."""
         if self.k is None:
-            raise UsageError("the number of clusters is required: -k K (or 'k:' in the config file)")
-        _check(_is_int(self.k) and self.k >= 1, "k", self.k, "an integer >= 1")
+            # a model (--init model.json) says its K itself
+            if not (isinstance(self.init, str) and self.init.lower().endswith(".json")):
+                raise UsageError("the number of clusters is required: -k K (or 'k:' in the config file)")
+        else:
+            self.k = parse_k(self.k)
         _check(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
         _check(_is_int(self.max_iter) and self.max_iter >= 1, "max-iter", self.max_iter, "an integer >= 1")
         _check(isinstance(self.tol, (int, float)) and not isinstance(self.tol, bool) and self.tol >= 0,
@@ -132,6 +160,9 @@ class RunConfig:
         _check(self.normalize in NORMALIZE_METHODS, "normalize", self.normalize, " or ".join(NORMALIZE_METHODS))
         if self.n_init > 1 and (self.resume or self.init not in INIT_METHODS):
             raise UsageError("--n-init > 1 needs a random initialisation (not a file) and cannot --resume")
+        _check(self.scores in SCORE_CHOICES, "scores", self.scores, " or ".join(SCORE_CHOICES))
+        _check(_is_int(self.score_sample) and self.score_sample >= 0, "score-sample", self.score_sample,
+               "an integer >= 0")
         for key in ("share_gpus", "overwrite", "write_arff"):
             _check(isinstance(getattr(self, key), bool), key.replace("_", "-"), getattr(self, key), "true or false")
         _check(self.missing in MISSING_POLICIES, "missing", self.missing, " or ".join(MISSING_POLICIES))
@@ -144,7 +175,10 @@ class RunConfig:
         if self.resume is not None and not os.path.isfile(str(self.resume)):
             raise InvalidSetting("resume", self.resume, "an existing checkpoint file")
         _check(isinstance(self.init, str) and (self.init in INIT_METHODS or os.path.isfile(self.init)), "init",
-               self.init, f"{', '.join(INIT_METHODS)} or an existing CSV file of centres")
+               self.init, f"{', '.join(INIT_METHODS)}, an existing CSV file of centres or a model.json")
+        if self.sweep and self.init not in INIT_METHODS:
+            raise UsageError(f"-k {format_k(self.k)} (a K sweep) needs a random initialisation ({', '.join(INIT_METHODS)}): "
+                             f"--init {self.init} gives centres for one K")
         return self
 
     def as_dict(self) -> dict:
@@ -154,6 +188,93 @@ class RunConfig:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _k_error(value, why: str) -> "InvalidSetting":
+    return InvalidSetting("k", value, f"{K_FORMS}; {why}")
+
+
+def parse_k(value) -> int | tuple:
+    """``-k``: one number of clusters (an int), or the K values of a sweep (a sorted tuple).
+
+    Parameters
+    ----------
+    value : int, str or list of int
+        ``8``; ``"8"``; a list ``"2,4,8,16"`` (or a YAML list); a range
+        ``"FIRST:LAST"`` or ``"FIRST:LAST:STEP"``, both ends included
+        (``"2:64:2"`` is 2, 4, ..., 64).
+
+    Returns
+    -------
+    int or tuple of int
+        An int for one number; the distinct values of a list or range, sorted,
+        as a tuple (a sweep, even of one K).
+
+    Raises
+    ------
+    InvalidSetting
+        One value that is not an integer >= 1 ("expected an integer >= 1");
+        a list or range that is not one of these forms, holds a K below 1,
+        ends below its start or has a step below 1 (the message says which).
+    """
+    if _is_int(value):
+        if value < 1:
+            raise InvalidSetting("k", value, "an integer >= 1")
+        return value
+    if isinstance(value, (list, tuple)):
+        if not value or not all(_is_int(v) for v in value):
+            raise _k_error(value, "a list of K holds integers only")
+        ks = tuple(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        parts = [p.strip() for p in text.split(":")] if ":" in text else [p.strip() for p in text.split(",")]
+        try:
+            numbers = [int(p) for p in parts]
+        except ValueError:
+            if len(parts) == 1:  # one value: a single run's K
+                raise InvalidSetting("k", value, "an integer >= 1") from None
+            bad = next(p for p in parts if not _int_text(p))
+            raise _k_error(value, f"{bad!r} is not an integer") from None
+        if ":" in text:
+            if len(numbers) not in (2, 3):
+                raise _k_error(value, "a range is FIRST:LAST or FIRST:LAST:STEP")
+            first, last = numbers[0], numbers[1]
+            step = numbers[2] if len(numbers) == 3 else 1
+            if step < 1:
+                raise _k_error(value, f"its STEP {step} is below 1")
+            if last < first:
+                raise _k_error(value, f"its LAST {last} is below its FIRST {first}")
+            ks = tuple(range(first, last + 1, step))
+        elif "," in text:
+            ks = tuple(numbers)
+        else:
+            return parse_k(numbers[0])
+    else:
+        raise InvalidSetting("k", value, "an integer >= 1")
+    low = min(ks)
+    if low < 1:
+        raise _k_error(value, f"{low} is below 1")
+    return tuple(sorted(set(ks)))
+
+
+def _int_text(text: str) -> bool:
+    try:
+        int(text)
+        return True
+    except ValueError:
+        return False
+
+
+def format_k(k) -> str:
+    """``-k`` as a person writes it: ``8``, ``2,4,8``, ``2:64`` (a range of step 1), ``2:64:2``."""
+    if not isinstance(k, tuple):
+        return str(k)
+    if len(k) > 2:
+        steps = {b - a for a, b in zip(k, k[1:])}
+        if len(steps) == 1:
+            step = steps.pop()
+            return f"{k[0]}:{k[-1]}" + (f":{step}" if step != 1 else "")
+    return ",".join(str(v) for v in k)
 
 
 #: The flag a message names for a setting: the short form where there is one.

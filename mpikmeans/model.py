@@ -31,7 +31,7 @@ import numpy as np
 
 from .errors import InputError, RunError, UsageError
 from .io.arff import select_attributes
-from .io.output import write_atomic
+from .io.output import MODEL, write_atomic
 from .nominal import ONE, Layout
 from .scaling import METHODS as SCALING_METHODS
 from .scaling import Scaler
@@ -44,7 +44,7 @@ _TOOL_VERSION = sys.modules[__package__].__version__
 #: The format version this mpikmeans writes and reads.
 FORMAT_VERSION = 1
 #: The file name a run writes its model under.
-MODEL_FILE = "model.json"
+MODEL_FILE = MODEL
 #: Keys every model of this version has (docs/model.md).
 REQUIRED = ("format", "format_version", "tool_version", "attributes", "nominal", "missing", "scaling", "k",
             "centres", "dtype", "init", "seed", "sse", "n")
@@ -130,14 +130,14 @@ class Model:
         """The centres in data units, shape (k, columns) (a nominal block one-hot)."""
         return self.scaler.inverse(self.centres_scaled)
 
-    def centres_for(self, layout: Layout, model_path: str) -> np.ndarray:
+    def centres_for(self, layout: Layout, model_path: str, data_path: str = "the data") -> np.ndarray:
         """The centres in data units as a run with ``layout`` starts from them (``--init model.json``).
 
         Parameters
         ----------
         layout : Layout
             The run's clustered attributes (``LocalData.layout``).
-        model_path : str
+        model_path, data_path : str
             For the message.
 
         Returns
@@ -147,20 +147,30 @@ class Model:
 
         Raises
         ------
-        UsageError
-            The run clusters other attributes than the model, or a category the model lacks.
+        InputError
+            The run's data clusters other attributes than the model (by name,
+            order or type), or a centre's category is not among the data's: the
+            first mismatch, one line naming both files and the attribute (exit 3).
         """
         mine = self.layout
-        if list(layout.names) != list(mine.names):
-            raise UsageError(f"--init {model_path}: the model clusters {', '.join(mine.names)}; this run clusters "
-                             f"{', '.join(layout.names)}")
+        theirs_is = f"the model {model_path}"
+        for position, name in enumerate(layout.names):
+            if name not in mine.names:
+                raise InputError(f"{data_path}: attribute {name!r} is clustered here and not by {theirs_is} "
+                                 f"(it clusters {', '.join(mine.names)})")
+            if position >= len(mine.names) or mine.names[position] != name:
+                raise InputError(f"{data_path}: attribute {name!r} comes where {theirs_is} has "
+                                 f"{mine.names[position]!r} (clustered attribute {position + 1})")
+        if len(mine.names) > len(layout.names):
+            raise InputError(f"{data_path}: attribute {mine.names[len(layout.names)]!r}, which {theirs_is} clusters, "
+                             "is not clustered here")
         data = self.centres
         out = np.zeros((self.k, layout.columns))
         for name, start, values, theirs_start, theirs in zip(layout.names, layout.starts, layout.values,
                                                               mine.starts, mine.values):
             if (values is None) != (theirs is None):
-                raise UsageError(f"--init {model_path}: attribute {name!r} is "
-                                 f"{'numeric' if values is None else 'nominal'} here, not in the model")
+                raise InputError(f"{data_path}: attribute {name!r} is {'numeric' if values is None else 'nominal'} "
+                                 f"here and {'nominal' if values is None else 'numeric'} in {theirs_is}")
             if values is None:
                 out[:, start] = data[:, theirs_start]
                 continue
@@ -170,8 +180,8 @@ class Model:
             lost = np.flatnonzero(out[:, start:start + len(values)].max(axis=1) == 0.0)
             if len(lost):
                 category = theirs[int(np.argmax(data[lost[0], theirs_start:theirs_start + len(theirs)]))]
-                raise UsageError(f"--init {model_path}: centre {lost[0] + 1} has {name} = {category!r}, not one of "
-                                 "this data's categories")
+                raise InputError(f"{data_path}: attribute {name!r}: centre {lost[0] + 1} of {theirs_is} has "
+                                 f"category {category!r}, not one of this data's")
         return out
 
     @classmethod

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -22,22 +20,25 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from . import __version__
 from .io import formats
 from .io.split import available_memory, plan_local
 from .backends import BackendUnavailable, cuda_simulator_requested, make_backend
 from .cache import COMPILE_ESTIMATE_S, cold_parts, warming, warmup_command
-from .config import NOTICE
 from .checkpoint import Checkpointer, check_compatible, data_identity, file_sha256, is_checkpoint, load
 from .comm import LAUNCHER_VARIABLES, default_threads
 from .errors import MpikmeansError, RunError, UsageError
 from .faults import fault_point
+from .init import INIT_METHODS
+from .initfile import initial_centres, model_k
 from .interrupt import StopRequest
-from .init import INIT_METHODS, check_centres
+from .model import Model, write_model
+from .report import kmeanspp_notice, run_summary, run_timings
 from .restarts import run_restarts
 from .scaling import fit_scaler, global_means
-from .io.output import (CENTERS, CLUSTERED, DEFAULT_CHECKPOINT, LABELS, SUMMARY, ResultsDir, order_by_header,
-                        read_centres_csv, read_centres_fields, remove_quietly, write_arrays, write_summary)
+from .scores import quality_scores
+from .sweep import plan_sweep, run_sweep
+from .io.output import (CENTERS, CLUSTERED, DEFAULT_CHECKPOINT, LABELS, MODEL, SUMMARY, SWEEP_PLOT, SWEEP_TABLE,
+                        ResultsDir, remove_quietly, write_arrays, write_summary)
 from .io.wekaout import write_clustered_arff
 from .nominal import Layout
 
@@ -72,6 +73,10 @@ class RunOutcome:
     signal_while_writing : str
         A stop signal that came while the results were written (they were
         finished, and are complete).
+    sweep : dict or None
+        A K sweep's: when finished, :func:`mpikmeans.sweep.finish_sweep`'s table
+        (``columns``, ``rows``, ``knee``, ``rule``, ``plot``, ``out_dir``) and
+        ``done``; when stopped, ``stopped_at`` (the K), ``done`` and ``out_dir``.
     """
 
     summary: dict
@@ -84,6 +89,7 @@ class RunOutcome:
     interrupted_phase: str = ""
     resumable: bool = True
     signal_while_writing: str = ""
+    sweep: dict | None = None
 
     def table(self) -> list:
         """Weka's centroid table: the "Full Data" row, then one row per centre, of attribute
@@ -133,7 +139,7 @@ def check_checkpoint_path(data: str, cfg, path: str, config_path: str | None = N
         if _same_file(path, other):
             raise UsageError(f"{flag}: is the run's input ({what}); a checkpoint never writes over it: "
                              "choose another --checkpoint path")
-    if os.path.basename(path) in (CENTERS, LABELS, SUMMARY, CLUSTERED):
+    if os.path.basename(path) in (CENTERS, LABELS, SUMMARY, CLUSTERED, MODEL, SWEEP_TABLE, SWEEP_PLOT):
         raise UsageError(f"{flag}: the name of a results file: choose another --checkpoint path")
     if os.path.isdir(path):
         raise UsageError(f"{flag}: is a directory; --checkpoint names a file")
@@ -290,50 +296,6 @@ def _make_backend(cfg, threads: int, device: int | None, reason: str = "", node_
     return make_backend(cfg.backend, device=device, **options)
 
 
-def _init_for(comm, cfg, local, scaler):
-    """What :func:`run_restarts` starts from: a method name, or the centres of ``--init FILE`` (scaled).
-
-    With nominal attributes clustered, the file gives their categories by name
-    (as centers.csv writes them).
-    """
-    k, m = cfg.k, local.m
-    if k > local.n:
-        raise UsageError(f"-k {k} is more than the {local.n} rows of {local.path}", collective=True)
-    if cfg.init in INIT_METHODS:
-        return cfg.init
-    layout = local.layout
-
-    def read_file():
-        # a header line's names say which column is which attribute: matched by name, never by position
-        try:
-            if layout.has_nominal:
-                rows, header = read_centres_fields(cfg.init, local.names)
-                fields = [values for _, values in rows]
-                if header is not None:
-                    _check_widths(header, {len(v) for v in fields})
-                    order = order_by_header(header, local.names, cfg.init)
-                    fields = [[values[j] for j in order] for values in fields]
-                centres = layout.encode(fields)
-            else:
-                centres, header = read_centres_csv(cfg.init, local.names)
-                if header is not None:
-                    _check_widths(header, {centres.shape[1]})
-                    centres = centres[:, order_by_header(header, local.names, cfg.init)]
-            return check_centres(centres, k, m, cfg.init)
-        except (ValueError, OSError) as exc:
-            raise UsageError(f"--init {cfg.init}: {exc}") from None
-        except MpikmeansError as exc:  # wrong shape: a usage error of this run
-            raise UsageError(exc.message) from None
-
-    return scaler.transform(comm.from_root(read_file))  # the file is in data units
-
-
-def _check_widths(header: list, widths: set) -> None:
-    if widths and widths != {len(header)}:
-        raise ValueError(f"its header line names {len(header)} columns, its rows have "
-                         f"{', '.join(str(w) for w in sorted(widths))}")
-
-
 def _early_settings(data: str, cfg) -> dict:
     """The settings that change the answer and are known before the data is read (rank 0).
 
@@ -382,7 +344,7 @@ def dry_run(comm, data: str, cfg) -> list:
     m = len(header.attributes)
     item = 4 if cfg.dtype == "float32" else 8
     plan.update({"rank": comm.rank, "host": comm.host, "node_rank": comm.node_rank,
-                 "device_bytes": plan["rows"] * (m * item + 8) + cfg.k * m * 16,
+                 "device_bytes": plan["rows"] * (m * item + 8) + max(cfg.k_values if cfg.k else (1,)) * m * 16,
                  "available_bytes": available_memory(), "m": m,
                  # what the run would use: a GPU where --backend gpu, or auto on a node with NVIDIA devices
                  "backend": "gpu" if gpu_wanted(cfg) else "cpu"})
@@ -443,7 +405,9 @@ def run_job(comm, data: str, cfg, launched_at: float | None = None, config_path:
     (:func:`check_checkpoint_path`) and the ``--resume`` file (readable, made
     under the same settings).  A stop signal (:mod:`mpikmeans.interrupt`) ends
     the run after the current iteration with a checkpoint; one that comes
-    while the results are written lets the writing finish.
+    while the results are written lets the writing finish.  A ``-k`` of several
+    values is a K sweep (:mod:`mpikmeans.sweep`): the data read and set up once,
+    each K's results in ``k<K>/``.
 
     Parameters
     ----------
@@ -464,8 +428,15 @@ def run_job(comm, data: str, cfg, launched_at: float | None = None, config_path:
     RunOutcome
     """
     t0 = time.perf_counter()
+    if cfg.k is None:  # --init model.json without -k: the model's K
+        cfg = dataclasses.replace(cfg, k=model_k(comm, cfg.init))
     out_dir = cfg.output_dir or default_output_dir(data)
     ckpt_path = cfg.checkpoint or os.path.join(out_dir, DEFAULT_CHECKPOINT)
+    if cfg.n_init > 1 and cfg.checkpoint:
+        log.warning("--n-init %d: a run of several restarts cannot be resumed, so --checkpoint %s is not written",
+                    cfg.n_init, cfg.checkpoint)
+    if cfg.sweep:
+        return _sweep_job(comm, data, cfg, out_dir, ckpt_path, launched_at, config_path, t0)
     own = (cfg.checkpoint, cfg.resume, None if cfg.init in INIT_METHODS else cfg.init)
     results = ResultsDir(comm, out_dir, cfg.overwrite, own=own, data=data)
 
@@ -475,36 +446,38 @@ def run_job(comm, data: str, cfg, launched_at: float | None = None, config_path:
 
     settings = comm.from_root(early_settings)
     resumed = _load_resume(comm, cfg, settings) if cfg.resume else None
-    if cfg.n_init > 1 and cfg.checkpoint:
-        log.warning("--n-init %d: a run of several restarts cannot be resumed, so --checkpoint %s is not written",
-                    cfg.n_init, cfg.checkpoint)
-    # without --checkpoint the state is saved only when a signal stops the run
-    checkpointer = Checkpointer(ckpt_path, settings, every=cfg.checkpoint_every if cfg.checkpoint else None,
-                                seconds=60.0 if cfg.checkpoint else float("inf"), is_root=comm.rank == 0,
-                                enabled=cfg.n_init == 1)
+    checkpointer = _checkpointer(comm, cfg, ckpt_path, settings)
     # a stop signal saves the last completed iteration at once (a SIGKILL may follow within a second)
     with StopRequest(on_signal=checkpointer.save_now) as stop:
         try:
-            return _run(comm, data, cfg, launched_at, t0, results, settings, resumed, checkpointer, stop)
+            prep = _prepare(comm, data, cfg, stop, t0)
+            if isinstance(prep, RunOutcome):
+                return prep
+            try:
+                outcome = _fit_and_write(comm, data, cfg, prep, results, settings, resumed, checkpointer, stop,
+                                         launched_at, t0)
+            finally:
+                prep.backend.close()
         except BaseException:
             results.discard()
             raise
+    if not outcome.interrupted_by:
+        _remove_stop_checkpoint(comm, cfg, checkpointer)
+    return outcome
 
 
-def _count(n: int) -> str:
-    """A row count as people say it: 150, 20,000, 1e6, 2.5e7."""
-    if n < 100_000:
-        return f"{n:,}"
-    mantissa, exponent = f"{n:.1e}".split("e")
-    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+def _checkpointer(comm, cfg, path: str, settings: dict) -> Checkpointer:
+    # without --checkpoint the state is saved only when a signal stops the run
+    return Checkpointer(path, settings, every=cfg.checkpoint_every if cfg.checkpoint else None,
+                        seconds=60.0 if cfg.checkpoint else float("inf"), is_root=comm.rank == 0,
+                        enabled=cfg.n_init == 1)
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+def _remove_stop_checkpoint(comm, cfg, checkpointer: Checkpointer) -> None:
+    """The stop checkpoint of this run (or the one it went on from), beside its now complete results:
+    nothing is left to resume (rank 0; a ``--checkpoint`` the user named stays)."""
+    if comm.rank == 0 and not cfg.checkpoint and (checkpointer.written or _same_file(cfg.resume, checkpointer.path)):
+        remove_quietly(checkpointer.path)
 
 
 def _stopped(comm, stop) -> int:
@@ -517,30 +490,41 @@ def _stopped_early(comm, stop, signum: int, phase: str) -> RunOutcome:
     return RunOutcome({"iterations": 0}, "", interrupted_by=name, interrupted_phase=phase)
 
 
-#: Centre-distance products a second a CPU thread makes in k-means++ at 10 attributes (about
-#: 1.3e9 on a 2-core Zen 4 for K = 200..2000), rising with the attributes (about 6e9 at 100).
-_KMPP_RATE_CPU = 1.2e9
-#: The same for a GPU (a rough figure: only to tell seconds from minutes).
-_KMPP_RATE_GPU = 1.0e11
+@dataclass
+class Prepared:
+    """The rows of a run, read, scaled and loaded into its backend: what each K's fit starts from.
 
-
-def kmeanspp_seconds(n: int, m: int, k: int, workers: int, gpu: bool = False) -> float:
-    """A rough estimate of k-means++'s time: about ``n * m * k * (3 + ln k)`` products.
-
-    Parameters
+    Attributes
     ----------
-    n, m, k : int
-    workers : int
-        CPU threads over all ranks, or GPUs.
-    gpu : bool
+    local : mpikmeans.io.arff.LocalData
+    x : ndarray, shape (n_local, columns), float64
+        This rank's rows, scaled (``local.x`` itself).
+    scaler : mpikmeans.scaling.Scaler
+    magnitudes : ndarray, shape (columns,), float64
+        A global bound on each scaled column's ``|x_j|``.
+    full_means : ndarray, shape (m,)
+        Weka's "Full Data" column.
+    backend : mpikmeans.backends.base.Backend
+    threads : int
+    compiling : BackgroundCompile
+    clock : dict
+        ``t0``, ``ready``, ``read``, ``setup``, ``setup_parts`` (see :func:`mpikmeans.report.run_timings`).
     """
-    products = float(n) * m * k * (3.0 + math.log(max(k, 1)))
-    rate = _KMPP_RATE_GPU if gpu else _KMPP_RATE_CPU * (max(m, 10) / 10.0) ** 0.66
-    return products / (rate * max(1, workers))
+
+    local: object
+    x: np.ndarray
+    scaler: object
+    magnitudes: np.ndarray
+    full_means: np.ndarray
+    backend: object
+    threads: int
+    compiling: BackgroundCompile
+    clock: dict
 
 
-def _run(comm, data: str, cfg, launched_at, t0: float, results, settings: dict, resumed, checkpointer,
-         stop) -> RunOutcome:
+def _prepare(comm, data: str, cfg, stop, t0: float):
+    """Read DATA, scale it, make and load the backend (collective): a :class:`Prepared`, or the
+    :class:`RunOutcome` of a run a stop signal ended before its first iteration."""
     fault_point(comm.rank, "read")
     # one thread count for the whole run: the reader's and the CPU backend's
     threads = rank_threads(comm, cfg.threads)
@@ -580,6 +564,9 @@ def _run(comm, data: str, cfg, launched_at, t0: float, results, settings: dict, 
     scaler = fit_scaler(comm, local.x, cfg.normalize, local.mins, local.maxs, layout.numeric_columns())
     x = scaler.transform(local.x, out=local.x)
     setup_parts = {"compile_wait_s": t_compiled - t_read, "statistics_s": time.perf_counter() - t_compiled}
+    # the reader's global bounds, scaled as the rows were (each scaling is monotonic):
+    # the fixed-point sums' scales without another pass over the rows
+    magnitudes = np.abs(scaler.transform(np.vstack([local.mins, local.maxs]))).max(axis=0)
 
     backend, error = None, None
     try:
@@ -587,26 +574,34 @@ def _run(comm, data: str, cfg, launched_at, t0: float, results, settings: dict, 
         backend = _make_backend(cfg, threads, gpu_start.result(), gpu_start.reason, comm.node_size)
         setup_parts["backend_s"] = time.perf_counter() - t  # imports, device context
         t = time.perf_counter()
-        # the reader's global bounds, scaled as the rows were (each scaling is monotonic):
-        # the fixed-point sums' scales without another pass over the rows
-        bounds = scaler.transform(np.vstack([local.mins, local.maxs]))
-        backend.load(x, local.weights, magnitudes=np.abs(bounds).max(axis=0))
+        backend.load(x, local.weights, magnitudes=magnitudes)
         setup_parts["load_s"] = time.perf_counter() - t  # the rows to the backend
         t = time.perf_counter()
-        backend.warmup(cfg.k, local.m)
+        backend.warmup(max(cfg.k_values), local.m)
         setup_parts["kernels_s"] = time.perf_counter() - t  # compiled or loaded from the cache
     except (BackendUnavailable, MpikmeansError) as exc:
         error = RunError(str(exc))
     except MemoryError:
         error = RunError(f"rank {comm.rank}: not enough device or host memory for {len(local.x)} rows")
     comm.agree(error)
-    t_setup = time.perf_counter()
+    clock = {"t0": t0, "ready": t_ready, "read": t_read, "setup": time.perf_counter(), "setup_parts": setup_parts}
 
     signum = _stopped(comm, stop)
     if signum:
         backend.close()
         return _stopped_early(comm, stop, signum, "setting up")
+    return Prepared(local, x, scaler, magnitudes, full_means, backend, threads, compiling, clock)
 
+
+def _fit_and_write(comm, data: str, cfg, prep: Prepared, results, settings: dict, resumed, checkpointer, stop,
+                   launched_at, start: float) -> RunOutcome:
+    """Cluster the prepared rows into ``cfg.k`` clusters, score them, and publish the results (collective).
+
+    ``start``: when this K's results began (the run's start; a sweep's K, its own).
+    """
+    local, backend, scaler = prep.local, prep.backend, prep.scaler
+    layout = local.layout
+    clock = dict(prep.clock, start=start, start_fit=max(start, prep.clock["setup"]))
     settings.update(_late_settings(local, backend.info().dtype))
     resume = None
     if resumed is not None:
@@ -617,17 +612,12 @@ def _run(comm, data: str, cfg, launched_at, t0: float, results, settings: dict, 
             # the loop had ended (it was saved while its results were written): no iteration is left,
             # only the final assignment, exactly as the uninterrupted run's
             cfg = dataclasses.replace(cfg, max_iter=resume.iteration)
-    init = None if resume is not None else _init_for(comm, cfg, local, scaler)
-    if resume is None and cfg.init == "k-means++" and comm.rank == 0:
-        info = backend.info()
-        gpu = bool(info.devices) and info.name != "cpu"
-        seconds = kmeanspp_seconds(local.n, local.m, cfg.k, comm.size * (1 if gpu else threads), gpu) * cfg.n_init
-        if seconds > 5:
-            log.log(NOTICE, "k-means++ with K = %d on %s rows x %d columns: about %s%s", cfg.k, _count(local.n),
-                    local.m, _duration(seconds), f" for {cfg.n_init} initialisations" if cfg.n_init > 1 else "")
-    t_init = time.perf_counter()
+    init = None if resume is not None else initial_centres(comm, cfg, local, scaler, data)
+    if resume is None:
+        kmeanspp_notice(comm, cfg, backend.info(), local.n, local.m, prep.threads)
+    clock["init"] = time.perf_counter()
 
-    restarts = run_restarts(comm, backend, x, local.row_offset, local.n, cfg.k, init=init, seed=cfg.seed,
+    restarts = run_restarts(comm, backend, prep.x, local.row_offset, local.n, cfg.k, init=init, seed=cfg.seed,
                             n_init=cfg.n_init, weights=local.weights, max_iter=cfg.max_iter, tol=cfg.tol,
                             empty_cluster=cfg.empty_cluster,
                             init_options={"mins": local.mins, "maxs": local.maxs}
@@ -639,67 +629,13 @@ def _run(comm, data: str, cfg, launched_at, t0: float, results, settings: dict, 
         result.converged = bool(resumed.finished.get("converged"))
         result.stop_reason = str(resumed.finished.get("stop_reason", result.stop_reason))
     centres = scaler.inverse(result.centres)
-    t_compute = time.perf_counter()
-    # Lloyd time and iterations of all restarts (the initialisations are in init_s)
-    lloyd_s = sum(r["compute_s"] for r in restarts.restarts)
+    clock["compute"] = time.perf_counter()
+    # Lloyd iterations of all restarts (the initialisations are in init_s)
     iterations = sum(r["iterations"] for r in restarts.restarts) - (resume.iteration if resume else 0)
-
     info = backend.info()
-    summary = {
-        "version": __version__,
-        "data": os.path.abspath(data),
-        "relation": local.header.relation,
-        "k": cfg.k,
-        "n": local.n,
-        "m": len(local.names),  # attributes clustered (a nominal one takes several columns: "columns")
-        "columns": local.m,
-        "nominal": cfg.nominal,
-        "nominal_attributes": [name for name, v in zip(layout.names, layout.values) if v is not None],
-        "attributes": local.names,
-        "skipped_attributes": sel.skipped,
-        "ignored_attributes": sel.ignored,
-        "input_rows": local.input_rows,
-        "missing": {"policy": cfg.missing, "count": local.missing},
-        "weighted": local.weights is not None,
-        "iterations": result.iterations,
-        "converged": result.converged,
-        "stop_reason": result.stop_reason,
-        "inertia": result.inertia,
-        "inertia_units": "data" if cfg.normalize == "none" else f"scaled ({cfg.normalize})",
-        "normalize": scaler.to_dict(),
-        "n_init": cfg.n_init,
-        "best_restart": restarts.best_index,
-        "restarts": restarts.restarts,
-        "sizes": None if result.sizes is None else [int(s) for s in result.sizes],
-        "cluster_sse": None if result.cluster_sse is None else [float(v) for v in result.cluster_sse],
-        "ranks": comm.size,
-        "hosts": sorted(set(comm.allgather(comm.host))),
-        "rows_per_rank": local.counts,
-        "backend": info.name,
-        "devices": [d for per_rank in comm.allgather(info.devices) for d in per_rank],
-        "threads_per_rank": info.threads,
-        "read_threads_per_rank": threads,
-        "dtype": info.dtype,
-        "init": cfg.init,
-        "seed": cfg.seed,
-        "tol": cfg.tol,
-        "max_iter": settings["max_iter"],
-        "empty_cluster": cfg.empty_cluster,
-        "empty_relocations": result.relocated,
-        "clusters_reseeded": result.relocated,
-        "clusters_dropped": result.dropped,
-        "clusters": int(result.centres.shape[0]),
-        "resumed_from": os.path.abspath(cfg.resume) if cfg.resume else None,
-        "resumed_at_iteration": resume.iteration if resume is not None else None,
-        "mpi_library": comm.library(),
-        "bytes_read": int(comm.allreduce(np.array([local.bytes_read], dtype=np.int64), "sum")[0]),
-        "timings": {},
-        # a cold run's helper processes on this node, by part: wall seconds (empty when the caches were warm)
-        "background_compile_s": dict(compiling.seconds),
-        "history": result.history,
-    }
     if result.interrupted:
-        backend.close()
+        summary = run_summary(comm, data, cfg, local, scaler, restarts, info, settings, resume, prep.threads,
+                              prep.compiling.seconds, None)
         return RunOutcome(summary, results.path, interrupted_by=stop.name or "a stop signal on another rank",
                           checkpoint=checkpointer.path if checkpointer.written else None,
                           resumable=checkpointer.enabled)
@@ -707,6 +643,14 @@ def _run(comm, data: str, cfg, launched_at, t0: float, results, settings: dict, 
     # from here a stop signal lets the writing finish: the results are complete or not written at all,
     # and the finished loop's state is what a signal saves meanwhile
     checkpointer.finished(result.state, result.converged, result.stop_reason)
+    scores = None
+    if cfg.scores != "none":
+        scores = quality_scores(comm, prep.x, result.labels, int(result.centres.shape[0]), weights=local.weights,
+                                centres=result.centres, magnitudes=prep.magnitudes, sample_size=cfg.score_sample,
+                                seed=cfg.seed, threads=prep.threads)
+    clock["scored"] = time.perf_counter()
+    summary = run_summary(comm, data, cfg, local, scaler, restarts, info, settings, resume, prep.threads,
+                          prep.compiling.seconds, scores)
     fault_point(comm.rank, "write")
     labels = result.labels
     if local.kept is not None:  # rows dropped for a missing value get -1, in input order
@@ -716,27 +660,72 @@ def _run(comm, data: str, cfg, launched_at, t0: float, results, settings: dict, 
     write_arrays(comm, staging, layout.decode(centres) if layout.has_nominal else centres, local.names, labels)
     if cfg.write_arff:
         write_clustered_arff(comm, local, labels, len(centres), os.path.join(staging, CLUSTERED))
-    t_written = time.perf_counter()
-    summary["timings"] = {
-        **({"launch_s": t0 - launched_at} if launched_at is not None else {}),
-        "startup_s": t_ready - t0,
-        "read_s": t_read - t_ready,
-        "setup_s": t_setup - t_read,
-        "setup_parts": setup_parts,
-        "init_s": t_init - t_setup + sum(r["init_s"] for r in restarts.restarts),
-        "compute_s": lloyd_s,
-        "write_s": t_written - t_compute,
-        "total_s": t_written - t0,
-        "per_iteration_s": lloyd_s / max(1, iterations),
-    }
+    write_model(comm, os.path.join(staging, MODEL), Model.from_run(local, scaler, result, cfg, info.dtype, scores))
+    clock["written"] = time.perf_counter()
+    summary["timings"] = run_timings(clock, restarts, iterations, scores, launched_at)
     write_summary(comm, staging, summary)
     results.publish()
-    backend.close()
     late_signal = _stopped(comm, stop)
-    if comm.rank == 0 and not cfg.checkpoint and (checkpointer.written or _same_file(cfg.resume, checkpointer.path)):
-        # the stop checkpoint of this run (or the one it went on from) beside its now complete results:
-        # nothing is left to resume
-        remove_quietly(checkpointer.path)
     return RunOutcome(summary, results.path, checkpoint=checkpointer.path if checkpointer.written else None,
-                      centres=centres, full_means=full_means, layout=layout,
+                      centres=centres, full_means=prep.full_means, layout=layout,
                       signal_while_writing=(stop.name or signal.Signals(late_signal).name) if late_signal else "")
+
+
+class _CurrentCheckpointer:
+    """The checkpointer of the K a sweep is fitting: what a stop signal saves."""
+
+    def __init__(self):
+        self.checkpointer = None
+        self.written = False
+
+    def save_now(self, signum: int | None = None) -> bool:
+        current = self.checkpointer
+        return current is not None and current.save_now(signum)
+
+
+def _sweep_job(comm, data: str, cfg, out_dir: str, ckpt_path: str, launched_at, config_path, t0: float) -> RunOutcome:
+    """A K sweep (:mod:`mpikmeans.sweep`): the rows read and set up once, then one fit per K (collective)."""
+    def early_settings():
+        check_checkpoint_path(data, cfg, ckpt_path, config_path)
+        return _early_settings(data, dataclasses.replace(cfg, k=cfg.k[0]))
+
+    base = comm.from_root(early_settings)
+
+    def settings_for(k: int) -> dict:
+        return dict(base, k=k)
+
+    resumed = comm.from_root(lambda: load(cfg.resume)) if cfg.resume else None
+    plan = plan_sweep(comm, cfg, out_dir, data, settings_for, resumed, own=(cfg.checkpoint, cfg.resume))
+    current = _CurrentCheckpointer()
+    with StopRequest(on_signal=current.save_now) as stop:
+        prep = _prepare(comm, data, cfg, stop, t0)
+        if isinstance(prep, RunOutcome):
+            return prep
+
+        def fit_k(k: int, results, resumed_k) -> RunOutcome:
+            cfg_k = dataclasses.replace(cfg, k=k, resume=cfg.resume if resumed_k is not None else None)
+            if current.checkpointer is not None:
+                current.written = current.written or bool(current.checkpointer.written)
+            current.checkpointer = _checkpointer(comm, cfg_k, ckpt_path, settings_for(k))
+            return _fit_and_write(comm, data, cfg_k, prep, results, settings_for(k), resumed_k,
+                                  current.checkpointer, stop, launched_at, time.perf_counter())
+
+        try:
+            swept = run_sweep(comm, cfg, plan, fit_k, lambda: _stopped(comm, stop))
+        finally:
+            prep.backend.close()
+    last = current.checkpointer
+    written = current.written or bool(last is not None and last.written)
+    if swept.table is not None:
+        if comm.rank == 0 and not cfg.checkpoint and (written or _same_file(cfg.resume, ckpt_path)):
+            remove_quietly(ckpt_path)  # every K is done: nothing is left to resume
+        return RunOutcome({"k": list(cfg.k)}, out_dir, sweep={**swept.table, "done": swept.done})
+    stopped = swept.outcome
+    if stopped is None:  # between two K: the last one's state (finished) is what the checkpoint holds
+        saved = comm.bcast(os.path.exists(ckpt_path) if comm.rank == 0 else None, root=0)
+        signum = _stopped(comm, stop)  # collective: before any rank's own answer
+        name = stop.name or signal.Signals(signum).name
+        stopped = RunOutcome({"iterations": 0}, out_dir, interrupted_by=name, checkpoint=ckpt_path if saved else None,
+                             resumable=cfg.n_init == 1)
+    stopped.sweep = {"stopped_at": swept.stopped_at, "done": swept.done, "out_dir": out_dir}
+    return stopped

@@ -103,7 +103,8 @@ def test_missing_and_empty_file(tmp_path):
 
 
 INVALID = [
-    ("k", 0), ("k", -3), ("k", 2.5), ("k", "8"), ("k", True),
+    ("k", 0), ("k", -3), ("k", 2.5), ("k", "8x"), ("k", "2:1"), ("k", [2, "x"]), ("k", True),
+    ("scores", "some"), ("scores", None), ("score_sample", -1), ("score_sample", 2.5),
     ("seed", -1), ("seed", 1.5), ("seed", "x"),
     ("max_iter", 0), ("max_iter", -1), ("max_iter", 2.5), ("max_iter", "10"),
     ("tol", -0.1), ("tol", "small"), ("tol", float("nan")), ("tol", None),
@@ -202,6 +203,8 @@ def test_item12_a_file_value_is_named_by_file_key_and_line(tmp_path):
 
 @pytest.mark.parametrize("values, message", [
     ({"k": 0}, "-k 0: expected an integer >= 1"),
+    ({"k": "2:1"}, "-k 2:1: expected K >= 1, a list K1,K2,... or a range FIRST:LAST[:STEP] (1 <= FIRST <= LAST, "
+                   "STEP >= 1); its LAST 1 is below its FIRST 2"),
     ({"k": 3, "max_iter": 0}, "--max-iter 0: expected an integer >= 1"),
     ({"k": 3, "tol": -1.0}, "--tol -1.0: expected a number >= 0"),
 ])

@@ -328,5 +328,5 @@ def test_a_model_gives_a_runs_initial_centres(mixed, numeric_model, tmp_path):
     again = back.centres_for(swapped, "M.json")
     assert np.array_equal(again[:, 1:4], model.centres[:, 3:0:-1]) and np.array_equal(again[:, [0, 4]],
                                                                                           model.centres[:, [0, 4]])
-    with pytest.raises(UsageError, match="the model clusters a, colour, b; this run clusters X1"):
-        back.centres_for(numeric_model[2].layout, "M.json")
+    with pytest.raises(InputError, match="D.arff: attribute 'X1' is clustered here and not by the model M.json"):
+        back.centres_for(numeric_model[2].layout, "M.json", "D.arff")

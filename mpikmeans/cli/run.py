@@ -8,8 +8,8 @@ import sys
 import click
 from click.core import ParameterSource
 
-from ..config import (BACKENDS, DTYPES, EMPTY_POLICIES, MISSING_POLICIES, NOMINAL_POLICIES, NORMALIZE_METHODS,
-                      build_config, load_yaml)
+from ..config import (BACKENDS, DEFAULT_SCORE_SAMPLE, DTYPES, EMPTY_POLICIES, MISSING_POLICIES, NOMINAL_POLICIES,
+                      NORMALIZE_METHODS, SCORE_CHOICES, build_config, format_k, load_yaml)
 from ..errors import UsageError
 from ..interrupt import EXIT_CHECKPOINTED
 from .app import _guarded, main, plural
@@ -17,19 +17,25 @@ from .app import _guarded, main, plural
 
 _RUN_KEYS = ("k", "init", "seed", "max_iter", "tol", "backend", "dtype", "empty_cluster", "output_dir",
              "threads", "share_gpus", "chunk_rows", "checkpoint", "checkpoint_every", "resume", "overwrite",
-             "ignore", "missing", "nominal", "n_init", "normalize", "write_arff")
+             "ignore", "missing", "nominal", "n_init", "normalize", "write_arff", "scores", "score_sample")
 
 
 @main.command(short_help="Cluster DATA (ARFF, CSV or .npy) into K clusters.")
 @click.argument("data", type=click.Path(dir_okay=False))
-@click.option("-k", "k", type=int, help="Number of clusters (required, here or in --config).")
-@click.option("--init", help="k-means++ | k-means|| | range | sample | FILE.csv of k x m centres  "
-              "[default: k-means++]")
+@click.option("-k", "k", help="Number of clusters (required, here or in --config); a list 2,4,8 or a range "
+              "2:64 or 2:64:2 is a K sweep: each K in OUTPUT-DIR/k<K>/, with sweep.csv and sweep.png.")
+@click.option("--init", help="k-means++ | k-means|| | range | sample | FILE.csv of k x m centres | model.json of a "
+              "run (go on from its centres; -k may be left out)  [default: k-means++]")
 @click.option("--n-init", type=int, help="Initialisations to run; the lowest SSE is kept  [default: 1]")
 @click.option("--normalize", type=click.Choice(NORMALIZE_METHODS), help="Attribute scaling  [default: none]")
 @click.option("--write-arff", is_flag=True, default=None,
               help="Also write clustered.arff: the rows with a nominal cluster attribute (Weka's AddCluster).")
 @click.option("--seed", type=int, help="Seed of the initialisation  [default: 0]")
+@click.option("--scores", type=click.Choice(SCORE_CHOICES),
+              help="Quality scores after the fit (Calinski-Harabasz, Davies-Bouldin, silhouettes), in summary.json  "
+                   "[default: all]")
+@click.option("--score-sample", type=int, help=f"Rows of the sampled Euclidean silhouette; 0 leaves it out  "
+              f"[default: {DEFAULT_SCORE_SAMPLE}]")
 @click.option("--max-iter", type=int, help="Most Lloyd iterations  [default: 300]")
 @click.option("--tol", type=float, help="Stop when no centre moves more than this; 0 = until labels are stable  [default: 0]")
 @click.option("--backend", type=click.Choice(BACKENDS), help="[default: auto]")
@@ -63,8 +69,9 @@ def run(ctx, data, config_path, dry_run, verbose, quiet, **options):
 
     DATA is an ARFF file, a CSV file (.csv: a header line of names, or none),
     or the .npy copy of either that `mpikmeans convert` makes.  The results
-    (centers.csv, labels.txt, summary.json) go to --output-dir; warnings and
-    progress go to stderr.  Exit codes: 0 done, 1 runtime failure, 2 usage
+    (centers.csv, labels.txt, model.json, summary.json) go to --output-dir;
+    with -k 2:64 (a K sweep) each K's go to --output-dir/k<K>/, beside
+    sweep.csv and sweep.png; warnings and progress go to stderr.  Exit codes: 0 done, 1 runtime failure, 2 usage
     error, 3 bad input data, 75 stopped by a signal (go on with --resume and the
     checkpoint it names).
     """
@@ -97,7 +104,9 @@ def run(ctx, data, config_path, dry_run, verbose, quiet, **options):
             if outcome.signal_while_writing:
                 click.echo(f"mpikmeans: {outcome.signal_while_writing} came as the run was finishing: its results "
                            "were written in full and are complete (exit 0)", err=True)
-            if not quiet:
+            if not quiet and outcome.sweep is not None:
+                _print_sweep(outcome.sweep)
+            elif not quiet:
                 _print_summary(outcome.summary, outcome.out_dir)
                 _print_centroids(outcome)
         return EXIT_CHECKPOINTED if outcome.interrupted_by else 0
@@ -121,12 +130,15 @@ def _print_start(data: str, cfg, ranks: int, out_dir: str) -> None:
     except OSError:
         size = ""
     init = cfg.init if cfg.resume is None else f"resumed from {cfg.resume}"
-    click.echo(f"mpikmeans {__version__}: {data}{size}, k = {cfg.k}, {plural(ranks, 'rank')}, backend {cfg.backend}, "
+    k = "that of the model" if cfg.k is None else format_k(cfg.k)
+    click.echo(f"mpikmeans {__version__}: {data}{size}, k = {k}, {plural(ranks, 'rank')}, backend {cfg.backend}, "
                f"init {init}, seed {cfg.seed}; results to {out_dir}/", err=True)
 
 
 def _stop_lines(data: str, outcome) -> list:
     name = outcome.interrupted_by
+    if outcome.sweep is not None and not outcome.interrupted_phase:
+        return _sweep_stop_lines(data, outcome)
     if outcome.interrupted_phase:
         return [f"mpikmeans: stopped by {name} while {outcome.interrupted_phase}, before the first iteration: "
                 "nothing to save; run the same command again"]
@@ -139,6 +151,22 @@ def _stop_lines(data: str, outcome) -> list:
                 "(see the warning above)"]
     return [f"mpikmeans: stopped by {name} after iteration {it}; state saved to {outcome.checkpoint}",
             f"mpikmeans: go on with: mpikmeans run {data} --resume {outcome.checkpoint} (and the same settings)"]
+
+
+def _sweep_stop_lines(data: str, outcome) -> list:
+    sweep = outcome.sweep
+    done = ", ".join(str(k) for k in sweep["done"]) or "none"
+    where = f"at K = {sweep['stopped_at']}" if sweep["stopped_at"] is not None else "after its last K"
+    if outcome.summary.get("iterations"):
+        where += f", after iteration {outcome.summary['iterations']}"
+    lines = [f"mpikmeans: K sweep stopped by {outcome.interrupted_by} {where}; K done: {done} (kept in "
+             f"{sweep['out_dir']}/k<K>/)"]
+    if not outcome.resumable or outcome.checkpoint is None:
+        lines.append("mpikmeans: no checkpoint to go on from: run the same command with --overwrite to start afresh")
+    else:
+        lines.append(f"mpikmeans: go on with: mpikmeans run {data} --resume {outcome.checkpoint} (and the same -k and "
+                     "settings)")
+    return lines
 
 
 def _print_stop(data: str, outcome) -> None:
@@ -166,7 +194,7 @@ def _print_plan(plans: list, cfg) -> None:
     gib = 2.0**30
     gpu = any(p.get("backend") == "gpu" for p in plans)
     where = f"dtype {cfg.dtype} on a GPU" if gpu else "on the CPU"
-    click.echo(f"dry run: {plural(len(plans), 'rank')}, m = {plans[0]['m']}, k = {cfg.k}, {where}")
+    click.echo(f"dry run: {plural(len(plans), 'rank')}, m = {plans[0]['m']}, k = {format_k(cfg.k)}, {where}")
     device = f" {'GPU GiB':>8}" if gpu else ""
     click.echo(f"{'rank':>4} {'host':<18} {'bytes':>14} {'rows (est.)':>12} {'host GiB':>9}{device} {'avail GiB':>9}")
     for p in plans:
@@ -231,4 +259,29 @@ def _print_summary(s: dict, out_dir: str) -> None:
                f"init {t['init_s']:.3f} s, "
                f"compute {t['compute_s']:.3f} s ({1e3 * t['per_iteration_s']:.2f} ms/iteration), "
                f"write {t['write_s']:.3f} s, total {t['total_s']:.3f} s")
-    click.echo(f"results: {out_dir}/ (centers.csv, labels.txt, summary.json)")
+    click.echo(f"results: {out_dir}/ (centers.csv, labels.txt, model.json, summary.json)")
+
+
+def _number(v) -> str:
+    return "" if v is None else f"{v:.6g}"
+
+
+def _print_sweep(sweep: dict) -> None:
+    """The K sweep's table, the suggested K and where the results are (stdout)."""
+    columns, rows = sweep["columns"], sweep["rows"]
+    heads = {"k": "K", "sse": "SSE", "iterations": "iter", "calinski_harabasz": "CH", "davies_bouldin": "DB",
+             "silhouette_sqeuclidean": "silh.sq", "silhouette_sample": "silh.sample", "seconds": "s"}
+    cells = [[str(v) if isinstance(v, int) else (f"{v:.2f}" if name == "seconds" else _number(v))
+              for name, v in zip(columns, row)] for row in rows]
+    widths = [max(len(heads[c]), *(len(r[j]) for r in cells)) for j, c in enumerate(columns)]
+    click.echo("  ".join(f"{heads[c]:>{w}}" for c, w in zip(columns, widths)))
+    for r in cells:
+        click.echo("  ".join(f"{v:>{w}}" for v, w in zip(r, widths)))
+    knee = sweep["knee"]
+    if knee is None:
+        click.echo(f"suggested K: none ({sweep['rule']}: fewer than 3 K, or no knee in the SSE)")
+    else:
+        click.echo(f"suggested K = {knee} ({sweep['rule']})")
+    ks = [row[0] for row in rows]
+    dirs = f"k{ks[0]}/" if len(ks) == 1 else f"k{ks[0]}/ ... k{ks[-1]}/"
+    click.echo(f"results: {sweep['out_dir']}/ ({dirs}, sweep.csv{', sweep.png' if sweep['plot'] else ''})")

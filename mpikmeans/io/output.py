@@ -27,8 +27,13 @@ CENTERS = "centers.csv"
 LABELS = "labels.txt"
 SUMMARY = "summary.json"
 CLUSTERED = "clustered.arff"
+#: The fitted model (:mod:`mpikmeans.model`, docs/model.md).
+MODEL = "model.json"
+#: A K sweep's table and plot, beside its ``k<K>/`` directories (:mod:`mpikmeans.sweep`).
+SWEEP_TABLE = "sweep.csv"
+SWEEP_PLOT = "sweep.png"
 #: Every file a run may write into its results directory (``summary.json`` last).
-RESULT_FILES = (CENTERS, LABELS, CLUSTERED, SUMMARY)
+RESULT_FILES = (CENTERS, LABELS, CLUSTERED, MODEL, SWEEP_TABLE, SWEEP_PLOT, SUMMARY)
 #: The checkpoint a stopped run leaves in its output directory when not told where (``--checkpoint``).
 DEFAULT_CHECKPOINT = "checkpoint.npz"
 
