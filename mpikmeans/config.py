@@ -12,23 +12,20 @@ import dataclasses
 import os
 from dataclasses import dataclass, fields
 
+from .backends import BACKEND_NAMES as BACKENDS, DTYPES
 from .errors import UsageError
+from .init import INIT_METHODS
+from .model import looks_like_model
+from .scaling import METHODS as NORMALIZE_METHODS
+from .scores import DEFAULT_SAMPLE as DEFAULT_SCORE_SAMPLE, SCORE_CHOICES
 
 #: The log level of notices: what a run is about to do and what will take a while.  Shown by
 #: default, as warnings are (on stderr), and above ``-v``'s INFO lines.
 NOTICE = 25
 
-# the same names as init.INIT_METHODS, repeated so that config imports no numba
-INIT_METHODS = ("k-means++", "k-means||", "range", "sample")
-NORMALIZE_METHODS = ("none", "minmax", "zscore")
-BACKENDS = ("auto", "cpu", "gpu")
-DTYPES = ("float64", "float32")
 EMPTY_POLICIES = ("farthest", "keep", "drop")
 MISSING_POLICIES = ("error", "drop", "mean")
 NOMINAL_POLICIES = ("skip", "weka")
-# the same as scores.SCORE_CHOICES and scores.DEFAULT_SAMPLE (config imports no numba)
-SCORE_CHOICES = ("all", "none")
-DEFAULT_SCORE_SAMPLE = 10_000
 #: What ``-k`` takes, for messages
 K_FORMS = "K >= 1, a list K1,K2,... or a range FIRST:LAST[:STEP] (1 <= FIRST <= LAST, STEP >= 1)"
 
@@ -142,7 +139,7 @@ class RunConfig:
         """Check every setting; raise :class:`UsageError` naming the first bad one."""
         if self.k is None:
             # a model (--init model.json) says its K itself
-            if not (isinstance(self.init, str) and self.init.lower().endswith(".json")):
+            if not (isinstance(self.init, str) and self.init not in INIT_METHODS and looks_like_model(self.init)):
                 raise UsageError("the number of clusters is required: -k K (or 'k:' in the config file)")
         else:
             self.k = parse_k(self.k)

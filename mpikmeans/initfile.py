@@ -17,14 +17,14 @@ import numpy as np
 from .errors import MpikmeansError, UsageError
 from .init import INIT_METHODS, check_centres
 from .io.output import order_by_header, read_centres_csv, read_centres_fields
-from .model import is_model, load_model
+from .model import load_model, looks_like_model
 
 log = logging.getLogger("mpikmeans")
 
 
 def is_model_path(path: str) -> bool:
-    """Whether ``--init path`` names a model: a ``.json`` file, or any file that is a model."""
-    return path.lower().endswith(".json") or is_model(path)
+    """Whether ``--init path`` is read as a model: by its content (:func:`mpikmeans.model.looks_like_model`)."""
+    return looks_like_model(path)
 
 
 def model_k(comm, path: str) -> int:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .backends import DTYPES
 from .errors import InputError, RunError, UsageError
 from .io.arff import select_attributes
 from .io.output import MODEL, write_atomic
@@ -287,6 +288,16 @@ class Model:
 
 # ======================================================================== writing
 
+def looks_like_model(path: str) -> bool:
+    """Whether ``path`` holds a JSON object (its first byte past blanks is ``{``), as a model does and a CSV
+    file of centres never does: the file is then read as a model, and a damaged one says so."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096).lstrip()[:1] == b"{"
+    except OSError:
+        return False
+
+
 def is_model(path: str) -> bool:
     """Whether ``path`` is a model file of any format version (no error for any other file)."""
     try:
@@ -460,8 +471,8 @@ def _parse(doc: dict, path: str) -> Model:
     for key, kind in (("dtype", str), ("init", str)):
         if not isinstance(doc[key], kind):
             raise _bad(path, key, "is not a string")
-    if doc["dtype"] not in ("float64", "float32"):
-        raise _bad(path, "dtype", f"is {doc['dtype']!r}, expected float64 or float32")
+    if doc["dtype"] not in DTYPES:
+        raise _bad(path, "dtype", f"is {doc['dtype']!r}, expected {' or '.join(DTYPES)}")
     for key in ("seed", "n"):
         if not isinstance(doc[key], int) or isinstance(doc[key], bool) or doc[key] < 0:
             raise _bad(path, key, "is not a count >= 0")

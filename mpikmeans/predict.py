@@ -34,13 +34,13 @@ from . import __version__
 from .backends import BackendUnavailable, make_backend
 from .errors import MpikmeansError, RunError, UsageError
 from .fixedsums import Scales, cluster_sums, column_magnitudes, decode
-from .io.formats import detect, read_header
+from .io.formats import detect, read_header, results_dir
 from .io.output import (CLUSTERED, LABELS, RESULT_FILES, SUMMARY, ResultsDir, remove_quietly, write_parallel,
                         write_summary)
 from .io.textfmt import format_fixed
 from .io.wekaout import write_clustered_arff
 from .model import HeaderMatch, Model, load_model, match_header, match_names
-from .runner import DevicePreparation, default_output_dir, prepare_read, rank_threads, read_input
+from .runner import DevicePreparation, prepare_read, rank_threads, read_input
 from .scores import all_dist2
 
 log = logging.getLogger("mpikmeans")
@@ -110,9 +110,9 @@ class PredictOutcome:
 
 
 def default_prediction_dir(data: str) -> str:
-    """Where a prediction goes by default: as a run's results (:func:`mpikmeans.runner.default_output_dir`),
+    """Where a prediction goes by default: as a run's results (:func:`mpikmeans.io.formats.results_dir`),
     with ``.predict`` for ``.mpikmeans`` (``new.arff`` -> ``new.predict``, ``new.csv`` -> ``new.csv.predict``)."""
-    return default_output_dir(data)[: -len(".mpikmeans")] + ".predict"
+    return results_dir(data)[: -len(".mpikmeans")] + ".predict"
 
 
 class PredictionDir(ResultsDir):

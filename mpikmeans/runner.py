@@ -97,15 +97,6 @@ class RunOutcome:
         return self.layout.decode(np.vstack([self.full_means, self.centres]))
 
 
-def default_output_dir(data: str) -> str:
-    """Where a run's results go by default: an ARFF file's path without ``.arff``, any other
-    file's whole name, plus ``.mpikmeans`` (``data.arff`` -> ``data.mpikmeans``, ``data.npy`` ->
-    ``data.npy.mpikmeans``, ``data.csv`` -> ``data.csv.mpikmeans``), so that the ``.npy`` or CSV
-    copy of a file never shares its results directory."""
-    stem, ext = os.path.splitext(data)
-    return (stem if ext.lower() == ".arff" else data.rstrip(os.sep)) + ".mpikmeans"
-
-
 def _same_file(a: str | None, b: str | None) -> bool:
     try:
         return bool(a and b) and os.path.samefile(a, b)
@@ -430,7 +421,7 @@ def run_job(comm, data: str, cfg, launched_at: float | None = None, config_path:
     t0 = time.perf_counter()
     if cfg.k is None:  # --init model.json without -k: the model's K
         cfg = dataclasses.replace(cfg, k=model_k(comm, cfg.init))
-    out_dir = cfg.output_dir or default_output_dir(data)
+    out_dir = cfg.output_dir or formats.results_dir(data)
     ckpt_path = cfg.checkpoint or os.path.join(out_dir, DEFAULT_CHECKPOINT)
     if cfg.n_init > 1 and cfg.checkpoint:
         log.warning("--n-init %d: a run of several restarts cannot be resumed, so --checkpoint %s is not written",

@@ -116,12 +116,7 @@ REGISTRY = "mpikmeans/io/formats.py"
 
 #: Extension checks owned elsewhere, to be moved (into io.formats, or to the content's own test):
 #: file -> why it is still here.
-OWNED_ELSEWHERE = {
-    "mpikmeans/runner.py": "default_output_dir: '.arff' stripped from the results directory's name",
-    "mpikmeans/config.py": "validate: '--init *.json' taken for a model before -k is required",
-    "mpikmeans/initfile.py": "is_model_path: '*.json' taken for a model by its name",
-    "mpikmeans/cli/data.py": "convert: the target's '.npy' checked again (io.formats.convert checks it)",
-}
+OWNED_ELSEWHERE: dict = {}
 
 
 def _extension_constants(node: ast.AST) -> list:

@@ -20,7 +20,7 @@ from conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON_SH = REPO / "mpikmeans" / "jobs" / "common.sh"
-RESULTS = ("centers.csv", "labels.txt", "summary.json")
+RESULTS = ("centers.csv", "labels.txt", "model.json", "summary.json")
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 
-from .base import (Backend, BackendInfo, BackendUnavailable, RowDistances, StepResult,  # noqa: F401
+from .base import (DTYPES, Backend, BackendInfo, BackendUnavailable, RowDistances, StepResult,  # noqa: F401
                    farthest_rows)
 
-BACKEND_NAMES = ("cpu", "gpu", "auto")
+#: ``--backend``: ``auto`` takes the node-local rank's GPU where one is usable, else the CPU
+BACKEND_NAMES = ("auto", "cpu", "gpu")
 
 
 def cuda_simulator_requested() -> bool:

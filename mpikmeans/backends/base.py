@@ -17,6 +17,10 @@ import numpy as np
 
 from ..exact import HostFixed, fixed_potential, limbs_to_int, scale_factors, to_fixed
 
+#: The storage dtypes a backend keeps the rows in (``--dtype``); the arithmetic that decides
+#: labels and sums is float64 and exact integers in both.
+DTYPES = ("float64", "float32")
+
 
 @dataclass
 class StepResult:

@@ -129,14 +129,13 @@ def convert(source, target, ignore, missing, report, overwrite, quiet):
     The attribute names go to TARGET.json.  Existing files are never replaced
     without --overwrite, and SOURCE never.
     """
-    from ..io.binary import convert as convert_file
+    from ..io.formats import check_convert_target, convert as convert_file
     from ..io.output import write_atomic
 
     def body(comm):
-        if not target.endswith(".npy"):
-            raise UsageError(f"{target}: the target must end in .npy", collective=True)
-        outputs = [("TARGET", target), ("TARGET's names", target + ".json"), ("--report", report)]
-        if report and os.path.abspath(report) in (os.path.abspath(target), os.path.abspath(target + ".json")):
+        npy, names = check_convert_target(target)
+        outputs = [("TARGET", npy), ("TARGET's names", names), ("--report", report)]
+        if report and os.path.abspath(report) in (os.path.abspath(npy), os.path.abspath(names)):
             raise UsageError(f"--report {report}: the same file as TARGET or its names", collective=True)
         comm.from_root(lambda: refuse_to_replace(outputs, [("SOURCE", source)], overwrite))
         if comm.rank == 0 and not quiet:
@@ -167,7 +166,7 @@ def convert(source, target, ignore, missing, report, overwrite, quiet):
         if comm.rank == 0 and not quiet:
             click.echo(f"wrote {target}: {plural(local.n, 'row')} x {plural(local.m, 'attribute')} in {dt:.2f} s "
                        f"(start-up {t_ready - t0:.2f} s) "
-                       f"(names in {target}.json); run it with: mpikmeans run {target} -k K")
+                       f"(names in {names}); run it with: mpikmeans run {target} -k K")
         return 0
 
     _guarded(0, quiet, body)

@@ -93,10 +93,10 @@ def run(ctx, data, config_path, dry_run, verbose, quiet, **options):
                 _print_plan(plans, cfg)
             return 0
         from .. import IMPORTED_AT
-        from ..runner import default_output_dir
+        from ..io.formats import results_dir
 
         if comm.rank == 0 and not quiet:
-            _print_start(data, cfg, comm.size, cfg.output_dir or default_output_dir(data))
+            _print_start(data, cfg, comm.size, cfg.output_dir or results_dir(data))
         outcome = run_job(comm, data, cfg, launched_at=IMPORTED_AT, config_path=config_path)
         if comm.rank == 0 and outcome.interrupted_by:
             _print_stop(data, outcome)

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import InputError
 from ..jit import njit, prange
 from . import open_input
-from .arff import LocalData, Selection, read_arff
+from .arff import LocalData, Selection
 from .header import Header
 from .output import write_atomic, write_parallel
 from .rowparse import _combine_min_max
@@ -55,18 +55,6 @@ def _npy_header(shape: tuple, dtype=np.float64) -> bytes:
     np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
                                                "fortran_order": False, "shape": shape})
     return buf.getvalue()
-
-
-def convert(comm, source: str, target: str, ignore: str | None = None, missing: str = "error",
-            threads: int = 1, timings: dict | None = None) -> LocalData:
-    """Parse the ARFF file ``source`` and write ``target`` (.npy) and its sidecar (collective).
-
-    :func:`mpikmeans.io.formats.convert` takes any input format; this one an
-    ARFF file.  ``ignore`` and ``missing`` are as for ``mpikmeans run``;
-    ``threads`` parse (as a run's reader does); ``timings``: see :func:`timed_copy`.
-    """
-    return timed_copy(comm, lambda: read_arff(source, comm, ignore=ignore, missing=missing, threads=threads),
-                      target, missing, threads, timings)
 
 
 def timed_copy(comm, read, target: str, missing: str = "error", threads: int = 1,

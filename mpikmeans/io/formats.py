@@ -311,6 +311,28 @@ def warm_up(path: str, threads: int = 1) -> None:
         warm_up_text(threads)
 
 
+def check_convert_target(target: str) -> list:
+    """The files ``convert`` writes for ``target``: the ``.npy`` and its sidecar.
+
+    Raises
+    ------
+    UsageError
+        On every rank: ``target`` does not end in ``.npy``.
+    """
+    if not target.lower().endswith(".npy"):
+        raise UsageError(f"{target}: the target must end in .npy", collective=True)
+    return [target, binary.sidecar_path(target)]
+
+
+def results_dir(path: str) -> str:
+    """Where a run's results go by default: an ARFF file's path without ``.arff``, any other
+    file's whole name, plus ``.mpikmeans`` (``data.arff`` -> ``data.mpikmeans``, ``data.npy`` ->
+    ``data.npy.mpikmeans``, ``data.csv`` -> ``data.csv.mpikmeans``), so that the ``.npy`` or CSV
+    copy of a file never shares its results directory.  By name: the file need not exist yet."""
+    stem, ext = os.path.splitext(path)
+    return (stem if ext.lower() == ".arff" else path.rstrip(os.sep)) + ".mpikmeans"
+
+
 def convert(comm, source: str, target: str, ignore: str | None = None, missing: str = "error",
             threads: int = 1, timings: dict | None = None) -> LocalData:
     """Read ``source`` (any input format) and write ``target`` (.npy) and its sidecar (collective).
@@ -337,8 +359,7 @@ def convert(comm, source: str, target: str, ignore: str | None = None, missing: 
     UsageError
         On every rank: ``target`` does not end in ``.npy``, or is ``source`` itself.
     """
-    if not target.lower().endswith(".npy"):
-        raise UsageError(f"{target}: the target must end in .npy", collective=True)
+    check_convert_target(target)
     if comm.from_root(lambda: os.path.exists(target) and os.path.exists(source) and os.path.samefile(source, target)):
         raise UsageError(f"{target}: is the input itself; convert writes a new file", collective=True)
     options = ReadOptions(ignore=ignore, missing=missing, threads=threads)

@@ -25,7 +25,7 @@ import numpy as np
 
 from ...exact import BlockFixed, limbs_to_int, scale_factors
 from ...fixedsums import Scales, column_magnitudes
-from ..base import Backend, BackendInfo, BackendUnavailable, StepResult
+from ..base import DTYPES, Backend, BackendInfo, BackendUnavailable, StepResult
 from . import initk
 from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
@@ -37,7 +37,6 @@ from .stepk import FAR_NT, NT, RC_NT, SCREEN_TILES, SUM_ROWS, certificate, farth
 
 log = logging.getLogger("mpikmeans.backends.gpu")
 
-SUPPORTED_DTYPES = ("float64", "float32")
 #: what the step kernels are specialised on besides the dtype and the screen's tile (the store's key)
 _SPEC = (NT, SUM_ROWS, RC_NT)
 
@@ -161,8 +160,8 @@ class GPUBackend(Backend):
         if not gpu_available():
             raise BackendUnavailable("the GPU backend needs numba-cuda and a usable CUDA GPU")
         dtype = str(np.dtype(dtype))
-        if dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"GPU dtype must be one of {', '.join(SUPPORTED_DTYPES)}, not {dtype!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"GPU dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
         self.device = 0 if device is None or SIM else int(device)  # the simulator has one device
         count = gpu_count()
         if not 0 <= self.device < count:
