@@ -105,7 +105,9 @@ class StopRequest:
             r, w, previous = self._wakeup
             signal.set_wakeup_fd(previous)
             os.close(w)
-            self._watcher.join(timeout=5)
+            # a save the signal started finishes before the run decides what to keep of it (a loaded
+            # node may take seconds); a save stuck on a dead file system does not hold the exit for ever
+            self._watcher.join(timeout=60)
             os.close(r)
             self._wakeup = None
 
