@@ -16,6 +16,7 @@ import numpy as np
 
 from . import __version__
 from .config import NOTICE
+from .jit import compile_stats
 
 log = logging.getLogger("mpikmeans")
 
@@ -177,6 +178,9 @@ def run_timings(clock: dict, restarts, iterations: int, scores: dict | None, lau
     scores : dict or None
     launched_at : float or None
         When the command's process imported the package (``launch_s``).
+
+    ``kernels_compiled`` and ``compile_s`` count what this process compiled
+    so far (inside the phases above, not beside them): 0 after a warm-up.
     """
     lloyd_s = sum(r["compute_s"] for r in restarts.restarts)
     out = {
@@ -192,6 +196,8 @@ def run_timings(clock: dict, restarts, iterations: int, scores: dict | None, lau
         "total_s": clock["written"] - clock["start"],
         "per_iteration_s": lloyd_s / max(1, iterations),
     }
+    # what this process compiled (a kernel not found in the caches): 0 on a warm machine
+    out["kernels_compiled"], out["compile_s"] = compile_stats()
     return out
 
 

@@ -154,7 +154,7 @@ def cold_run(tmp_path_factory, inputs):
     tmp = tmp_path_factory.mktemp("cold-run")
     first = counted_run(["run", inputs / "m5.arff", "-k", 7, "-o", tmp / "a"], cache, tmp, timeout=COLD_GUARD_S)
     second = counted_run(["run", inputs / "m5.arff", "-k", 7, "-o", tmp / "b"], cache, tmp, timeout=COLD_GUARD_S)
-    return {"cache": cache, "first": first, "second": second}
+    return {"cache": cache, "first": first, "second": second, "dir": tmp}
 
 
 def _parts(cache: Path) -> dict:
@@ -237,6 +237,14 @@ def test_a_cold_runs_helpers_leave_the_cache_warm(cold_run):
     assert second.code == 0, second.err
     assert second.notices == 0, second.err
     assert second.compiles == {0: 0}, second.compiles
+
+
+def test_summary_json_reports_what_a_run_compiled(cold_run):
+    """timings.kernels_compiled and compile_s: what the run's own process compiled (the benchmarks read them)."""
+    first = json.loads((cold_run["dir"] / "a" / "summary.json").read_text())["timings"]
+    second = json.loads((cold_run["dir"] / "b" / "summary.json").read_text())["timings"]
+    assert first["kernels_compiled"] > 0 and first["compile_s"] > 0, first
+    assert second["kernels_compiled"] == 0 and second["compile_s"] == 0, second
 
 
 @pytest.mark.mpi
