@@ -1,6 +1,6 @@
 """``mpikmeans predict MODEL DATA``: a saved model applied to new rows, on every rank (collective).
 
-DATA is read in parallel exactly as ``run`` reads it (:func:`mpikmeans.runner.read_input`:
+DATA is read in parallel exactly as ``run`` reads it (:func:`mpikmeans.startup.read_input`:
 each rank its own byte range), after its attributes are checked against the
 model's (:func:`mpikmeans.model.match_header`: the first mismatch ends the job
 with one line, exit 3).  The rows are scaled with the model's scaling (its
@@ -40,7 +40,7 @@ from .io.output import (CLUSTERED, LABELS, RESULT_FILES, SUMMARY, ResultsDir, re
 from .io.textfmt import format_fixed
 from .io.wekaout import write_clustered_arff
 from .model import HeaderMatch, Model, load_model, match_header, match_names
-from .runner import DevicePreparation, prepare_read, rank_threads, read_input
+from .startup import DevicePreparation, prepare_read, rank_threads, read_input
 from .scores import all_dist2
 
 log = logging.getLogger("mpikmeans")
@@ -93,7 +93,7 @@ class PredictConfig:
 
 @dataclass(frozen=True)
 class _ReadSettings:
-    """What :func:`mpikmeans.runner.read_input` reads of a run's settings, here from the model."""
+    """What :func:`mpikmeans.startup.read_input` reads of a run's settings, here from the model."""
 
     ignore: str | None
     missing: str

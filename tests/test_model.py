@@ -23,7 +23,7 @@ from mpikmeans.model import (FORMAT_VERSION, REQUIRED, Model, is_model, load_mod
                              match_names, save_model)
 from mpikmeans.nominal import ONE  # noqa: E402
 from mpikmeans.restarts import run_restarts  # noqa: E402
-from mpikmeans.runner import read_input  # noqa: E402
+from mpikmeans.startup import read_input  # noqa: E402
 from mpikmeans.scaling import fit_scaler  # noqa: E402
 
 

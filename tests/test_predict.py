@@ -25,7 +25,7 @@ from mpikmeans.comm import SerialComm  # noqa: E402
 from mpikmeans.config import build_config  # noqa: E402
 from mpikmeans.model import load_model, save_model  # noqa: E402
 from mpikmeans.predict import default_prediction_dir  # noqa: E402
-from mpikmeans.runner import read_input  # noqa: E402
+from mpikmeans.startup import read_input  # noqa: E402
 from mpikmeans.scores import all_dist2  # noqa: E402
 
 #: ``mpikmeans predict ...`` through the command group (the command registers itself when its module is imported)

@@ -21,7 +21,7 @@ from conftest import HANG_GUARD_S, run_cli  # noqa: E402
 from mpikmeans.cli.run import run  # noqa: E402
 from mpikmeans.comm import SerialComm  # noqa: E402
 from mpikmeans.config import build_config  # noqa: E402
-from mpikmeans.runner import read_input  # noqa: E402
+from mpikmeans.startup import read_input  # noqa: E402
 from mpikmeans.scores import quality_scores, sample_indices  # noqa: E402
 
 

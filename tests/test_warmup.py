@@ -44,7 +44,7 @@ from conftest import HANG_GUARD_S, _env, mpirun_path, run_cli
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the notice a run that has to compile prints on stderr (runner.BackgroundCompile)
+#: the notice a run that has to compile prints on stderr (startup.BackgroundCompile)
 NOTICE = "compiling kernels for this machine, once"
 #: a cold cache on the busy 2-core machine: the warm-up, or a run waiting for its helpers (2-4 minutes)
 COLD_GUARD_S = 10 * 120

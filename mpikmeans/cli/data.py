@@ -146,7 +146,7 @@ def convert(source, target, ignore, missing, report, overwrite, quiet):
             if size > _BIG:
                 click.echo(f"convert: parsing {source} ({_gb(size)}) on {plural(comm.size, 'rank')}", err=True)
         from ..faults import fault_point
-        from ..runner import prepare_read, rank_threads
+        from ..startup import prepare_read, rank_threads
 
         fault_point(comm.rank, "read")
 

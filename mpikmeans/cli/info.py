@@ -18,7 +18,7 @@ def info(as_json):
     """Show every rank: host, node-local rank, GPUs, MPI library, chosen backend."""
 
     def body(comm):
-        from ..runner import gpu_possible, rank_threads
+        from ..startup import gpu_possible, rank_threads
 
         gpus, auto = [], "cpu"
         try:

@@ -32,7 +32,7 @@ def warmup(gpu, jobs, part, quiet):
     """
 
     def body(comm):
-        from ..runner import gpu_possible, rank_threads
+        from ..startup import gpu_possible, rank_threads
         from ..warmup import parts_for, warm_part, warm_parts
 
         results = {}

@@ -299,7 +299,7 @@ def warm_up(threads: int = 1) -> None:
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     text = np.frombuffer(b"1,2\n3,4\n", dtype=np.uint8).copy()
     # the parser first: on a cold machine it is the long compile, and a second process
-    # (runner.BackgroundCompile) compiles the small kernels below meanwhile
+    # (startup.BackgroundCompile) compiles the small kernels below meanwhile
     cuts = np.array([0, len(text)], dtype=np.int64)
     seg = np.array([0, 2], dtype=np.int64)
     kinds = np.full(2, rowparse.KEEP, dtype=np.int64)

@@ -1,4 +1,4 @@
-"""Tests for :mod:`mpikmeans.runner`'s start of a run: what it starts beside the read.
+"""Tests for :mod:`mpikmeans.startup`: what a run starts beside the read.
 
 - a CPU run starts no GPU preparation; the start of a GPU that cannot be had is
   reported where the backend is made, not lost in its thread;
@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mpikmeans import runner  # noqa: E402
+from mpikmeans import startup  # noqa: E402
 from mpikmeans.backends import BackendUnavailable  # noqa: E402
 from mpikmeans.comm import SerialComm  # noqa: E402
 from mpikmeans.config import RunConfig  # noqa: E402
@@ -24,8 +24,8 @@ from mpikmeans.config import RunConfig  # noqa: E402
 
 def test_a_cpu_run_starts_no_gpu():
     cfg = RunConfig(k=2, backend="cpu").validate()
-    start = runner.DevicePreparation(SerialComm(), cfg)
-    assert not runner.gpu_wanted(cfg) and start._thread is None and start.result() is None
+    start = startup.DevicePreparation(SerialComm(), cfg)
+    assert not startup.gpu_wanted(cfg) and start._thread is None and start.result() is None
 
 
 def test_a_gpu_start_failure_is_raised_where_the_backend_is_made(monkeypatch):
@@ -34,7 +34,7 @@ def test_a_gpu_start_failure_is_raised_where_the_backend_is_made(monkeypatch):
 
     if G.gpu_available():
         pytest.skip("a GPU is usable here")
-    start = runner.DevicePreparation(SerialComm(), RunConfig(k=2, backend="gpu").validate())
+    start = startup.DevicePreparation(SerialComm(), RunConfig(k=2, backend="gpu").validate())
     assert start._thread is not None
     with pytest.raises(BackendUnavailable):
         start.result()
@@ -44,8 +44,8 @@ def _quick_helpers(monkeypatch, cold, seconds=0.2):
     """BackgroundCompile with ``cold`` parts cold, each helper a process that sleeps ``seconds``; the dtype
     each run asks cold_parts about is recorded."""
     asked = []
-    monkeypatch.setattr(runner, "cold_parts", lambda gpu_dtype=None: asked.append(gpu_dtype) or list(cold))
-    monkeypatch.setattr(runner, "warmup_command",
+    monkeypatch.setattr(startup, "cold_parts", lambda gpu_dtype=None: asked.append(gpu_dtype) or list(cold))
+    monkeypatch.setattr(startup, "warmup_command",
                         lambda part: [sys.executable, "-c", f"import time; time.sleep({seconds})"])
     return asked
 
@@ -53,7 +53,7 @@ def _quick_helpers(monkeypatch, cold, seconds=0.2):
 def test_cold_caches_compile_in_one_helper_process_a_part(monkeypatch, caplog):
     asked = _quick_helpers(monkeypatch, ["cpu", "gpu-float64"])
     with caplog.at_level("WARNING", logger="mpikmeans"):
-        bg = runner.BackgroundCompile(SerialComm(), RunConfig(k=2, backend="cpu").validate(), gpu=False)
+        bg = startup.BackgroundCompile(SerialComm(), RunConfig(k=2, backend="cpu").validate(), gpu=False)
     assert asked == [None] and len(bg.procs) == 2
     notices = [r.getMessage() for r in caplog.records if "compiling kernels for this machine, once" in r.getMessage()]
     assert len(notices) == 1 and "cpu, gpu-float64" in notices[0] and "mpikmeans warmup" in notices[0], notices
@@ -64,7 +64,7 @@ def test_cold_caches_compile_in_one_helper_process_a_part(monkeypatch, caplog):
 
 def test_a_failed_run_stops_its_helpers(monkeypatch):
     _quick_helpers(monkeypatch, ["cpu"], seconds=600)
-    bg = runner.BackgroundCompile(SerialComm(), RunConfig(k=2, backend="cpu").validate(), gpu=False)
+    bg = startup.BackgroundCompile(SerialComm(), RunConfig(k=2, backend="cpu").validate(), gpu=False)
     bg.stop()
     assert bg.procs and all(proc.returncode is not None for proc in bg.procs)
 
@@ -80,14 +80,14 @@ def test_the_parts_a_run_needs(monkeypatch, dtype, gpu, sim, want):
     else:
         monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
     asked = _quick_helpers(monkeypatch, [])
-    runner.BackgroundCompile(SerialComm(), RunConfig(k=2, dtype=dtype).validate(), gpu=gpu).wait()
+    startup.BackgroundCompile(SerialComm(), RunConfig(k=2, dtype=dtype).validate(), gpu=gpu).wait()
     assert asked == [want]
 
 
 def test_warm_caches_start_nothing_and_say_nothing(monkeypatch, caplog):
     _quick_helpers(monkeypatch, [])
     with caplog.at_level("INFO", logger="mpikmeans"):
-        bg = runner.BackgroundCompile(SerialComm(), RunConfig(k=2).validate(), gpu=False)
+        bg = startup.BackgroundCompile(SerialComm(), RunConfig(k=2).validate(), gpu=False)
     assert bg.procs == [] and not caplog.records
     bg.wait()
 
@@ -97,8 +97,8 @@ def test_a_warm_up_starts_no_helpers(monkeypatch):
     import mpikmeans.cache as cache
 
     asked = _quick_helpers(monkeypatch, ["cpu"])
-    monkeypatch.setattr(runner, "warming", lambda: True)
-    assert runner.BackgroundCompile(SerialComm(), RunConfig(k=2).validate(), gpu=False).procs == []
+    monkeypatch.setattr(startup, "warming", lambda: True)
+    assert startup.BackgroundCompile(SerialComm(), RunConfig(k=2).validate(), gpu=False).procs == []
     assert asked == [] and not cache.warming()
 
 
