@@ -42,11 +42,12 @@ from .config import NOTICE, format_k
 from .errors import RunError, UsageError
 from .io.output import (CENTERS, CLUSTERED, LABELS, MODEL, RESULT_FILES, SUMMARY, SWEEP_PLOT, SWEEP_TABLE,
                         ResultsDir, write_atomic)
+from .scores import SCORE_NAMES
 
 log = logging.getLogger("mpikmeans")
 
-#: The quality scores' columns of sweep.csv (:data:`mpikmeans.scores.SCORE_NAMES`, in its order)
-SCORE_COLUMNS = ("calinski_harabasz", "davies_bouldin", "silhouette_sqeuclidean", "silhouette_sample")
+#: The quality scores' columns of sweep.csv, in the scores' own order
+SCORE_COLUMNS = SCORE_NAMES
 #: How sweep.csv and the log name the knee rule
 KNEE_RULE = "Kneedle knee of SSE"
 #: A K's directory: ``k<K>``
