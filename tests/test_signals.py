@@ -198,7 +198,7 @@ def test_item09_sigterm_during_final_write_finishes_with_exit_0(slow, tmp_path, 
     assert "SIGTERM came as the run was finishing: its results were written in full" in r.err, r.err
     s = json.loads((out / "summary.json").read_text())
     assert s["iterations"] == 5 and len((out / "labels.txt").read_text().splitlines()) == 60000
-    assert sorted(x.name for x in out.iterdir()) == ["centers.csv", "labels.txt", "summary.json"]
+    assert sorted(x.name for x in out.iterdir()) == ["centers.csv", "labels.txt", "model.json", "summary.json"]
 
 
 @pytest.mark.parametrize("np_", [None, 3])

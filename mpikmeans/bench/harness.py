@@ -98,6 +98,10 @@ class Ran:
     wall_s: float
 
 
+#: What Open MPI's mpirun prints when its PMIx server cannot start (seen now and then on a busy machine)
+MPI_START_FAILURE = "PMIx server's listener thread failed to start"
+
+
 def run_command(cmd: list, timeout: float, env: dict | None = None, cwd: str | None = None) -> Ran:
     """Run ``cmd`` to the end within ``timeout`` seconds.
 
@@ -120,14 +124,18 @@ def run_command(cmd: list, timeout: float, env: dict | None = None, cwd: str | N
         holds the command and the last lines of its output.
     """
     cmd = [str(c) for c in cmd]
-    t0 = time.perf_counter()
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=cwd)
-    except subprocess.TimeoutExpired:
-        raise RunError(f"bench: no result within {timeout:.0f} s from: {' '.join(cmd)}") from None
-    except OSError as exc:
-        raise RunError(f"bench: cannot start {cmd[0]}: {exc.strerror or exc}") from None
-    wall = time.perf_counter() - t0
+    for attempt in range(2):
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=cwd)
+        except subprocess.TimeoutExpired:
+            raise RunError(f"bench: no result within {timeout:.0f} s from: {' '.join(cmd)}") from None
+        except OSError as exc:
+            raise RunError(f"bench: cannot start {cmd[0]}: {exc.strerror or exc}") from None
+        wall = time.perf_counter() - t0
+        # Open MPI's runtime failing to start, before any rank ran: launched once more, as a user would
+        if done.returncode == 0 or MPI_START_FAILURE not in (done.stderr or "") or attempt:
+            break
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-8:]
         raise RunError(f"bench: exit {done.returncode} from: {' '.join(cmd)}\n" + "\n".join(tail))
