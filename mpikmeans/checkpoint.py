@@ -13,13 +13,11 @@ values.  Only rank 0 writes: the state is the same on every rank.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import json
 import logging
 import os
-import stat
 import threading
 import time
 import zipfile
@@ -30,6 +28,7 @@ import numpy as np
 from . import __version__
 from .errors import UsageError
 from .lloyd import LoopState
+from .io import open_regular
 from .io.output import write_atomic
 
 log = logging.getLogger("mpikmeans")
@@ -62,16 +61,6 @@ BINDING_KEYS = tuple(key for key, _ in BINDING)
 _IDENTITY_BYTES = 1 << 20
 
 
-def _open_regular(path: str):
-    """``open(path, "rb")`` of a regular file; anything else (a FIFO: its open would wait for a writer) raises
-    OSError, and is left to the reader's own message."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", path)
-    return os.fdopen(fd, "rb")
-
-
 def data_identity(path: str) -> dict:
     """What identifies the data file a checkpoint was made from, wherever it is moved.
 
@@ -84,7 +73,7 @@ def data_identity(path: str) -> dict:
         ``{"size": int, "sha256": str}``.
     """
     h = hashlib.sha256()
-    with _open_regular(path) as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         h.update(f.read(_IDENTITY_BYTES))
         if size > _IDENTITY_BYTES:
@@ -96,7 +85,7 @@ def data_identity(path: str) -> dict:
 def file_sha256(path: str) -> str:
     """SHA-256 of a (small) file's whole content, e.g. an ``--init`` file of centres."""
     h = hashlib.sha256()
-    with _open_regular(path) as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()

@@ -22,11 +22,6 @@ from .model import load_model, looks_like_model
 log = logging.getLogger("mpikmeans")
 
 
-def is_model_path(path: str) -> bool:
-    """Whether ``--init path`` is read as a model: by its content (:func:`mpikmeans.model.looks_like_model`)."""
-    return looks_like_model(path)
-
-
 def model_k(comm, path: str) -> int:
     """The K of the model ``path`` (collective: rank 0 reads it), for a run given ``--init model.json`` alone.
 
@@ -107,7 +102,7 @@ def initial_centres(comm, cfg, local, scaler, data: str):
         except MpikmeansError as exc:  # wrong shape: a usage error of this run
             raise UsageError(exc.message) from None
 
-    centres = comm.from_root(lambda: read_model() if is_model_path(cfg.init) else read_csv())
+    centres = comm.from_root(lambda: read_model() if looks_like_model(cfg.init) else read_csv())
     return scaler.transform(np.asarray(centres, dtype=np.float64))  # the file is in data units
 
 
@@ -117,4 +112,4 @@ def _check_widths(header: list, widths: set) -> None:
                          f"{', '.join(str(w) for w in sorted(widths))}")
 
 
-__all__ = ["initial_centres", "is_model_path", "model_k"]
+__all__ = ["initial_centres", "model_k"]

@@ -158,7 +158,7 @@ def _early_settings(data: str, cfg) -> dict:
     try:
         settings["data_identity"] = data_identity(data)
         settings["init_sha256"] = file_sha256(cfg.init) if from_file else None
-    except OSError:  # reported by the read (DATA) or the initialisation (--init) with their own messages
+    except (OSError, MpikmeansError):  # reported by the read (DATA) or the initialisation (--init) themselves
         pass
     return settings
 

@@ -47,13 +47,43 @@ def compression(head: bytes) -> str | None:
     return None
 
 
+def open_regular(path: str) -> int:
+    """Open the regular file ``path`` for reading without waiting: a file descriptor, or a clear error.
+
+    It is opened without blocking (``O_NONBLOCK``, which changes nothing for a
+    regular file) so that a named pipe with no writer is refused at once
+    instead of waited for.
+
+    Returns
+    -------
+    int
+        A file descriptor; the caller closes it.
+
+    Raises
+    ------
+    UsageError
+        ``path`` is a directory, a FIFO, a device or a socket.
+    InputError
+        It cannot be opened.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    for test, what in _NOT_REGULAR:
+        if test(mode):
+            os.close(fd)
+            raise UsageError(f"{path}: {what}, not a regular file: the parallel reader reads byte ranges at "
+                             "offsets, so the data must be in a regular file (copy it to one first)")
+    return fd
+
+
 def open_input(path: str) -> int:
     """Open the data file ``path`` for reading: a file descriptor, or a clear error.
 
-    The file must be a regular, uncompressed file: every rank reads its own
-    byte range at an offset.  It is opened without blocking (``O_NONBLOCK``,
-    which changes nothing for a regular file) so that a named pipe with no
-    writer is refused at once instead of waited for.
+    The file must be a regular (:func:`open_regular`), uncompressed file:
+    every rank reads its own byte range at an offset.
 
     Parameters
     ----------
@@ -71,16 +101,8 @@ def open_input(path: str) -> int:
     InputError
         It cannot be opened, or it is compressed.
     """
+    fd = open_regular(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        for test, what in _NOT_REGULAR:
-            if test(mode):
-                raise UsageError(f"{path}: {what}, not a regular file: the parallel reader reads byte ranges at "
-                                 "offsets, so the data must be in a regular file (copy it to one first)")
         try:
             tool = compression(os.pread(fd, MAGIC_BYTES, 0))
         except OSError as exc:
