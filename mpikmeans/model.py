@@ -71,8 +71,11 @@ class Model:
     nominal : {"skip", "weka"}
         How nominal attributes were treated.
     missing : dict
-        ``policy`` (``error``, ``drop``, ``mean``) and ``fill``: the values that
-        replaced ``?`` per column, or None where not recorded.
+        ``policy`` (``error``, ``drop``, ``mean``) and ``fill``: with ``mean``,
+        the values that replace ``?`` per column (the training means, a nominal
+        attribute's block one-hot at its mode, in data units: before scaling),
+        a list of ``columns`` floats; None with another policy, or where not
+        recorded (a model of an earlier mpikmeans).
     scaler : Scaler
         Per column (a nominal attribute's one-hot block passes unscaled).
     centres_scaled : ndarray, shape (k, columns), float64
@@ -192,7 +195,8 @@ class Model:
         Parameters
         ----------
         local : mpikmeans.io.arff.LocalData
-            The run's data (its header, attribute selection and row counts).
+            The run's data (its header, attribute selection, row counts and,
+            with ``--missing mean``, the fill values).
         scaler : Scaler
         result : mpikmeans.lloyd.KMeansResult
             The best restart: its centres (scaled), SSE, iterations, sizes.
@@ -235,7 +239,9 @@ class Model:
         }
         if scores is not None:  # the scores of the fit, without their timing (summary.json has it)
             info["scores"] = {key: v for key, v in scores.items() if key != "seconds"}
-        return cls(attributes, cfg.nominal, {"policy": cfg.missing, "fill": None}, scaler,
+        # the training means a '?' became: what fills a '?' of new rows (a fitted imputer, as scikit-learn's)
+        fill = [float(v) for v in local.fill] if cfg.missing == "mean" and local.fill is not None else None
+        return cls(attributes, cfg.nominal, {"policy": cfg.missing, "fill": fill}, scaler,
                    np.array(result.centres, dtype=np.float64), dtype, str(cfg.init), int(cfg.seed),
                    float(result.inertia), int(local.n), info)
 
@@ -480,7 +486,14 @@ def _parse(doc: dict, path: str) -> Model:
         raise _bad(path, "sse", "is not a finite number")
     fill = model.missing["fill"]
     if fill is not None:
-        model.missing["fill"] = _floats(fill, (columns,), path, "missing.fill").tolist()
+        fill = _floats(fill, (columns,), path, "missing.fill")
+        for a, s, v in layout.blocks():
+            block = fill[s:s + len(v)]
+            if np.count_nonzero(block) != 1 or not np.isclose(block.max(), ONE, rtol=_CENTRES_RTOL, atol=0.0):
+                raise _bad(path, "missing.fill", f"gives the nominal attribute {layout.names[a]!r} no category "
+                           f"(its {len(v)} columns: one {ONE!r}, the others 0)")
+            block[block != 0] = ONE
+        model.missing["fill"] = fill.tolist()
     model.dtype, model.init, model.seed, model.sse, model.n = doc["dtype"], doc["init"], doc["seed"], \
         float(doc["sse"]), doc["n"]
     return model

@@ -1,13 +1,16 @@
 """``mpikmeans predict MODEL DATA``: a saved model applied to new rows, on every rank (collective).
 
-DATA is read in parallel exactly as ``run`` reads it (:func:`mpikmeans.startup.read_input`:
+DATA is read in parallel exactly as ``run`` reads it (:func:`mpikmeans.io.formats.read_local`:
 each rank its own byte range), after its attributes are checked against the
 model's (:func:`mpikmeans.model.match_header`: the first mismatch ends the job
 with one line, exit 3).  The rows are scaled with the model's scaling (its
 offsets and scales, not the new data's), nominal attributes laid out in the
 model's one-hot columns, and every row is assigned to its nearest centre by
 the backend, with the arithmetic of a run's last assignment: the model of a
-run applied to that run's data gives the run's labels, to the row.
+run applied to that run's data gives the run's labels, to the row.  Missing
+values follow the model's policy; with ``mean`` a ``?`` gets the model's
+recorded training mean (``missing.fill``), as a fitted imputer does, never
+the new rows' own mean; a model that records none refuses data with a ``?``.
 
 Results, in the output directory (:class:`PredictionDir`, published whole):
 ``labels.txt`` (one 0-based cluster per input row, -1 for a row dropped for a
@@ -32,15 +35,15 @@ import numpy as np
 
 from . import __version__
 from .backends import BackendUnavailable, make_backend
-from .errors import MpikmeansError, RunError, UsageError
+from .errors import InputError, MpikmeansError, RunError, UsageError
 from .fixedsums import Scales, cluster_sums, column_magnitudes, decode
-from .io.formats import detect, read_header, results_dir
+from .io.formats import ReadOptions, detect, read_header, read_local, results_dir
 from .io.output import (CLUSTERED, LABELS, RESULT_FILES, SUMMARY, ResultsDir, remove_quietly, write_parallel,
                         write_summary)
 from .io.textfmt import format_fixed
 from .io.wekaout import write_clustered_arff
 from .model import HeaderMatch, Model, load_model, match_header, match_names
-from .startup import DevicePreparation, prepare_read, rank_threads, read_input
+from .startup import DevicePreparation, prepare_read, rank_threads
 from .scores import all_dist2
 
 log = logging.getLogger("mpikmeans")
@@ -89,16 +92,6 @@ class PredictConfig:
     chunk_rows: int | None = None
     ignore: str | None = None
     overwrite: bool = False
-
-
-@dataclass(frozen=True)
-class _ReadSettings:
-    """What :func:`mpikmeans.startup.read_input` reads of a run's settings, here from the model."""
-
-    ignore: str | None
-    missing: str
-    nominal: str
-    write_arff: bool
 
 
 @dataclass
@@ -178,6 +171,32 @@ def _with_dropped(values: np.ndarray, kept: np.ndarray | None, fill) -> np.ndarr
     return out
 
 
+def _data_fill(model: Model, match: HeaderMatch) -> np.ndarray | None:
+    """The model's fill values in the data's columns (a nominal block's categories in the data's order), or
+    None where the model records none.
+
+    Where the data's header lacks the category a nominal attribute's ``?`` is
+    filled with, its block here is all 0: :func:`_fill_absent_modes` sets it
+    once the rows are in the model's columns.
+    """
+    fill = model.missing["fill"]
+    if fill is None:
+        return None
+    fill = np.array(fill, dtype=np.float64)
+    return fill if match.columns is None else fill[match.columns]
+
+
+def _fill_absent_modes(model: Model, match: HeaderMatch, x: np.ndarray) -> None:
+    """Give the rows whose nominal block is all 0 (a ``?`` filled with a category the data's header lacks, see
+    :func:`_data_fill`) the model's fill for that block, in place; ``x`` of shape (rows, model columns)."""
+    fill = np.array(model.missing["fill"], dtype=np.float64)
+    for _, s, v in model.layout.blocks():
+        block = slice(s, s + len(v))
+        if np.isin(np.flatnonzero(fill[block]) + s, match.columns).all():
+            continue  # the category is the data's: the reader filled it
+        x[(x[:, block] == 0.0).all(axis=1), block] = fill[block]
+
+
 def _backend(comm, cfg: PredictConfig, model: Model, threads: int, device: int | None, reason: str):
     dtype = cfg.dtype or model.dtype
     options = {"threads": threads, "dtype": dtype, "chunk_rows": cfg.chunk_rows, "node_ranks": comm.node_size}
@@ -245,13 +264,26 @@ def _predict(comm, model: Model, model_path: str, data: str, cfg: PredictConfig,
     if header is not None:
         match = comm.from_root(lambda: match_header(model, header, data, model_path, cfg.ignore))
     elif cfg.ignore or cfg.write_arff or model.missing["policy"] != "error":
+        # a .npy copy holds no '?': one made with --missing drop or mean lost them (rows dropped, or
+        # filled with its own means rather than the model's)
         raise UsageError("--ignore, --write-arff and a model made with --missing drop or mean need the ARFF or CSV "
                          "file, not a .npy copy", collective=True)
+    policy = model.missing["policy"]
+    fill = _data_fill(model, match) if policy == "mean" else None
+    # a model without fill values reads the rows with 0 in place of a '?', to count them: any is refused below
+    placeholder = policy == "mean" and fill is None
+    if placeholder:
+        fill = np.zeros(match.columns.size if match.columns is not None else model.layout.columns)
     gpu_start = DevicePreparation(comm, cfg)  # the GPU's start overlaps the read
-    local = read_input(comm, data, _ReadSettings(match.ignore, model.missing["policy"], model.nominal,
-                                                 cfg.write_arff), threads)
+    local = read_local(comm, data, ReadOptions(ignore=match.ignore, missing=policy, nominal=model.nominal,
+                                               threads=threads, write_arff=cfg.write_arff, fill=fill))
     if header is None:
         comm.from_root(lambda: match_names(model, list(local.names), data, model_path))
+    if placeholder and local.missing:
+        raise InputError(f"{data}: {local.missing} missing value{'s' if local.missing != 1 else ''} ('?'), and the "
+                         f"model {model_path} (--missing mean) records no training means to fill them with "
+                         f"(missing.fill is null: written by mpikmeans {model.info.get('tool_version', '?')}): fit "
+                         "the model again with this mpikmeans, or give data without '?'", collective=True)
     t_read = time.perf_counter()
 
     layout = model.layout
@@ -260,6 +292,8 @@ def _predict(comm, model: Model, model_path: str, data: str, cfg: PredictConfig,
         placed = np.zeros((len(x), layout.columns))
         placed[:, match.columns] = x
         x = placed
+        if policy == "mean" and local.missing:
+            _fill_absent_modes(model, match, x)
     # the model's scaling, in place: the new rows' own statistics play no part
     z = model.scaler.transform(x, out=x)
     centres = np.ascontiguousarray(model.centres_scaled)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import HANG_GUARD_S, run_cli  # noqa: E402
 from threadcomm import run_ranks  # noqa: E402
 
 from mpikmeans.backends import make_backend  # noqa: E402
@@ -79,6 +80,53 @@ def write_mixed(path, rows: int = 240, seed: int = 0, header: str = NOMINAL_ARFF
     return path
 
 
+GAPS_ARFF = """% three groups; '?' in every clustered attribute
+@relation gaps
+@attribute a numeric
+@attribute colour {red,green,blue}
+@attribute b numeric
+@data
+"""
+COLOURS = ("red", "green", "blue")
+
+
+def write_gaps(path, rows: int, seed: int, groups=(1 / 3, 1 / 3, 1 / 3), colours=COLOURS, gap: float = 0.1):
+    """An ARFF file of three groups with '?' scattered over a, colour and b (``gap`` of each).
+
+    Returns
+    -------
+    path : Path
+    a, b : ndarray, shape (rows,), float64
+        The values as the reader parses them, NaN for '?'.
+    colour : list of str or None
+        Each row's category (None for '?'), drawn from ``colours``.
+    """
+    rng = np.random.default_rng(seed)
+    a, b, colour, lines = [], [], [], []
+    for _ in range(rows):
+        g = int(rng.choice(3, p=groups))
+        ta = "?" if rng.random() < gap else f"{rng.normal(10.0 * g, 1.0):.6f}"
+        tb = "?" if rng.random() < gap else f"{rng.normal(-5.0 * g, 1.0):.6f}"
+        c = None if rng.random() < gap / 2 else (COLOURS[g] if COLOURS[g] in colours and rng.random() < 0.8
+                                                  else colours[int(rng.integers(0, len(colours)))])
+        a.append(np.nan if ta == "?" else float(ta))
+        b.append(np.nan if tb == "?" else float(tb))
+        colour.append(c)
+        lines.append(f"{ta},{'?' if c is None else c},{tb}")
+    header = GAPS_ARFF.replace("{red,green,blue}", "{" + ",".join(colours) + "}")
+    path = Path(path)
+    path.write_text(header + "\n".join(lines) + "\n")
+    return path, np.array(a), np.array(b), colour
+
+
+def gaps_fill(a, b, colour) -> list:
+    """What ``--missing mean`` fills in, computed with numpy: a's and b's nanmean, colour's mode one-hot."""
+    counts = [sum(c == name for c in colour) for name in COLOURS]
+    block = [0.0, 0.0, 0.0]
+    block[int(np.argmax(counts))] = ONE  # the first most frequent
+    return [float(np.nanmean(a))] + block + [float(np.nanmean(b))]
+
+
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
     return write_mixed(tmp_path_factory.mktemp("mixed") / "mixed.arff")
@@ -125,7 +173,36 @@ def test_nominal_model_records_categories_ignored_and_skipped(mixed, tmp_path):
     assert back.layout.columns == 5 and back.layout.values[1] == ("red", "green", "blue")
     assert back.centres_scaled.tobytes() == model.centres_scaled.tobytes()
     assert set(back.centres_scaled[:, 1:4].ravel()) == {0.0, ONE}
-    assert back.missing == {"policy": "mean", "fill": None} and back.nominal == "weka"
+    assert back.missing == {"policy": "mean", "fill": model.missing["fill"]} and back.nominal == "weka"
+    assert len(back.missing["fill"]) == 5 and back.missing["fill"][1:4] in ([ONE, 0, 0], [0, ONE, 0], [0, 0, ONE])
+
+
+@pytest.mark.mpi
+def test_a_mean_run_records_the_training_means_at_any_rank_count(tmp_path):
+    data, a, b, colour = write_gaps(tmp_path / "gaps.arff", rows=500, seed=7)
+    assert np.isnan(a).any() and np.isnan(b).any() and None in colour
+    fills = []
+    for np_ in (1, 3):
+        r = run_cli(["run", data, "-k", 3, "--nominal", "weka", "--missing", "mean", "--normalize", "zscore",
+                     "-o", tmp_path / f"np{np_}", "-q"], np=np_, timeout=4 * HANG_GUARD_S)
+        assert r.code == 0, r.err
+        doc = json.loads((tmp_path / f"np{np_}" / "model.json").read_text())
+        assert doc["missing"]["policy"] == "mean"
+        fills.append(doc["missing"]["fill"])
+    assert fills[0] == fills[1]  # the same bits at any rank count (exact sums)
+    expected = gaps_fill(a, b, colour)
+    np.testing.assert_allclose(fills[0], expected, rtol=1e-13, atol=0.0)
+    assert fills[0][1:4] == expected[1:4]  # the mode, one-hot: exactly ONE
+    # in data units, before scaling: the means themselves, not their z-scores
+    assert load_model(str(tmp_path / "np1" / "model.json")).missing["fill"] == fills[0]
+
+
+def test_a_mean_model_records_the_means_of_data_without_a_gap(tmp_path):
+    data, a, b, colour = write_gaps(tmp_path / "full.arff", rows=200, seed=2, gap=0.0)
+    model = fit_like_run(data, k=3, nominal="weka", missing="mean")[0]
+    np.testing.assert_allclose(model.missing["fill"], gaps_fill(a, b, colour), rtol=1e-13, atol=0.0)
+    for policy in ("error", "drop"):  # nothing is filled in: nothing recorded
+        assert fit_like_run(data, k=3, nominal="weka", missing=policy)[0].missing == {"policy": policy, "fill": None}
 
 
 def test_save_never_writes_over_a_file_it_did_not_make(numeric_model, tmp_path):
@@ -165,12 +242,27 @@ def _edited(tmp_path, model, change) -> str:
     ("disagree", InputError, 3, "disagree"),
     ("no file", UsageError, 2, "cannot read"),
     ("directory", UsageError, 2, "is a directory"),
+    ("fill shape", InputError, 3, r"'missing.fill' has shape \(2,\), expected \(5,\)"),
+    ("fill not a number", InputError, 3, "'missing.fill' holds something that is not a number"),
+    ("fill not finite", InputError, 3, "'missing.fill' holds a value that is not a finite number"),
+    ("fill no category", InputError, 3, "'missing.fill' gives the nominal attribute 'colour' no category"),
 ])
 def test_load_refuses_with_the_exit_code(numeric_model, mixed, tmp_path, case, error, code, words):
     model = numeric_model[0]
     if case == "bad category":
         model = fit_like_run(mixed, k=3, nominal="weka", missing="drop")[0]
+    if case.startswith("fill"):
+        model = fit_like_run(mixed, k=3, nominal="weka", missing="mean", ignore="id")[0]
+
+    def fill(value):
+        return lambda d: d["missing"].update(fill=value)
+
+    good = model.missing["fill"] or []
     changes = {
+        "fill shape": fill(good[:2]),
+        "fill not a number": fill(good[:4] + ["x"]),
+        "fill not finite": fill(good[:4] + [1e400]),
+        "fill no category": fill(good[:1] + [ONE, ONE, 0.0] + good[4:]),
         "version": lambda d: d.update(format_version=99),
         "missing key": lambda d: d.pop("centres"),
         "bad shape": lambda d: d.update(centres_scaled=d["centres_scaled"][:-1]),

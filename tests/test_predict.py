@@ -18,12 +18,14 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import HANG_GUARD_S, Result, _env, mpirun_path, run_cli  # noqa: E402
-from test_model import NOMINAL_ARFF, fit_like_run, write_mixed  # noqa: E402
+from test_model import COLOURS, NOMINAL_ARFF, fit_like_run, gaps_fill, write_gaps, write_mixed  # noqa: E402
 
+from mpikmeans.bench.harness import MPI_START_FAILURE  # noqa: E402
 from mpikmeans.cli.predict import predict  # noqa: E402
 from mpikmeans.comm import SerialComm  # noqa: E402
 from mpikmeans.config import build_config  # noqa: E402
 from mpikmeans.model import load_model, save_model  # noqa: E402
+from mpikmeans.nominal import ONE  # noqa: E402
 from mpikmeans.predict import default_prediction_dir  # noqa: E402
 from mpikmeans.startup import read_input  # noqa: E402
 from mpikmeans.scores import all_dist2  # noqa: E402
@@ -40,8 +42,12 @@ def predict_cli(args: list, np: int | None = None, timeout: float = 4 * HANG_GUA
         if mpirun is None:
             pytest.skip("mpirun not found")
         cmd = [mpirun, "-np", str(np), "--oversubscribe", "--bind-to", "none"] + cmd
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), start_new_session=True)
+    for attempt in range(2):
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), start_new_session=True)
+        # Open MPI's runtime failing to start ran none of the tool: launched once more, as run_cli does
+        if np is None or MPI_START_FAILURE not in p.stderr or attempt:
+            break
     return Result(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
 
 
@@ -163,6 +169,7 @@ def test_each_mismatch_exits_3_with_one_line_naming_both_files(mixed_model, tmp_
     ("wrong version", 2, "format version 2"),
     ("not a model", 2, "not an mpikmeans model"),
     ("missing key", 3, "no 'scaling'"),
+    ("malformed fill", 3, "'missing.fill' has shape (1,)"),
 ])
 def test_a_bad_model_file_exits_with_its_code(mixed_model, tmp_path, cli, case, code, words):
     _, model = mixed_model
@@ -172,6 +179,8 @@ def test_a_bad_model_file_exits_with_its_code(mixed_model, tmp_path, cli, case, 
         doc["format_version"] = 2
     elif case == "missing key":
         del doc["scaling"]
+    elif case == "malformed fill":
+        doc["missing"] = {"policy": "mean", "fill": [1.0]}
     path.write_text(json.dumps(doc) if case != "not a model" else "k,centres\n3,1.0\n")
     data = write_mixed(tmp_path / "new.arff", rows=30)
     r = cli([path, data, "-o", tmp_path / "out"])
@@ -221,3 +230,83 @@ def test_a_npy_copy_is_predicted_as_its_text(blobs, trained, tmp_path, cli):
     assert (tmp_path / "p" / "labels.txt").read_bytes() == (run / "labels.txt").read_bytes()
     r = cli([model, tmp_path / "b.npy", "--write-arff", "-o", tmp_path / "q"])
     assert r.exit_code == 2 and "ARFF or CSV" in r.stderr
+
+
+# ----------------------------------------------------------------------- --missing mean: the training means
+
+@pytest.fixture(scope="module")
+def mean_model(tmp_path_factory):
+    """``mpikmeans run`` with --missing mean on a file with '?' everywhere: (model.json, the training fill)."""
+    d = tmp_path_factory.mktemp("mean_model")
+    data, a, b, colour = write_gaps(d / "train.arff", rows=600, seed=11)
+    r = run_cli(["run", data, "-k", 3, "--nominal", "weka", "--missing", "mean", "--normalize", "zscore",
+                 "--seed", 4, "-o", d / "run", "-q"], timeout=4 * HANG_GUARD_S)
+    assert r.code == 0, r.err
+    return d / "run" / "model.json", gaps_fill(a, b, colour)
+
+
+def _by_hand(model, a, b, colour, fill):
+    """Labels and distances of rows (a, b with NaN for '?', colour None for '?') filled with ``fill``, scaled with
+    the model's scaling, against its centres: numpy alone."""
+    cats = model.layout.values[1]
+    x = np.zeros((len(a), 5))
+    x[:, 0] = np.where(np.isnan(a), fill[0], a)
+    x[:, 4] = np.where(np.isnan(b), fill[4], b)
+    for i, c in enumerate(colour):
+        if c is None:
+            x[i, 1:4] = fill[1:4]
+        else:
+            x[i, 1 + cats.index(c)] = ONE
+    z = model.scaler.transform(x)
+    d2 = ((z[:, None, :] - model.centres_scaled[None, :, :]) ** 2).sum(axis=2)
+    return d2.argmin(axis=1), np.sqrt(d2.min(axis=1))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", ["same header", "categories reordered, mode absent"])
+def test_a_mean_model_fills_new_rows_with_the_training_means(mean_model, tmp_path, case):
+    path, trained = mean_model
+    model = load_model(str(path))
+    fill = model.missing["fill"]
+    np.testing.assert_allclose(fill, trained, rtol=1e-13, atol=0.0)
+    mode = COLOURS[int(np.argmax(fill[1:4]))]
+    # new rows mostly of the third group, with '?' elsewhere than the training file's: their own means are not
+    # the training ones; with "mode absent" the header lists the categories in another order, without the mode
+    colours = COLOURS if case == "same header" else tuple(c for c in reversed(COLOURS) if c != mode)
+    data, a, b, colour = write_gaps(tmp_path / "new.arff", rows=300, seed=12, groups=(0.1, 0.2, 0.7),
+                                    colours=colours, gap=0.2)
+    assert abs(np.nanmean(a) - fill[0]) > 2.0  # the test tells the two fills apart
+    r = predict_cli([path, data, "--distances", "-o", tmp_path / "p", "-q"], np=3)
+    assert r.code == 0, r.err
+    labels = np.loadtxt(tmp_path / "p" / "labels.txt", dtype=np.int64)
+    dist = np.loadtxt(tmp_path / "p" / "distances.txt")
+    expected, expected_dist = _by_hand(model, a, b, colour, fill)
+    assert np.array_equal(labels, expected)
+    np.testing.assert_allclose(dist, expected_dist, rtol=1e-9, atol=1e-12)
+    summary = json.loads((tmp_path / "p" / "summary.json").read_text())
+    assert summary["missing"]["policy"] == "mean" and summary["missing"]["count"] > 0
+    # the new rows' own means would give other labels: the model's, not a refit, were applied
+    own = [float(np.nanmean(a))] + list(fill[1:4]) + [float(np.nanmean(b))]
+    assert not np.array_equal(_by_hand(model, a, b, colour, own)[0], labels)
+
+
+def test_a_mean_model_without_fill_refuses_data_with_missing_values(mean_model, tmp_path, cli):
+    path, _ = mean_model
+    doc = json.loads(path.read_text())
+    doc["missing"]["fill"] = None  # as an earlier mpikmeans wrote it
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    data = write_gaps(tmp_path / "new.arff", rows=80, seed=3)[0]
+    r = cli([old, data, "-o", tmp_path / "out"])
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.exit_code == 3, r.output
+    assert len(lines) == 1 and str(data) in lines[0] and str(old) in lines[0], r.stderr
+    assert "missing value" in lines[0] and "missing.fill is null" in lines[0] and "fit the model again" in lines[0]
+    assert "Traceback" not in r.output and not (tmp_path / "out").exists()
+    # data without a '?' needs no fill: predicted as with the full model
+    full = write_gaps(tmp_path / "full.arff", rows=80, seed=3, gap=0.0)[0]
+    r = cli([old, full, "-o", tmp_path / "old_out", "-q"])
+    assert r.exit_code == 0, r.output
+    r = cli([path, full, "-o", tmp_path / "new_out", "-q"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "old_out" / "labels.txt").read_bytes() == (tmp_path / "new_out" / "labels.txt").read_bytes()

@@ -71,6 +71,11 @@ class LocalData:
         Data rows in the file.
     missing : int
         Rows dropped or values filled in because of ``?``, over all ranks.
+    fill : ndarray, shape (m,), float64, or None
+        ``missing="mean"``: the value that replaces a ``?`` in each column (the
+        given one, or the attribute's global mean; a nominal attribute's block
+        one-hot at its mode), the same on every rank, whether or not any ``?``
+        was found; None with another policy.
     """
 
     path: str
@@ -89,6 +94,7 @@ class LocalData:
     kept: np.ndarray | None = None
     input_rows: int = 0
     missing: int = 0
+    fill: np.ndarray | None = None
 
     @property
     def m(self) -> int:
@@ -413,7 +419,7 @@ def _parse_span(fd, start: int, end: int, sel: Selection, missing_mode: int, pat
 
 
 def read_local(path: str, header: Header, comm, ignore: str | None = None, missing: str = "error",
-               threads: int = 1, nominal: str = "skip") -> LocalData:
+               threads: int = 1, nominal: str = "skip", fill: np.ndarray | None = None) -> LocalData:
     """Read this rank's rows of an ARFF file (collective: every rank calls it).
 
     Parameters
@@ -433,6 +439,10 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
     nominal : {"skip", "weka"}
         Nominal attributes are not clustered, or clustered as Weka does
         (see :func:`select_attributes`).
+    fill : ndarray, shape (columns,), float64, optional
+        With ``missing="mean"``: the values that replace ``?`` (a fitted
+        model's training means, in this file's columns), instead of this
+        file's own means.
 
     Returns
     -------
@@ -443,9 +453,13 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
     InputError
         On every rank, if any rank found a bad row: the message names the file,
         the 1-based line number and the attribute of the first bad row.
+    ValueError
+        ``fill`` has not one value per column.
     """
     sel = select_attributes(header, ignore, nominal)
     m = sel.columns
+    if fill is not None and np.shape(fill) != (m,):
+        raise ValueError(f"fill: {np.shape(fill)} values for {m} columns")
     mode = rowparse.MISSING_ERROR if missing == "error" else rowparse.MISSING_NAN
     lo, hi = byte_ranges(header.data_offset, header.file_size, comm.size)[comm.rank]
     error = None
@@ -495,7 +509,9 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
 
     kept, missing_count = None, 0
     if mode == rowparse.MISSING_NAN:
-        x, weights, kept, missing_count = _apply_missing(comm, x, weights, missing, header, sel)
+        x, weights, kept, missing_count, fill = _apply_missing(comm, x, weights, missing, header, sel, fill)
+    else:
+        fill = None
     counts = comm.allgather(len(x))
     n = sum(counts)
     if n == 0:
@@ -507,15 +523,17 @@ def read_local(path: str, header: Header, comm, ignore: str | None = None, missi
     return LocalData(path, header, x, sum(counts[: comm.rank]), n, comm.allreduce(mins, "min"),
                      comm.allreduce(maxs, "max"), (start, end), bytes_read, counts=counts, names=sel.names,
                      selection=sel, weights=weights if any_weighted else None, kept=kept,
-                     input_rows=input_rows, missing=missing_count)
+                     input_rows=input_rows, missing=missing_count, fill=fill)
 
 
-def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, header: Header, sel: Selection):
+def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, header: Header, sel: Selection,
+                   given: np.ndarray | None = None):
     """Drop rows with a ``?`` or fill it with the global mean of its attribute (collective).
 
     A nominal attribute's ``?`` (a block of NaN, see :mod:`mpikmeans.nominal`)
     is filled with its global mode instead: the most frequent category among the
     rows that have one, the first on a tie (Weka's ReplaceMissingValues).
+    ``given`` values (``mean``) replace ``?`` instead of the global ones.
 
     Returns
     -------
@@ -523,6 +541,9 @@ def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, header
     kept : ndarray of bool, shape (rows read,), or None when every row is kept
     count : int
         Rows dropped (``drop``) or values replaced (``mean``), over all ranks.
+    fill : ndarray, shape (columns,), or None
+        ``mean``: the values a ``?`` gets, computed even where there is none (a
+        model records them to fill new rows); None for ``drop``.
 
     Raises
     ------
@@ -535,9 +556,9 @@ def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, header
         bad_rows = nan.any(axis=1)
         count = int(comm.allreduce(np.array([bad_rows.sum()], dtype=np.int64), "sum")[0])
         if count == 0:
-            return x, weights, None, 0
+            return x, weights, None, 0, None
         keep = ~bad_rows
-        return np.ascontiguousarray(x[keep]), weights[keep], keep, count
+        return np.ascontiguousarray(x[keep]), weights[keep], keep, count, None
     numeric = np.ones(x.shape[1], dtype=bool) if layout is None else layout.numeric_columns()
     stats = np.zeros((3, x.shape[1]), dtype=np.int64)
     stats[0] = (~nan).sum(axis=0)
@@ -548,27 +569,32 @@ def _apply_missing(comm, x: np.ndarray, weights: np.ndarray, policy: str, header
     stats = comm.allreduce(stats, "sum")
     # a nominal attribute's missing value is one NaN per column of its block: count it once
     count = int(stats[1][numeric].sum() + sum(stats[1][s] for _, s, _ in blocks))
+    if given is not None:
+        fill = np.array(given, dtype=np.float64)
+    else:
+        empty = np.flatnonzero(stats[0] == 0)
+        if len(empty):
+            lay = layout if layout is not None else Layout.numeric(sel.names)
+            k = max(a for a, start in enumerate(lay.starts) if start <= empty[0])
+            noun = "column" if header.format == "csv" else "attribute"
+            what = "mean" if lay.values[k] is None else "mode"
+            raise InputError(f"{header.path}: {noun} {lay.names[k]!r} has only missing values ('?'): no {what} to "
+                             "fill in; leave it out with --ignore", collective=True)
+        # the means of the values present, summed exactly: the same bits at any rank count
+        # (without a '?' the rows themselves: no copy of them)
+        fill = exact_column_means(comm, np.where(nan, 0.0, x) if count else x, stats[0])
+        for _, s, v in blocks:
+            fill[s:s + len(v)] = 0.0
+            fill[s + int(np.argmax(stats[2][s:s + len(v)]))] = ONE  # the first most frequent
     if count == 0:
-        return x, weights, None, 0
-    empty = np.flatnonzero(stats[0] == 0)
-    if len(empty):
-        lay = layout if layout is not None else Layout.numeric(sel.names)
-        k = max(a for a, start in enumerate(lay.starts) if start <= empty[0])
-        noun = "column" if header.format == "csv" else "attribute"
-        fill = "mean" if lay.values[k] is None else "mode"
-        raise InputError(f"{header.path}: {noun} {lay.names[k]!r} has only missing values ('?'): no {fill} to fill "
-                         "in; leave it out with --ignore", collective=True)
-    # the means of the values present, summed exactly: the same bits at any rank count
-    fill = exact_column_means(comm, np.where(nan, 0.0, x), stats[0])
-    for _, s, v in blocks:
-        fill[s:s + len(v)] = 0.0
-        fill[s + int(np.argmax(stats[2][s:s + len(v)]))] = ONE  # the first most frequent
+        return x, weights, None, 0, fill
     x = np.where(nan, fill, x)
-    return np.ascontiguousarray(x), weights, None, count
+    return np.ascontiguousarray(x), weights, None, count, fill
 
 
 def read_arff(path: str, comm, header: Header | None = None, ignore: str | None = None,
-              missing: str = "error", threads: int = 1, nominal: str = "skip") -> LocalData:
+              missing: str = "error", threads: int = 1, nominal: str = "skip",
+              fill: np.ndarray | None = None) -> LocalData:
     """Read a text file in parallel: header on rank 0, rows on every rank.
 
     Collective.  See :func:`read_local`.  Without ``header`` the file is read as
@@ -577,7 +603,8 @@ def read_arff(path: str, comm, header: Header | None = None, ignore: str | None 
     """
     header = header or shared_header(path, comm)
     try:
-        return read_local(path, header, comm, ignore=ignore, missing=missing, threads=threads, nominal=nominal)
+        return read_local(path, header, comm, ignore=ignore, missing=missing, threads=threads, nominal=nominal,
+                          fill=fill)
     except (UsageError, InputError) as exc:
         exc.collective = True  # select_attributes decides the same on every rank
         raise

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numba
+import numpy as np
 
 from ..errors import InputError, UsageError
 from . import binary, open_input
@@ -74,6 +75,9 @@ class ReadOptions:
         Reading and parsing threads of this rank.
     write_arff : bool
         ``--write-arff``: the rows' text is copied into the results (a text input only).
+    fill : ndarray, shape (columns,), float64, or None
+        With ``missing="mean"``: the values that replace ``?`` (a model's training
+        means, in the file's columns); None: the file's own means.
     """
 
     ignore: str | None = None
@@ -81,6 +85,7 @@ class ReadOptions:
     nominal: str = "skip"
     threads: int = 1
     write_arff: bool = False
+    fill: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -262,7 +267,7 @@ def read_local(comm, path: str, options: ReadOptions = ReadOptions()) -> LocalDa
         return binary.read_npy(path, comm, options.threads)
     check_memory(path, header, comm)
     return read_arff(path, comm, header=header, ignore=options.ignore, missing=options.missing,
-                     threads=options.threads, nominal=options.nominal)
+                     threads=options.threads, nominal=options.nominal, fill=options.fill)
 
 
 def shape(path: str, ranks: int = 1) -> Shape:
