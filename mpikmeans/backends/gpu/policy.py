@@ -21,17 +21,19 @@ runs the screen, the recheck and the distances kernel.
 
 :func:`step_layout` — the tiles, from K, M and the shared memory a block may use:
 
-=======================================  ===============================================================
-shape                                    layout
-=======================================  ===============================================================
-K <= 16                                  the screen's small register tile: 4 rows x 8 centres a thread
-K > 16                                   the wide tile: 4 rows x 16 centres (a row read once per 16)
-``ceil(K / TC) * M * TC * 4`` bytes fit  the screen stages every centre once per block
-otherwise                                the screen stages its centres a chunk of tiles at a time
-``24 K (M + 2)`` bytes fit               the sums take every column, in up to 8 copies (one per warp)
-otherwise, while ``48 K`` bytes fit      the sums take a chunk of columns per block (grid y)
-larger K                                 the sums go straight into the global limbs with atomics
-=======================================  ===============================================================
+==========================================  ===============================================================
+shape                                       layout
+==========================================  ===============================================================
+K <= 16                                     the screen's small register tile: 4 rows x 8 centres a thread
+K > 16                                      the wide tile: 4 rows x 16 centres (a row read once per 16)
+``ceil(K / TC) * M * TC * 4`` bytes fit     the screen stages every centre once per block
+otherwise                                   the screen stages its centres a chunk of tiles at a time
+``24 K (M + 2) + 16`` bytes fit             the sums take every column, in up to 8 copies (one per warp)
+otherwise, while ``48 K + 16`` bytes fit    the sums take a chunk of columns per block (grid y)
+larger K                                    the sums go straight into the global limbs with atomics
+==========================================  ===============================================================
+
+The sums' budget counts the kernel's 16 bytes of static shared memory beside its dynamic bytes.
 """
 
 from __future__ import annotations

@@ -61,6 +61,9 @@ SUM_ROWS = 2048
 RC_NT = 64 if SIM else 128
 #: int32 limbs a value takes in the accumulation's shared memory (20 bits each, of ``h`` and ``l``)
 SMEM_LIMBS = 6
+#: the accumulation's static shared memory (its changed-rows counter), which a launch adds to the
+#: dynamic bytes: a block asking for exactly 48 KB of dynamic memory besides it is refused
+SUM_STATIC_BYTES = 16
 _L20 = (1 << 20) - 1
 #: float32 unit roundoff; the certificate is written in multiples of it
 _U32 = 2.0 ** -24
@@ -94,9 +97,9 @@ def sum_layout(k: int, m: int, smem_bytes: int) -> tuple:
     ----------
     k, m : int
     smem_bytes : int
-        Shared memory one block may use.
+        Shared memory one block may use, its static bytes (:data:`SUM_STATIC_BYTES`) included.
     """
-    slots = smem_bytes // 4
+    slots = (smem_bytes - SUM_STATIC_BYTES) // 4
     mc = m + 1
     per_copy = k * SMEM_LIMBS * (mc + 1)
     if per_copy <= slots:
@@ -108,7 +111,7 @@ def sum_layout(k: int, m: int, smem_bytes: int) -> tuple:
 
 
 def sum_shared_bytes(k: int, jc: int, copies: int) -> int:
-    """Bytes of shared memory the accumulation takes for :func:`sum_layout`'s ``(jc, copies)``."""
+    """Bytes of dynamic shared memory the accumulation takes for :func:`sum_layout`'s ``(jc, copies)``."""
     return 4 * SMEM_LIMBS * copies * k * (jc + 1)
 
 
