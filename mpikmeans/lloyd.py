@@ -269,6 +269,10 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
     else:
         state = LoopState(0, np.array(centres, dtype=np.float64, copy=True), None, [])
     reason, converged, interrupted = STOP_MAX_ITER, False, False
+    if empty_cluster == "farthest":
+        # the relocation's compiled kernel is loaded now, not inside the iteration that first empties a
+        # cluster (often the second: its loading alone outlasts a step on the GPU)
+        row_limbs(np.zeros(state.centres.shape[1]), 1.0, scales)
     while state.iteration < max_iter:
         it = state.iteration + 1
         fault_point(comm.rank, "iteration")

@@ -227,6 +227,9 @@ _SIM_PROGRAM = textwrap.dedent(
             be.step(c, s)
             d2, rows, lab = be.farthest(c, 6)
             out[name] = [hexes(d2), rows.tolist(), lab.tolist()]
+            # more empty clusters than the device's passes: one copy, the host's selection
+            d2, rows, lab = be.farthest(c, G.backend.FARTHEST_PASSES + 4)
+            out[name + "_many"] = [hexes(d2), rows.tolist(), lab.tolist()]
             be.close()
         return out
 
@@ -397,6 +400,17 @@ def test_sim_farthest_rows_tied_go_lower_index_first(sim):
     rec = sim["farthest_ties"]
     assert rec["cpu"][1][:4] == [7, 40, 120, 200]  # the four duplicates, by row index
     assert rec["gpu"] == rec["cpu"] and rec["gpu_streamed"] == rec["cpu"]
+
+
+def test_sim_farthest_rows_for_many_empty_clusters_are_the_cpus(sim):
+    """More empty clusters than the device's passes (selected on the host from one copy): the same rows,
+    distances and labels, in the same order, the first of them those of the fewer."""
+    rec = sim["farthest_ties"]
+    assert len(rec["cpu_many"][1]) > len(rec["cpu"][1])
+    assert rec["gpu_many"] == rec["cpu_many"] and rec["gpu_streamed_many"] == rec["cpu_many"]
+    few = len(rec["cpu"][1])
+    assert rec["cpu_many"][1][:few] == rec["cpu"][1] and rec["cpu_many"][2][:few] == rec["cpu"][2]
+    assert rec["cpu_many"][0].startswith(rec["cpu"][0])  # the distances' hex digits, in order
 
 
 @pytest.mark.parametrize("weights", ["plain", "weighted"])

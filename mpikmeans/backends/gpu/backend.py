@@ -25,7 +25,7 @@ import numpy as np
 
 from ...exact import BlockFixed, limbs_to_int, scale_factors
 from ...fixedsums import Scales, column_magnitudes
-from ..base import DTYPES, Backend, BackendInfo, BackendUnavailable, StepResult
+from ..base import DTYPES, Backend, BackendInfo, BackendUnavailable, StepResult, farthest_rows
 from . import initk
 from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
@@ -39,6 +39,9 @@ log = logging.getLogger("mpikmeans.backends.gpu")
 
 #: what the step kernels are specialised on besides the dtype and the screen's tile (the store's key)
 _SPEC = (NT, SUM_ROWS, RC_NT)
+#: empty clusters :meth:`GPUBackend.farthest` finds with one pass over the distances on the device each;
+#: more are selected on the host from one copy of the distances (a pass costs a launch and three copies)
+FARTHEST_PASSES = 8
 
 
 def _memset(arr, stream=0) -> None:
@@ -306,6 +309,12 @@ class GPUBackend(Backend):
         last = self._step_centres
         if self.n == 0 or last is None or last.shape != centres.shape or not np.array_equal(last, centres):
             return super().farthest(centres, count)
+        if count > FARTHEST_PASSES:
+            # many empty clusters (K sampled rows of few blobs): the distances and labels cross once and the
+            # host selects them all, rather than a pass and three copies for each
+            dist2 = self._d2.copy_to_host()
+            rows = farthest_rows(dist2, count)
+            return dist2[rows], rows, self.rows.labels.copy_to_host()[rows]
         disp, kern = self.kernels()[("farthest", None)]
         grid = 1 if SIM else 2 * self.limits.sm_count
         best_d = cuda.device_array(grid, dtype=np.float64)
