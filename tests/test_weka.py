@@ -435,3 +435,76 @@ def test_weka_load_check_catches_a_bad_file(tmp_path):
     bad.write_text("@relation r\n@attribute a numeric\n@attribute c {c1,c2}\n@data\n1,c1\n2,c3\n")
     with pytest.raises(AssertionError, match="failed|could not load"):
         weka_load_summary(bad)
+
+
+# =========================================================================== a saved model on new rows
+
+#: Weka's examples split into the rows a model is fitted on and new rows it is applied to (the class
+#: attribute removed by Weka's own filter: Weka saves no clusterer fitted with -c), K and seed;
+#: segment-challenge comes with its own test file, the others are cut at two thirds
+SAVED_CASES = [("segment-challenge", "segment-test", 7, 10), ("labor", None, 2, 10), ("credit-g", None, 3, 10),
+               ("cpu.with.vendor", None, 3, 10)]
+
+
+def _train_and_test(name: str, test_name: str | None, tmp: Path) -> tuple:
+    """``(train, test)``: ARFF files of the example's attributes less its last one, as Weka removes it."""
+    sources = [EXAMPLES / f"{name}.arff", EXAMPLES / f"{test_name}.arff"] if test_name else [EXAMPLES / f"{name}.arff"]
+    if test_name is None:
+        lines = sources[0].read_text().splitlines()
+        at = next(i for i, line in enumerate(lines) if line.strip().lower().startswith("@data"))
+        rows = [line for line in lines[at + 1:] if line.strip() and not line.lstrip().startswith("%")]
+        cut = len(rows) * 2 // 3
+        sources = []
+        for part, chosen in (("fit", rows[:cut]), ("new", rows[cut:])):
+            p = tmp / f"{name}-{part}-full.arff"
+            p.write_text("\n".join(lines[:at + 1] + chosen) + "\n")
+            sources.append(p)
+    out = []
+    for i, src in enumerate(sources):
+        dst = tmp / f"{name}-{'fit' if i == 0 else 'new'}.arff"
+        if name == "cpu.with.vendor":  # its last attribute (the class) is numeric and clustered: kept
+            dst.write_bytes(src.read_bytes())
+        else:
+            run_weka("weka.filters.unsupervised.attribute.Remove", "-R", "last", "-i", str(src), "-o", str(dst))
+        out.append(dst)
+    return tuple(out)
+
+
+def weka_saved_model_labels(train: Path, test: Path, k: int, seed: int, tmp: Path) -> np.ndarray:
+    """Weka's SimpleKMeans fitted on ``train`` and saved (``-d``), then loaded (``-l``) to cluster ``test``
+    (``-T ... -p 0``: each row's 0-based cluster)."""
+    model = tmp / f"{train.stem}.model"
+    run_weka("weka.clusterers.SimpleKMeans", "-N", str(k), "-S", str(seed), "-I", "500", "-t", str(train),
+             "-d", str(model))
+    out = run_weka("weka.clusterers.SimpleKMeans", "-l", str(model), "-T", str(test), "-p", "0")
+    rows = [line.split() for line in out.splitlines() if re.fullmatch(r"\s*\d+\s+\d+\s*", line)]
+    return np.array([int(c) for _, c in rows], dtype=np.int64)
+
+
+@needs_weka
+@needs_examples
+@pytest.mark.parametrize("name,test_name,k,seed", SAVED_CASES)
+def test_predict_with_a_model_of_wekas_clusters_gives_wekas_saved_clusterer_labels(name, test_name, k, seed,
+                                                                                    tmp_path):
+    """A model fitted as Weka fits SimpleKMeans (``--nominal weka --normalize minmax --missing mean``, from
+    Weka's final centroids: the same clusters), applied by ``mpikmeans predict`` to rows it has not seen,
+    labels every row as Weka's saved and reloaded clusterer does: the training ranges scale the new rows,
+    the training means fill their missing values (labor has some), a nominal attribute counts 0 or 1."""
+    train, test = _train_and_test(name, test_name, tmp_path)
+    loc = read_weka_style(train, ignore_last=False)
+    labels = weka_assignment(train, k, seed, tmp_path / "fit-clusters.arff", ignore_last=False)
+    assert len(labels) == len(loc.x)
+    centres, _ = _weka_centroids(loc, labels, k)
+    start = tmp_path / "weka-centroids.csv"
+    start.write_bytes(centres_csv(loc.layout.decode(centres), loc.names))
+    fit = tmp_path / "fit"
+    r = run_cli(["run", train, "-k", k, *WEKA_OPTIONS, "--init", start, "-o", fit, "-q"], timeout=300)
+    assert r.code == 0, r.err
+    assert np.array_equal(np.loadtxt(fit / "labels.txt", dtype=np.int64), labels)  # Weka's clusters
+    new = tmp_path / "new"
+    r = run_cli(["predict", fit / "model.json", test, "-o", new, "-q"], timeout=300)
+    assert r.code == 0, r.err
+    ours = np.loadtxt(new / "labels.txt", dtype=np.int64, ndmin=1)
+    weka = weka_saved_model_labels(train, test, k, seed, tmp_path)
+    assert len(weka) == len(ours) > 0
+    assert np.array_equal(ours, weka), np.flatnonzero(ours != weka)[:20]
