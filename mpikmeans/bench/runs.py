@@ -61,7 +61,7 @@ SHAPES = {"A": (5_000_000, 100, 50), "B": (10_000_000, 32, 1000), "C": (100_000_
           "D": (300_000, 257, 1000), "E": (2_000_000, 3, 7)}
 #: The phases of ``summary.json``'s ``timings``, in the order a run goes through them (``launch_s``:
 #: imports and MPI's start before the run, not in ``total_s``).
-PHASES = ("launch_s", "startup_s", "read_s", "setup_s", "init_s", "compute_s", "write_s", "total_s",
+PHASES = ("launch_s", "startup_s", "read_s", "setup_s", "init_s", "compute_s", "scores_s", "write_s", "total_s",
           "per_iteration_s")
 CACHES = ("empty", "warm")
 #: ``--quick``: the scale, and the shapes and caches unless given
@@ -565,7 +565,8 @@ def run_sweep(s: RunsSettings, command: str = "", out: str | None = None, progre
             save()
             progress(f"K = {k}: " + (f"FAILED: {row['error'].splitlines()[0]}" if "error" in row else
                      f"whole command {row['wall_s']:.2f} s (total {seconds(row['timings']['total_s'])}, setup "
-                     f"{seconds(row['timings']['setup_s'])}), {row['iterations']} iterations"))
+                     f"{seconds(row['timings']['setup_s'])}, scores {seconds(row['timings']['scores_s'])}), "
+                     f"{row['iterations']} iterations"))
         fits = {}
         if s.sklearn:
             for k in sweep_points(ks, s.sweep_sklearn):

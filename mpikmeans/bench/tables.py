@@ -23,6 +23,7 @@ MATRIX_COLUMNS = (
     ("setup", 7, lambda r: seconds(r["timings"]["setup_s"])),
     ("init", 7, lambda r: seconds(r["timings"]["init_s"])),
     ("comp", 8, lambda r: seconds(r["timings"]["compute_s"], 3)),
+    ("scores", 7, lambda r: seconds(r["timings"].get("scores_s"))),
     ("write", 7, lambda r: seconds(r["timings"]["write_s"])),
     ("compile", 8, lambda r: seconds(r.get("compile_s"))),
     ("helpers", 8, lambda r: seconds(r["background_compile_s"])),
