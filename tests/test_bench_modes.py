@@ -222,7 +222,7 @@ def test_device_script_runs_the_benchmarks_that_exist():
     tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "scripts"], capture_output=True, text=True)
     names = (sorted(Path(p).name for p in tracked.stdout.split()) if tracked.returncode == 0 and tracked.stdout
              else sorted(p.name for p in (REPO / "scripts").iterdir()))
-    assert names == ["device_gpu.sh", "start_local_slurm.sh"]
+    assert names == ["device_gpu.sh", "same_outputs.py", "start_local_slurm.sh"]
     text = (REPO / "scripts" / "device_gpu.sh").read_text()
     commands = set(re.findall(r"python3 -m mpikmeans bench (\w+)", text))
     assert commands == {"runs", "run"}, commands
