@@ -189,6 +189,8 @@ def _data_fill(model: Model, match: HeaderMatch) -> np.ndarray | None:
 def _fill_absent_modes(model: Model, match: HeaderMatch, x: np.ndarray) -> None:
     """Give the rows whose nominal block is all 0 (a ``?`` filled with a category the data's header lacks, see
     :func:`_data_fill`) the model's fill for that block, in place; ``x`` of shape (rows, model columns)."""
+    if match.columns is None:
+        return  # the data's columns are the model's: every category a '?' gets is the data's, filled by the reader
     fill = np.array(model.missing["fill"], dtype=np.float64)
     for _, s, v in model.layout.blocks():
         block = slice(s, s + len(v))
