@@ -161,6 +161,21 @@ def small_x(small_file):
     return run_ranks(1, lambda comm: read_arff(str(small_file), comm))[0].x
 
 
+def real_gpu():
+    """The GPU backend's package where a real CUDA GPU answers (not the simulator), else None."""
+    try:
+        from mpikmeans.backends import gpu as G
+    except Exception:
+        return None
+    if G.SIM or not G.gpu_available():
+        return None
+    return G
+
+
+#: a test that needs a real CUDA GPU (the device machine runs these: ``-m gpu``)
+needs_gpu = pytest.mark.skipif(real_gpu() is None, reason="needs a real CUDA GPU")
+
+
 #: pytest's time limit of a test that sets up tests/test_backend_gpu.py's simulator fixture (every
 #: scenario once, two processes side by side: 222-235 s on a 2-core machine, near the suite's 300 s
 #: limit; the fixture's own processes stop at 600 s)

@@ -21,7 +21,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import run_simulated
+from conftest import needs_gpu, real_gpu, run_simulated
 from mpikmeans.backends import BackendUnavailable
 
 # --------------------------------------------------------------------------------------
@@ -476,17 +476,6 @@ def test_no_gpu_is_refused_cleanly():
 # --------------------------------------------------------------------------------------
 
 
-def _real_gpu():
-    try:
-        from mpikmeans.backends import gpu as G
-    except Exception:
-        return None
-    if G.SIM or not G.gpu_available():
-        return None
-    return G
-
-
-needs_gpu = pytest.mark.skipif(_real_gpu() is None, reason="needs a real CUDA GPU")
 
 
 def _blobs(n, m, k, seed, offset=0.0, noise=1.0):
@@ -523,7 +512,7 @@ def test_gpu_lloyd_is_the_cpus_to_the_bit(n, m, k, chunk, weighted, smem, monkey
     from mpikmeans.backends.cpu import CPUBackend
     from mpikmeans.backends.gpu import policy
 
-    G = _real_gpu()
+    G = real_gpu()
     if smem:
         monkeypatch.setattr(policy, "SMEM_BYTES", smem)
     x = _blobs(n, m, k, seed=k)
@@ -541,7 +530,7 @@ def test_gpu_lloyd_is_the_cpus_to_the_bit(n, m, k, chunk, weighted, smem, monkey
 def test_gpu_empty_clusters_relocated_and_dropped_as_the_cpu():
     from mpikmeans.backends.cpu import CPUBackend
 
-    G = _real_gpu()
+    G = real_gpu()
     x = _blobs(120_000, 10, 12, seed=3)
     start = x[:12].copy()
     start[[4, 9]] += 1e4
@@ -558,7 +547,7 @@ def test_gpu_empty_clusters_relocated_and_dropped_as_the_cpu():
 def test_gpu_float32_storage_gives_the_float64_labels_on_separated_data(k):
     from mpikmeans.backends.cpu import CPUBackend
 
-    G = _real_gpu()
+    G = real_gpu()
     x = _blobs(300_000, 10, k, seed=11, noise=0.2)
     start = x[:k].copy()
     cpu = _lloyd_record(CPUBackend(), x, start, max_iter=40)
@@ -577,7 +566,7 @@ def test_gpu_init_equals_cpu_init(method, weighted):
     from mpikmeans.comm import SerialComm
     from mpikmeans.init import initial_centres
 
-    G = _real_gpu()
+    G = real_gpu()
     x = _blobs(120_000, 20, 16, seed=7, offset=50.0)
     w = np.random.default_rng(8).uniform(0.5, 2.0, len(x)) if weighted else None
     got = []
@@ -614,7 +603,7 @@ def test_gpu_runs_at_any_shape_compile_nothing_after_warmup(empty_store):
     from mpikmeans.init import initial_centres
     from mpikmeans.lloyd import lloyd
 
-    G = _real_gpu()
+    G = real_gpu()
     for dtype in ("float64", "float32"):
         be = G.GPUBackend(dtype=dtype)
         be.load(np.zeros((1, 1)))
@@ -642,7 +631,7 @@ def test_gpu_kernels_load_from_the_store_and_a_damaged_entry_is_rebuilt(empty_st
     from mpikmeans.backends.gpu import backend, compiled
     from mpikmeans.fixedsums import Scales
 
-    G = _real_gpu()
+    G = real_gpu()
     x = _blobs(40_000, 23, 9, seed=6)
     c = x[:9].copy()
     scales = Scales.of(np.abs(x).max(axis=0))
@@ -675,7 +664,7 @@ def test_gpu_kernels_load_from_the_store_and_a_damaged_entry_is_rebuilt(empty_st
 def test_gpu_zero_rows_and_info():
     from mpikmeans.fixedsums import Scales
 
-    G = _real_gpu()
+    G = real_gpu()
     g = G.GPUBackend(dtype="float32")
     g.load(np.empty((0, 5)))
     r = g.step(np.ones((3, 5)), Scales.of(np.ones(5)))

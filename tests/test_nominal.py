@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import run_cli  # noqa: E402
+from conftest import needs_gpu, run_cli  # noqa: E402
 
 from mpikmeans.nominal import ONE, Layout  # noqa: E402
 
@@ -177,17 +177,8 @@ def test_the_mixed_blobs_are_found(mixed, tmp_path):
     assert found == [(0, "red", "M"), (1, "it's blue", "XL"), (6, "dark green", "L")]
 
 
-def _real_gpu() -> bool:
-    try:
-        from mpikmeans.backends import gpu as G
-    except Exception:
-        return False
-    return not G.SIM and G.gpu_available()
-
-
 @pytest.mark.parametrize("device", [
-    "simulator", pytest.param("gpu", marks=[pytest.mark.gpu,
-                                            pytest.mark.skipif(not _real_gpu(), reason="needs a real CUDA GPU")])])
+    "simulator", pytest.param("gpu", marks=[pytest.mark.gpu, needs_gpu])])
 def test_the_gpu_backend_gives_the_cpus_result(mixed, tmp_path, device):
     pytest.importorskip("numba.cuda")
     cpu = _run(mixed, tmp_path / "cpu", "--backend", "cpu", "--seed", "2")

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import HANG_GUARD_S, Result, _env, mpirun_path, run_cli  # noqa: E402
+from conftest import HANG_GUARD_S, Result, _env, mpirun_path, needs_gpu, run_cli  # noqa: E402
 from test_model import COLOURS, NOMINAL_ARFF, fit_like_run, gaps_fill, write_gaps, write_mixed  # noqa: E402
 
 from mpikmeans.bench.harness import MPI_START_FAILURE  # noqa: E402
@@ -82,14 +82,17 @@ def trained(blobs, tmp_path_factory):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=[pytest.mark.gpu, needs_gpu])])
 @pytest.mark.parametrize("np_", [1, 3])
-def test_predict_on_the_training_file_gives_the_runs_labels(blobs, trained, tmp_path, np_):
+def test_predict_on_the_training_file_gives_the_runs_labels(blobs, trained, tmp_path, np_, backend):
     model, run = trained
-    r = predict_cli([model, blobs, "-o", tmp_path / "p", "-q"], np=np_)
+    gpu = ["--share-gpus"] if backend == "gpu" else []
+    r = predict_cli([model, blobs, "-o", tmp_path / "p", "-q", "--backend", backend, *gpu], np=np_)
     assert r.code == 0, r.err
     assert (tmp_path / "p" / "labels.txt").read_bytes() == (run / "labels.txt").read_bytes()
     mine, theirs = (json.loads((d / "summary.json").read_text()) for d in (tmp_path / "p", run))
     assert mine["command"] == "predict" and mine["ranks"] == np_ and mine["n"] == theirs["n"]
+    assert mine["backend"] == backend
     assert mine["sizes"] == theirs["sizes"]
     assert mine["inertia"] == pytest.approx(theirs["inertia"], rel=1e-12)
     assert mine["inertia_units"] == "scaled (zscore)" and set(mine["timings"]) >= {"read_s", "assign_s", "total_s"}

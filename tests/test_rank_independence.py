@@ -4,8 +4,9 @@ The real tool under ``mpirun -np 1, 2, 3, 4, 7`` on three small data sets: well-
 clusters that start empty and take the farthest points; and ``--normalize zscore`` with instance
 weights and a nominal attribute under ``--nominal weka``.  centers.csv (``repr`` precision: every
 bit) and labels.txt must be byte for byte those of one rank, and summary.json's SSE, per-cluster
-SSE and every iteration's SSE equal.  Run here on the CPU backend; the GPU's runs are made on the
-GPU machine.
+SSE and every iteration's SSE equal.  The CPU backend runs everywhere; the GPU backend (ranks sharing
+the machine's GPUs, ``--share-gpus``) only where a real GPU answers: there its float64 results must
+also be the CPU's, bit for bit (float32 storage: the same bits at every rank count).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import needs_gpu, run_cli
 
 pytestmark = pytest.mark.mpi
 
@@ -101,14 +102,23 @@ def _results(out):
     }, summary
 
 
+def _run(data, args, backend, ranks, out):
+    backend, _, dtype = backend.partition("-")
+    extra = ["--share-gpus"] if backend == "gpu" else []
+    extra += ["--dtype", dtype] if dtype else []
+    r = run_cli(["run", data, *args, "--backend", backend, *extra, "-o", out, "-q"], np=ranks, timeout=300)
+    assert r.code == 0, f"{backend} -np {ranks}: {r.err}"
+
+
+@pytest.mark.parametrize("backend", ["cpu"] + [pytest.param(b, marks=[pytest.mark.gpu, needs_gpu])
+                                               for b in ("gpu", "gpu-float32")])
 @pytest.mark.parametrize("case", list(CASES))
-def test_item05_results_identical_at_any_rank_count(tmp_path, case):
+def test_item05_results_identical_at_any_rank_count(tmp_path, case, backend):
     data, args = CASES[case](tmp_path)
     runs = {}
     for ranks in RANKS:
         out = tmp_path / f"np{ranks}"
-        r = run_cli(["run", data, *args, "--backend", "cpu", "-o", out, "-q"], np=ranks, timeout=300)
-        assert r.code == 0, f"-np {ranks}: {r.err}"
+        _run(data, args, backend, ranks, out)
         runs[ranks], summary = _results(out)
         assert summary["ranks"] == ranks
         if case == "empty-clusters":
@@ -118,3 +128,7 @@ def test_item05_results_identical_at_any_rank_count(tmp_path, case):
     differ = {ranks: [key for key in ref if res[key] != ref[key]] for ranks, res in runs.items()}
     assert not any(differ.values()), f"{case}: differs from -np 1: " + "; ".join(
         f"-np {ranks}: {', '.join(keys)}" for ranks, keys in differ.items() if keys)
+    if backend == "gpu":
+        _run(data, args, "cpu", 1, tmp_path / "cpu")
+        cpu, _ = _results(tmp_path / "cpu")
+        assert not [key for key in ref if cpu[key] != ref[key]], f"{case}: the GPU's results are not the CPU's"
