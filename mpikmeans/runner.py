@@ -447,9 +447,10 @@ def _fit_and_write(comm, data: str, cfg, prep: Prepared, results, settings: dict
     checkpointer.finished(result.state, result.converged, result.stop_reason)
     scores = None
     if cfg.scores != "none":
-        scores = quality_scores(comm, prep.x, result.labels, int(result.centres.shape[0]), weights=local.weights,
-                                centres=result.centres, magnitudes=prep.magnitudes, sample_size=cfg.score_sample,
-                                seed=cfg.seed, threads=prep.threads)
+        k = int(result.centres.shape[0])
+        scores = quality_scores(comm, prep.x, result.labels, k, weights=local.weights, centres=result.centres,
+                                magnitudes=prep.magnitudes, sample_size=cfg.score_sample, seed=cfg.seed,
+                                threads=prep.threads, rows=backend.score_rows(result.labels, k))
     clock["scored"] = time.perf_counter()
     summary = run_summary(comm, data, cfg, local, scaler, restarts, info, settings, resume, prep.threads,
                           prep.compiling.seconds, scores)

@@ -237,6 +237,70 @@ def _sample_sums(xt, lab, nlab, lo, hi, out):  # pragma: no cover - compiled
                 out[i0 - lo + t, q] = acc[t, q]
 
 
+class HostScoreRows:
+    """The scores' two passes over host rows (what :func:`quality_scores` asks of its ``rows``).
+
+    Parameters
+    ----------
+    x : ndarray, shape (n, m), float64
+    weights : ndarray, shape (n,), float64, or None
+    labels : ndarray, shape (n,), int32
+        ``-1 .. k-1`` (-1: left out).
+    k, threads : int
+    """
+
+    def __init__(self, x: np.ndarray, weights: np.ndarray | None, labels: np.ndarray, k: int, threads: int):
+        self.x, self.w, self.labels, self.k, self.threads = x, weights, labels, k, threads
+
+    def cluster_sums(self, ref: np.ndarray, scales: Scales, ref_exp: int) -> tuple:
+        """Per cluster, the fixed-point sums of ``w x`` and ``w`` at ``scales`` and of ``w |x - ref_a|^2`` at
+        ``2**ref_exp``.
+
+        Parameters
+        ----------
+        ref : ndarray, shape (k, m), float64
+        scales : Scales
+        ref_exp : int
+
+        Returns
+        -------
+        sums : ndarray, shape (k, m + 1, 4), int64
+        ref_sse : ndarray, shape (k, 4), int64
+        """
+        n, m = self.x.shape
+        sums = np.zeros((self.k, m + 1, 4), dtype=np.int64)
+        sum_rows(self.x, self.w, self.labels, None, scales, sums, self.threads)
+        dref = np.empty(n)
+        if n:
+            _own_dist2(self.x, self.labels, ref, dref)
+        return sums, cluster_sums(self.labels, dref, self.w, self.k, ref_exp)
+
+    def silhouette(self, mt: np.ndarray, slot: np.ndarray, spread: np.ndarray, mass: np.ndarray) -> tuple:
+        """Each row's squared distance to its own cluster's mean and its squared-Euclidean silhouette.
+
+        Parameters
+        ----------
+        mt : ndarray, shape (m, p), float64
+            The ``p >= 2`` non-empty clusters' means, transposed.
+        slot : ndarray, shape (k,), int64
+            A cluster's column in ``mt`` (-1: empty).
+        spread, mass : ndarray, shape (p,), float64
+            Each cluster's mean squared deviation and weight.
+
+        Returns
+        -------
+        own, sil : ndarray, shape (n,), float64
+        """
+        n = len(self.x)
+        own = np.empty(n)
+        sil = np.empty(n)
+        if n:
+            w = self.w
+            _silhouette_rows(self.x, self.labels, w if w is not None else np.ones(0), w is not None, mt, slot, spread,
+                             mass, own, sil)
+        return own, sil
+
+
 # ======================================================================== the scores
 
 def _empty_result(reason: str, sample_size: int = 0, seed: int = 0) -> dict:
@@ -343,7 +407,7 @@ def sampled_silhouette(xs: np.ndarray, labels: np.ndarray) -> float | None:
 def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: np.ndarray | None = None,
                    centres: np.ndarray | None = None, magnitudes: np.ndarray | None = None,
                    sample_size: int = DEFAULT_SAMPLE, seed: int = 0, scores: str = "all",
-                   threads: int = 1) -> dict:
+                   threads: int = 1, rows=None) -> dict:
     """Calinski–Harabasz, Davies–Bouldin and two silhouettes of ``labels`` over all ranks' rows (collective).
 
     See the module's docstring for the definitions, the weights and what
@@ -376,6 +440,11 @@ def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: 
         ``none`` computes nothing (every score None).
     threads : int
         Host threads of the fixed-point sums.
+    rows : object, optional
+        The two passes over the rows where the rows are (a backend's
+        :meth:`~mpikmeans.backends.base.Backend.score_rows` for these labels):
+        the same integers and bits as :class:`HostScoreRows`, which reads ``x``
+        when omitted.  The sample is always taken from ``x``.
 
     Returns
     -------
@@ -422,14 +491,12 @@ def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: 
     counts = comm.allgather(n_local)
     row_offset = sum(counts[: comm.rank])
 
+    passes = rows if rows is not None else HostScoreRows(x, w, labels, k, threads)
+
     # ---- pass 1: per cluster, the sums of w x and of w, and of each row's squared distance to ref
-    sums = np.zeros((k, m + 1, 4), dtype=np.int64)
-    sum_rows(x, w, labels, None, scales, sums, threads)
-    dref = np.empty(n_local)
-    if n_local:
-        _own_dist2(x, labels, ref, dref)
     ref_exp = scales.sse_exponent(ref)
-    buf = np.concatenate([sums.ravel(), cluster_sums(labels, dref, w, k, ref_exp).ravel(),
+    sums, ref_sse = passes.cluster_sums(ref, scales, ref_exp)
+    buf = np.concatenate([sums.ravel(), ref_sse.ravel(),
                           np.bincount(labels[labels >= 0], minlength=k).astype(np.int64)])
     buf = comm.allreduce(buf, "sum")
     ns = k * (m + 1) * 4
@@ -453,11 +520,7 @@ def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: 
     # ---- pass 2: each row's squared distance to its mean and its silhouette
     slot = np.full(k, -1, dtype=np.int64)
     slot[present] = np.arange(p)
-    own = np.empty(n_local)
-    sil = np.empty(n_local)
-    if n_local:
-        _silhouette_rows(x, labels, w if w is not None else np.ones(0), w is not None,
-                         np.ascontiguousarray(means.T), slot, spread, np.ascontiguousarray(mass[present]), own, sil)
+    own, sil = passes.silhouette(np.ascontiguousarray(means.T), slot, spread, np.ascontiguousarray(mass[present]))
     own_exp = scales.sse_exponent(means)
     reach = mags + np.abs(means).max(axis=0)  # |x_j - mean_j| <= |x_j| + |mean_j|
     dist_exp = exponent_for(math.sqrt(float(np.dot(reach, reach))) * wmax)
@@ -533,5 +596,5 @@ def _davies_bouldin(means: np.ndarray, mean_dist: np.ndarray) -> float:
     return float(np.mean(np.max(combined / centroid_dist, axis=1)))
 
 
-__all__ = ["DEFAULT_SAMPLE", "SCORE_CHOICES", "SCORE_NAMES", "all_dist2", "quality_scores", "sample_indices",
+__all__ = ["DEFAULT_SAMPLE", "HostScoreRows", "SCORE_CHOICES", "SCORE_NAMES", "all_dist2", "quality_scores", "sample_indices",
            "sample_label_sums", "sampled_silhouette", "silhouette_from_sums"]

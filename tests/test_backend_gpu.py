@@ -544,16 +544,18 @@ def test_gpu_empty_clusters_relocated_and_dropped_as_the_cpu():
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("k", [16, 64])
-def test_gpu_float32_storage_gives_the_float64_labels_on_separated_data(k):
+def test_gpu_float32_storage_is_the_cpus_run_on_the_float32_rows(k):
+    """float32 storage rounds the rows once; everything after is exact: the run is the CPU's on the rounded
+    rows, to the bit (centres started inside blobs split them, so rows near those boundaries take other
+    labels than with the float64 rows: the test does not ask for the float64 labels)."""
     from mpikmeans.backends.cpu import CPUBackend
 
     G = real_gpu()
     x = _blobs(300_000, 10, k, seed=11, noise=0.2)
     start = x[:k].copy()
-    cpu = _lloyd_record(CPUBackend(), x, start, max_iter=40)
+    cpu = _lloyd_record(CPUBackend(), x.astype(np.float32).astype(np.float64), start, max_iter=40)
     gpu = _lloyd_record(G.GPUBackend(dtype="float32"), x, start, max_iter=40)
-    assert gpu["labels"] == cpu["labels"]
-    assert [h[3] for h in gpu["history"]] == [h[3] for h in cpu["history"]]
+    assert gpu == cpu
 
 
 @pytest.mark.gpu

@@ -69,8 +69,8 @@ def cli(monkeypatch):
 def trained(blobs, tmp_path_factory):
     """``mpirun -np 3 mpikmeans run blobs -k 8 --normalize zscore`` and its model (fitted as the run fits it)."""
     d = tmp_path_factory.mktemp("trained")
-    r = run_cli(["run", blobs, "-k", 8, "--normalize", "zscore", "--seed", 5, "-o", d / "run", "-q"], np=3,
-                timeout=4 * HANG_GUARD_S)
+    r = run_cli(["run", blobs, "-k", 8, "--normalize", "zscore", "--seed", 5, "--backend", "cpu", "-o", d / "run",
+                 "-q"], np=3, timeout=4 * HANG_GUARD_S)
     assert r.code == 0, r.err
     model, labels, _ = fit_like_run(blobs, k=8, normalize="zscore", seed=5)
     # the model is the run's: the same centres (centers.csv, repr precision) and labels

@@ -17,7 +17,7 @@ import pytest
 from sklearn.metrics import calinski_harabasz_score, davies_bouldin_score, silhouette_score
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import HANG_GUARD_S, _env, mpirun_path, run_cli  # noqa: E402
+from conftest import HANG_GUARD_S, _env, mpirun_path, needs_gpu, run_cli, run_simulated  # noqa: E402
 from threadcomm import run_ranks  # noqa: E402
 
 from mpikmeans.backends.cpu import CPUBackend  # noqa: E402
@@ -225,3 +225,60 @@ def test_scores_under_mpirun_are_the_same_at_1_2_3_ranks_and_scikit_learns(blobs
     assert outs[3]["davies_bouldin"] == pytest.approx(davies_bouldin_score(x, labels), rel=1e-9)
     idx = sample_indices(len(x), 600, 2)
     assert outs[3]["silhouette_sample"] == pytest.approx(silhouette_score(x[idx], labels[idx]), rel=1e-9)
+
+
+_DEVICE_PROGRAM = textwrap.dedent("""
+    import json
+    import numpy as np
+    from mpikmeans.backends.gpu import GPUBackend
+    from mpikmeans.comm import SerialComm
+    from mpikmeans.scores import quality_scores
+
+    rng = np.random.default_rng(4)
+    out = {}
+    for case, (n, m, k, weighted) in {"plain": (700, 5, 6, False), "weighted": (650, 3, 3, True),
+                                      "many means": (500, 2, 11, False)}.items():
+        c = rng.uniform(-5, 5, (k, m)) + 30.0
+        labels = rng.integers(0, k, n).astype(np.int32)
+        labels[labels == 1] = 0             # cluster 1 empty
+        labels[7] = 1 if k > 3 else labels[7]  # ... but for one row: alone in its cluster
+        x = c[labels] + rng.normal(0, 1.5, (n, m))
+        w = rng.uniform(0.2, 3.0, n) if weighted else None
+        be = GPUBackend(dtype="float64")
+        be.load(x, w)
+        rows = be.score_rows(labels, k)
+        assert rows is not None
+        kw = dict(weights=w, centres=c, sample_size=0)
+        dev = quality_scores(SerialComm(), x, labels, k, rows=rows, **kw)
+        host = quality_scores(SerialComm(), x, labels, k, **kw)
+        be.close()
+        f32 = GPUBackend(dtype="float32")
+        f32.load(x, w)
+        streamed = GPUBackend(dtype="float64", chunk_rows=200)
+        streamed.load(x, w)
+        out[case] = {"same": {key: dev[key] == host[key] for key in host if key != "seconds"},
+                     "dev": {key: dev[key] for key in ("calinski_harabasz", "silhouette_sqeuclidean")},
+                     "float32 passes": f32.score_rows(labels, k) is not None,
+                     "streamed passes": streamed.score_rows(labels, k) is not None}
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("device", ["simulator", pytest.param("gpu", marks=[pytest.mark.gpu, needs_gpu])])
+def test_the_gpus_passes_give_the_hosts_scores_to_the_bit(device):
+    """The scores' two passes on a GPU backend's resident float64 rows (its sums kernel, the distances to the
+    reference points, the silhouette four means at a time) are the host passes' integers and bits: every
+    score and per-cluster value equal, weighted or not, with an empty cluster and a row alone in its own;
+    float32 or streamed rows leave the passes to the host."""
+    if device == "simulator":
+        pytest.importorskip("numba.cuda")
+        got = run_simulated(_DEVICE_PROGRAM, timeout=HANG_GUARD_S * 4)
+    else:
+        r = subprocess.run([sys.executable, "-c", _DEVICE_PROGRAM], cwd=ROOT, capture_output=True, text=True,
+                           timeout=HANG_GUARD_S * 4)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+    for case, res in got.items():
+        assert all(res["same"].values()), (case, res["same"])
+        assert res["dev"]["calinski_harabasz"] is not None, case
+        assert not res["float32 passes"] and not res["streamed passes"], case

@@ -273,6 +273,18 @@ class Backend(RowDistances):
         from the per-iteration time.  Default: nothing to do.
         """
 
+    def score_rows(self, labels: np.ndarray, k: int):
+        """The quality scores' two passes over these rows where they are, for ``labels``, or None: the scores
+        read the host rows (:class:`mpikmeans.scores.HostScoreRows` says what the object answers).
+
+        Parameters
+        ----------
+        labels : ndarray, shape (n_local,), int32
+            Every row's cluster, ``0 .. k-1``.
+        k : int
+        """
+        return None
+
     def forget_labels(self) -> None:
         """Every row's label unknown: the next :meth:`step` counts every row as changed.
 

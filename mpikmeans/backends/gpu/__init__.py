@@ -9,6 +9,7 @@ The package, by concern:
 - :mod:`.policy`: which step kind runs and with which tiles (pure functions, the tables of cases);
 - :mod:`.hostk`: the centre data a step reads, made on the host;
 - :mod:`.initk`: the initialisations' kernels (D², potentials, exact block sums);
+- :mod:`.scorek`: the quality scores' passes over resident float64 rows (the host's bits);
 - :mod:`.intrinsics`, :mod:`.launch`, :mod:`.compiled`: vector loads and unfused float64
   arithmetic, launching a compiled kernel, the store of compiled kernels;
 - :mod:`.backend`: ``GPUBackend``, a step as named stages (centres, screen, recheck,

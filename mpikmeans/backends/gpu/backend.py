@@ -33,6 +33,8 @@ from .hostk import fill_centres
 from .launch import allow_shared, launch, pinned
 from .policy import FULL, step_kind, step_layout
 from .rows import DeviceRows, transpose_args, transpose_kernel
+from .scorek import NT as SCORE_NT
+from .scorek import DeviceScoreRows, score_example_args, score_kernels
 from .stepk import FAR_NT, NT, RC_NT, SCREEN_TILES, SUM_ROWS, certificate, farthest_kernel, step_kernels
 
 log = logging.getLogger("mpikmeans.backends.gpu")
@@ -91,6 +93,10 @@ def compile_kernels(dtype: str) -> dict:
     fk = farthest_kernel()
     f64, i64 = cuda.device_array(1, dtype=np.float64), cuda.device_array(1, dtype=np.int64)
     out[("farthest", None)] = (fk, compiled("farthest", (FAR_NT,), fk, (f64, 1, i64, 1, f64, i64)))
+    if dtype == "float64":  # the scores read float64 rows only (:meth:`GPUBackend.score_rows`)
+        score_args = score_example_args()
+        for name, disp in score_kernels().items():
+            out[(name, None)] = (disp, compiled(name, (SCORE_NT,), disp, score_args[name]))
     return out
 
 
@@ -331,6 +337,18 @@ class GPUBackend(Backend):
         d2 = np.array([self._d2[r:r + 1].copy_to_host()[0] for r in taken], dtype=np.float64)
         labels = np.array([self.rows.labels[r:r + 1].copy_to_host()[0] for r in taken], dtype=np.int32)
         return d2, rows, labels
+
+    def score_rows(self, labels: np.ndarray, k: int):
+        """The scores' passes on the device where it holds every row in float64 (streamed or float32 rows: the
+        host's rows, which are the values the run clustered, in float64)."""
+        labels = np.asarray(labels)
+        if self.n == 0 or self.dtype != "float64" or self.rows.streaming or labels.shape != (self.n,) \
+                or labels.min() < 0:
+            return None
+        ks = self.kernels()
+        kernels = {"accumulate": ks[("accumulate", None)], "own_dist2": ks[("own_dist2", None)],
+                   "silhouette": ks[("silhouette", None)]}
+        return DeviceScoreRows(self.rows.dx, self.rows.ld, self.n, self.m, self.rows.dw, labels, k, kernels)
 
     def forget_labels(self) -> None:
         self.rows.forget_labels()
