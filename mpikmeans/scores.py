@@ -596,5 +596,6 @@ def _davies_bouldin(means: np.ndarray, mean_dist: np.ndarray) -> float:
     return float(np.mean(np.max(combined / centroid_dist, axis=1)))
 
 
-__all__ = ["DEFAULT_SAMPLE", "HostScoreRows", "SCORE_CHOICES", "SCORE_NAMES", "all_dist2", "quality_scores", "sample_indices",
+__all__ = ["DEFAULT_SAMPLE", "HostScoreRows", "SCORE_CHOICES", "SCORE_NAMES", "all_dist2", "quality_scores",
+           "sample_indices",
            "sample_label_sums", "sampled_silhouette", "silhouette_from_sums"]

@@ -218,7 +218,7 @@ def test_each_cache_is_the_one_asked_for(tmp_path):
             assert row["compile_s"] >= 0
 
 
-def test_k_sweep_one_run_per_k(tmp_path):
+def test_k_sweep_in_one_job_then_one_run_per_k(tmp_path):
     out = tmp_path / "s.json"
     r = run_cli(["bench", "runs", "--quick", "--no-warmup", "--sweep", "2:4", "--sweep-sklearn", 2,
                  "--data-dir", tmp_path / "d", "-o", out], env=NO_GPU, timeout=900)
@@ -232,6 +232,13 @@ def test_k_sweep_one_run_per_k(tmp_path):
         assert "--init" not in row["command"]  # the tool's defaults
     assert doc["total_wall_s"] == pytest.approx(sum(row["wall_s"] for row in doc["rows"]))
     assert doc["total_run_s"] == pytest.approx(sum(row["timings"]["total_s"] for row in doc["rows"]))
+    one = doc["one_job"]
+    assert one["command"].startswith(f"mpikmeans run {doc['shape']['data']} -k 2:4 --backend cpu")
+    assert sorted(one["per_k"]) == ["2", "3", "4"] and one["first"]["timings"]["read_s"] is not None
+    # the same K, the same seeds: the same iterations as the separate runs
+    assert [one["per_k"][str(r["k"])]["iterations"] for r in doc["rows"]] == [r["iterations"] for r in doc["rows"]]
+    assert one["phase_sums"]["total_s"] == pytest.approx(sum(v["total_s"] for v in one["per_k"].values()))
+    assert "in one job" in r.out and one["wall_s"] > 0
     sk = doc["sklearn"]
     assert sorted(int(k) for k in sk["fits"]) == [2, 4] and sk["extrapolated"]
     assert "estimated from 2 fits" in r.out and "interpolated" in r.out

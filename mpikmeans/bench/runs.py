@@ -32,8 +32,9 @@ scikit-learn runs in its own process on the same ``.npy`` with every core:
 tol=0)`` from the rows the tool's ``sample`` draws
 (:func:`mpikmeans.init.sample_indices`), so both run Lloyd from one start.
 
-The K sweep (:func:`run_sweep`): one run per K on the specification's example
-from the ``.npy``, the tool's defaults otherwise, warm caches; scikit-learn's
+The K sweep (:func:`run_sweep`): the whole range in one job (``mpikmeans run
+DATA.npy -k K0:K1``: read and set up once), then one run per K, on the
+specification's example from the ``.npy``, the tool's defaults otherwise, warm caches; scikit-learn's
 default fit is timed at a few K and its total over the sweep interpolated
 linearly in K between them (the result says at which K it was measured).
 """
@@ -110,6 +111,7 @@ class RunsSettings:
     run_args: tuple = ()
     sweep: tuple | None = None  # (K0, K1)
     sweep_sklearn: int = 5
+    sweep_separate: bool = True  # the sweep's one run per K besides its one job
     launcher: list = field(default_factory=list)
     timeout_s: float = 3600.0
 
@@ -235,6 +237,33 @@ def measure_run(launch: Launch, ranks: int, args: list, out: str) -> dict:
     except (RunError, OSError, ValueError) as exc:
         return {"error": str(getattr(exc, "message", None) or exc)}
     return run_figures(summary, ran.wall_s)
+
+
+def measure_one_job(launch: Launch, ranks: int, args: list, out: str, ks: list) -> dict:
+    """Run a K sweep in one job (``mpikmeans run DATA -k K0:K1``) once: its wall time and each K's phases.
+
+    Returns
+    -------
+    dict
+        ``wall_s`` (the whole command), ``first`` (the first K's :func:`run_figures`: the job's start-up,
+        read and set-up are in its timings), ``per_k`` (K -> ``iterations`` and the phases of
+        :data:`PHASES` that are a K's own: ``init_s``, ``compute_s``, ``scores_s``, ``write_s``,
+        ``total_s``), ``phase_sums`` (those phases summed over the K); or ``{"error": ...}``.
+    """
+    try:
+        ran = launch.tool(ranks, *args)
+        summaries = {}
+        for k in ks:
+            with open(os.path.join(out, f"k{k}", "summary.json")) as f:
+                summaries[k] = json.load(f)
+    except (RunError, OSError, ValueError) as exc:
+        return {"error": str(getattr(exc, "message", None) or exc)}
+    own = ("init_s", "compute_s", "scores_s", "write_s", "total_s")
+    per_k = {str(k): {"iterations": sm.get("iterations"),
+                      **{p: (sm.get("timings") or {}).get(p) for p in own}} for k, sm in summaries.items()}
+    sums = {p: float(sum(v[p] or 0.0 for v in per_k.values())) for p in own}
+    return {"wall_s": ran.wall_s, "first": run_figures(summaries[ks[0]], ran.wall_s), "per_k": per_k,
+            "phase_sums": sums}
 
 
 def typed_command(ranks: int, args: list) -> str:
@@ -527,7 +556,7 @@ def run_sweep(s: RunsSettings, command: str = "", out: str | None = None, progre
         The common result format with ``shape``, ``warmup``, ``rows`` (per K:
         ``k``, ``command``, :func:`run_figures`; or ``error``),
         ``total_wall_s`` and ``total_run_s`` (the runs' whole commands and
-        their ``total_s``, summed), ``sklearn`` (``fits`` by K and
+        their ``total_s``, summed), ``one_job`` (:func:`measure_one_job`), ``sklearn`` (``fits`` by K and
         :func:`sklearn_sweep_estimate`), ``errors``.
     """
     check_settings(s)
@@ -545,7 +574,8 @@ def run_sweep(s: RunsSettings, command: str = "", out: str | None = None, progre
 
     def save():
         done = [r for r in doc["rows"] if "error" not in r]
-        doc["errors"] = len(doc["rows"]) - len(done) + ("error" in (doc["warmup"] or {}))
+        doc["errors"] = (len(doc["rows"]) - len(done) + ("error" in (doc["warmup"] or {}))
+                         + ("error" in doc.get("one_job", {})))
         doc["total_wall_s"] = sum(r["wall_s"] for r in done)
         doc["total_run_s"] = sum(r["timings"]["total_s"] or 0.0 for r in done)
         if out:
@@ -555,7 +585,15 @@ def run_sweep(s: RunsSettings, command: str = "", out: str | None = None, progre
         doc["warmup"] = warm_cache(s, launch, progress)
         doc["shape"] = _prepare(s, launch, "A", n, m, blobs, progress)
         env = _cache_env(s.cache_dir)
-        for k in ks:
+        run_out = os.path.join(work, "sweep")
+        args = run_command_args(doc["shape"]["data"], f"{k0}:{k1}", None, dtype, backend, None, run_out, s.run_args)
+        doc["one_job"] = {"command": typed_command(s.np, args),
+                          **measure_one_job(launch.with_env(**env), s.np, args, run_out, ks)}
+        save()
+        progress(f"K = {k0}..{k1} in one job: " + (f"FAILED: {doc['one_job']['error'].splitlines()[0]}"
+                                                   if "error" in doc["one_job"] else
+                                                   f"whole command {doc['one_job']['wall_s']:.2f} s"))
+        for k in ks if s.sweep_separate else ():
             run_out = os.path.join(work, "out")
             args = run_command_args(doc["shape"]["data"], k, None, dtype, backend, None, run_out, s.run_args)
             row = {"k": k, "command": typed_command(s.np, args),

@@ -78,6 +78,15 @@ def sweep_table(doc: dict) -> list:
     shape = doc.get("shape") or {}
     lines.append(f"{len(doc['rows'])} runs on {shape.get('n', 0):,} x {shape.get('m', 0)}: whole commands "
                  f"{doc.get('total_wall_s', 0):.1f} s, their total_s {doc.get('total_run_s', 0):.1f} s")
+    one = doc.get("one_job") or {}
+    if "error" in one:
+        lines.append(f"K = all in one job: FAILED: {one['error'].splitlines()[0]}")
+    elif one:
+        t, ps = one["first"]["timings"], one["phase_sums"]
+        lines.append(f"the same K in one job ({one['command']}): whole command {one['wall_s']:.1f} s; start "
+                     f"{seconds(t['startup_s'])}, read {seconds(t['read_s'])}, setup {seconds(t['setup_s'])} once; "
+                     f"over the K: init {ps['init_s']:.1f} s, compute {ps['compute_s']:.1f} s, scores "
+                     f"{ps['scores_s']:.1f} s, write {ps['write_s']:.1f} s")
     sk = doc.get("sklearn") or {}
     if sk.get("total_fit_s") is not None:
         lines.append(f"scikit-learn KMeans(K).fit over the same K: {sk['total_fit_s']:.1f} s "

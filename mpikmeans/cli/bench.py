@@ -218,14 +218,17 @@ def _shape_list(ctx, param, value):
 @click.option("--no-sklearn", is_flag=True, help="Leave out scikit-learn's fits.")
 @click.option("--run-args", default="", help="More options of every `mpikmeans run` (quoted).")
 @click.option("--sweep", callback=_sweep,
-              help="Instead of the matrix: one run per K = K0..K1 on the specification's example (A).")
+              help="Instead of the matrix: K = K0..K1 on the specification's example (A), in one job "
+                   "(`mpikmeans run DATA -k K0:K1`), then one run per K.")
+@click.option("--one-job-only", is_flag=True, help="The sweep in one job alone, without the run per K.")
 @click.option("--sweep-sklearn", type=click.IntRange(min=0), default=5, show_default=True,
               help="K values of the sweep at which scikit-learn's fit is timed (the rest interpolated).")
 @click.option("--launcher", help="MPI launcher command  [default: mpirun --bind-to none]")
 @click.option("--timeout", "timeout_s", type=float, default=3600, show_default=True,
               help="Seconds allowed for any one command.")
 def bench_runs(out, quick, scale, shapes, inits, dtypes, backends, caches, ranks, seed, data_dir, keep_arff,
-               cache_dir, no_warmup, warmup_args, no_sklearn, run_args, sweep, sweep_sklearn, launcher, timeout_s):
+               cache_dir, no_warmup, warmup_args, no_sklearn, run_args, sweep, one_job_only, sweep_sklearn, launcher,
+               timeout_s):
     """Whole runs as a user types them: every phase, compile seconds, the slowest iteration, scikit-learn beside.
 
     \b
@@ -249,6 +252,7 @@ def bench_runs(out, quick, scale, shapes, inits, dtypes, backends, caches, ranks
             np=ranks, seed=seed, data_dir=data_dir, keep_arff=keep_arff, cache_dir=cache_dir, warmup=not no_warmup,
             warmup_args=tuple(shlex.split(warmup_args)), sklearn=not no_sklearn,
             run_args=tuple(shlex.split(run_args)), sweep=sweep, sweep_sklearn=sweep_sklearn,
+            sweep_separate=not one_job_only,
             launcher=shlex.split(launcher) if launcher else [], timeout_s=timeout_s)
     except ValueError as exc:
         _bench_failed(UsageError(f"--warmup-args or --run-args: {exc}"))
