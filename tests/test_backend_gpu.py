@@ -50,8 +50,8 @@ _SIM_PROGRAM = textwrap.dedent(
     SEEN = {"kinds": [], "layouts": set(), "fallback_farthest": 0}
     _kind, _layout, _base_farthest = GB.step_kind, GB.step_layout, Backend.farthest
 
-    def kind(sums_kept):
-        k = _kind(sums_kept)
+    def kind(sums_kept, bounds_kept=False):
+        k = _kind(sums_kept, bounds_kept)
         SEEN["kinds"].append(k)
         return k
 
@@ -106,6 +106,8 @@ _SIM_PROGRAM = textwrap.dedent(
                     out["streaming"] = be.rows.streaming
                 res = lloyd(SerialComm(), be, x, 0, start, weights=weights, max_iter=30, **kw)
                 out[name] = summary(res)
+                if name == "gpu":
+                    out["searched"] = [[h.get("searched"), len(x)] for h in res.history]
                 be.close()
             return out
         finally:
@@ -365,7 +367,10 @@ def test_sim_lloyd_scenarios_take_their_path(sim, name):
     assert tc == (small if want["tile"] == "small" else wide), layouts
     assert staged == want["staged"] and sums(copies, chunks), layouts
     assert rec["streaming"] == want["streaming"]
-    assert rec["seen"]["kinds"] == ["delta", "full"], rec["seen"]
+    # resident rows: every step after the first keeps the rows its bounds prove (none assigns between steps)
+    assert rec["seen"]["kinds"] == (["delta", "full"] if want["streaming"] else ["bounded", "full"]), rec["seen"]
+    if not want["streaming"] and rec["gpu"]["iterations"] > 2:
+        assert any(s < n for s, n in rec["searched"][1:]), rec["searched"]  # the bounds kept some rows
     assert rec["gpu"]["relocated"] == want.get("relocated", 0)
     assert rec["gpu"]["dropped"] == want.get("dropped", 0)
     assert rec["seen"]["fallback_farthest"] == 0  # relocation answered from the step's distances

@@ -79,21 +79,25 @@ def _doc_tables() -> tuple:
 
 def test_the_docstring_has_both_tables_with_every_row():
     kind_rows, layout_rows = _doc_tables()
-    assert len(kind_rows) == 2 and all(len(r) == 3 for r in kind_rows), kind_rows
+    assert len(kind_rows) == 3 and all(len(r) == 3 for r in kind_rows), kind_rows
     assert len(layout_rows) == 7 and all(len(r) == 2 for r in layout_rows), layout_rows
 
 
 def test_step_kind_table_is_the_function():
-    """Each row's state says whether sums are kept; its kind is what :func:`step_kind` answers for it."""
+    """Each row's state says whether sums and bounds are kept; its kind is what :func:`step_kind` answers
+    for it (a row without sums holds for either state of the bounds)."""
     kind_rows, _ = _doc_tables()
     seen = set()
     for state, kind, _what in kind_rows:
-        kept = not state.lower().startswith("no sums kept")
-        assert state.lower().startswith("no sums kept") or state.lower().startswith("sums kept"), state
-        assert kind.strip("`") == P.step_kind(kept), (state, kind)
-        seen.add(kept)
-    assert seen == {True, False}
-    assert {P.step_kind(True), P.step_kind(False)} == {P.FULL, P.DELTA}
+        low = state.lower()
+        sums = not low.startswith("no sums kept")
+        assert low.startswith("no sums kept") or low.startswith("sums kept"), state
+        bounds = ("no bounds" not in low) and "bounds" in low
+        for b in ((False, True) if not sums else (bounds,)):
+            assert kind.strip("`") == P.step_kind(sums, b), (state, kind)
+            seen.add((sums, b))
+    assert seen == {(True, True), (True, False), (False, True), (False, False)}
+    assert {P.step_kind(s, b) for s, b in seen} == {P.FULL, P.DELTA, P.BOUNDED}
 
 
 def _expr(text: str) -> str:

@@ -31,7 +31,7 @@ from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
 from .hostk import fill_centres
 from .launch import allow_shared, launch, pinned
-from .policy import FULL, step_kind, step_layout
+from .policy import BOUNDED, FULL, step_kind, step_layout
 from .rows import DeviceRows, transpose_args, transpose_kernel
 from .scorek import NT as SCORE_NT
 from .scorek import DeviceScoreRows, score_example_args, score_kernels
@@ -64,8 +64,9 @@ def example_args(dtype: str) -> dict:
     x, f32, f64, i32, i64 = d(dtype), d(np.float32), d(np.float64), d(np.int32), d(np.int64)
     one = np.float32(1.0)
     return {
-        "screen": (x, 1, 1, 1, 1, 1, 1, f32, f32, x, f32, one, one, one, f64, i32, f64, i32, i64),
-        "recheck": (x, 1, 1, 1, f64, i32, i64, i32, f64),
+        "screen": (x, 1, 1, 1, 1, 1, 1, f32, f32, x, f32, one, one, one, f64, i32, f64, i32, i64, False, i32, f64),
+        "recheck": (x, 1, 1, 1, f64, i32, i64, i32, f64, f64),
+        "keep": (x, 1, 1, 1, 1, f64, i32, i32, f64, f64, 1.0, i32, i64),
         "accumulate": (x, 1, 1, 1, 1, i32, i32, f64, f64, False, False, f64, f64, 1.0, 1.0, 1, 1, i64, i64, i64),
     }
 
@@ -84,7 +85,7 @@ def compile_kernels(dtype: str) -> dict:
     out = {}
     for tile in SCREEN_TILES:
         disp = step_kernels(dtype, tile)
-        for name in ("screen", "recheck", "accumulate"):
+        for name in ("screen", "recheck", "accumulate", "keep"):
             if name == "screen" or tile == SCREEN_TILES[0]:
                 key = (name, tile if name == "screen" else None)
                 out[key] = (disp[name], compiled(name, (dtype, tile, *_SPEC), disp[name], args[name]))
@@ -140,11 +141,12 @@ class _Outputs:
 
     def __init__(self, k: int, m: int, streams: int):
         self.ns, self.nsse = k * (m + 1) * 4, k * 4
-        self.dev = cuda.device_array(self.ns + self.nsse + 2 * streams, dtype=np.int64)
+        # counters of each stream: rows listed for the recheck, labels changed, rows the bounds could not keep
+        self.dev = cuda.device_array(self.ns + self.nsse + 3 * streams, dtype=np.int64)
         self.host = pinned(self.dev.size, np.int64)
         self.sums = self.dev[: self.ns]
         self.sse = self.dev[self.ns:self.ns + self.nsse]
-        self.counters = [self.dev[self.ns + self.nsse + 2 * s:self.ns + self.nsse + 2 * s + 2] for s in range(streams)]
+        self.counters = [self.dev[self.ns + self.nsse + 3 * s:self.ns + self.nsse + 3 * s + 3] for s in range(streams)]
         self.after_sums = self.dev[self.ns:]
 
 
@@ -188,7 +190,8 @@ class GPUBackend(Backend):
         self._centres = None
         self._outputs = None
         self._flags = []
-        self._d2 = None
+        self._d2 = self._lb = self._idx = None
+        self._bounds_for = None  # the centres the lower bounds hold for
         self._step_centres = None  # the last step's centres (the device's labels and distances are for them)
         self._sums_for = None  # (k, scales) of the sums the device holds for its labels, or None
 
@@ -203,6 +206,11 @@ class GPUBackend(Backend):
         self._flags = [cuda.device_array(max(1, rows_per_pass), dtype=np.int32)
                        for _ in range(2 if self.rows.streaming else 1)]
         self._d2 = cuda.device_array(max(1, self.n), dtype=np.float64)  # each row's exact squared distance
+        # each row's lower bound on its distance to every centre but its own, and the rows the bounds
+        # could not keep (resident rows only: :func:`.policy.step_kind`)
+        self._lb = cuda.device_array(max(1, self.n), dtype=np.float64)
+        self._idx = None if self.rows.streaming else cuda.device_array(max(1, self.n), dtype=np.int32)
+        self._bounds_for = None  # the centres the lower bounds hold for
         self._sums_for = None
         self._step_centres = None
         self._centres = self._outputs = None
@@ -238,21 +246,27 @@ class GPUBackend(Backend):
             self._sums_for = None
         return self._centres, self._outputs
 
-    def _assign_chunk(self, x, ld, a, b, stream, flags, counters, labels, d2, lay, k) -> None:
-        """Stages 2 and 3 on rows ``a .. b-1``: every row's exact label and squared distance into ``labels``
-        and ``d2`` (that block's views)."""
+    def _assign_chunk(self, x, ld, a, b, stream, flags, counters, labels, d2, lb, lay, k, listed=False) -> None:
+        """Stages 2 and 3 on rows ``a .. b-1`` (``listed``: on the rows the bounds listed): every row's exact
+        label, squared distance and lower bound into ``labels``, ``d2`` and ``lb`` (that block's views)."""
         ks = self.kernels()
         c = self._centres.d
         tolf, tiny, big = certificate(self.m)
         _memset(counters[:1], stream)
         disp, kern = ks[("screen", lay.tile)]
         allow_shared(kern, lay.screen_smem)
+        idx = self._idx if listed else flags
         launch(disp, kern, (x, ld, b - a, self.m, k, lay.ntiles, lay.chunk, c["cm"], c["cc"], c["sh"], c["zl"], tolf,
-                            tiny, big, c["ct"], labels, d2, flags, counters),
+                            tiny, big, c["ct"], labels, d2, flags, counters, listed, idx, lb),
                lay.screen_grid(b - a, self.limits.sm_count), NT, stream, lay.screen_smem)
         disp, kern = ks[("recheck", None)]
-        launch(disp, kern, (x, ld, self.m, k, c["ct"], flags, counters, labels, d2),
+        launch(disp, kern, (x, ld, self.m, k, c["ct"], flags, counters, labels, d2, lb),
                1 if SIM else 4 * self.limits.sm_count, RC_NT, stream)
+
+    def _drift(self, centres: np.ndarray) -> float:
+        """How far any centre moved since the step the bounds hold for, rounded up."""
+        moved = np.sqrt(((centres - self._bounds_for) ** 2).sum(axis=1)).max()
+        return float(moved) * (1.0 + 1e-12) + 1e-300
 
     def step(self, centres: np.ndarray, scales: Scales) -> StepResult:
         centres = np.ascontiguousarray(centres, dtype=np.float64)
@@ -261,7 +275,8 @@ class GPUBackend(Backend):
             return StepResult(np.zeros((k, m + 1, 4), dtype=np.int64), np.zeros((k, 4), dtype=np.int64), 0)
         cen, out = self._buffers(k)
         key = (k, scales.columns.tobytes(), scales.wmax)
-        kind = step_kind(self._sums_for == key)
+        bounds = self._bounds_for is not None and self._bounds_for.shape == centres.shape
+        kind = step_kind(self._sums_for == key, bounds)
         lay = step_layout(k, m)
         cen.upload(centres, self.dtype == "float32", scales)
         _memset(out.dev if kind == FULL else out.after_sums)
@@ -273,9 +288,15 @@ class GPUBackend(Backend):
         w_all = self.rows.dw if self.rows.weighted else d2_all
         for s, (stream, x, ld, a, b) in enumerate(self.rows.chunks()):
             slot = s % len(self._flags)
-            labels, old, d2 = self.rows.labels[a:b], self.rows.old[a:b], d2_all[a:b]
+            labels, old, d2, lb = self.rows.labels[a:b], self.rows.old[a:b], d2_all[a:b], self._lb[a:b]
             w = w_all[a:b] if self.rows.weighted else w_all
-            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], labels, d2, lay, k)
+            if kind == BOUNDED:
+                keep_disp, keep_kern = self.kernels()[("keep", None)]
+                launch(keep_disp, keep_kern, (x, ld, b - a, m, k, cen.d["ct"], old, labels, d2, lb,
+                                              self._drift(centres), self._idx, out.counters[slot]),
+                       max(1, -(-(b - a) // NT)), NT, stream)
+            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], labels, d2, lb, lay, k,
+                               listed=kind == BOUNDED)
             launch(disp, kern, (x, ld, b - a, m, k, labels, old, d2, w, self.rows.weighted, kind == FULL,
                                 cen.d["f1"], cen.d["f2"], sf1, sf2, lay.jc, lay.copies, out.sums, out.sse,
                                 out.counters[slot]),
@@ -283,10 +304,12 @@ class GPUBackend(Backend):
         out.dev.copy_to_host(out.host)  # the legacy default stream: after every chunk
         self._sums_for = key
         self._step_centres = centres.copy()
+        self._bounds_for = None if self.rows.streaming else self._step_centres
         host = out.host
-        changed = int(host[out.ns + out.nsse + 1::2].sum())
+        changed = int(host[out.ns + out.nsse + 1::3].sum())
+        searched = int(host[out.ns + out.nsse + 2::3].sum()) if kind == BOUNDED else self.n
         return StepResult(sums=host[: out.ns].reshape(k, m + 1, 4).copy(),
-                          sse=host[out.ns:out.ns + out.nsse].reshape(k, 4).copy(), changed=changed)
+                          sse=host[out.ns:out.ns + out.nsse].reshape(k, 4).copy(), changed=changed, searched=searched)
 
     def assign(self, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Nearest centre and exact squared distance of every row; the step's labels and distances (which
@@ -304,7 +327,9 @@ class GPUBackend(Backend):
         dd2 = cuda.device_array(self.n, dtype=np.float64)
         for s, (stream, x, ld, a, b) in enumerate(self.rows.chunks()):
             slot = s % len(self._flags)
-            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], dlab[a:b], dd2[a:b], lay, k)
+            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], dlab[a:b], dd2[a:b],
+                               self._lb[a:b], lay, k)
+        self._bounds_for = None  # the bounds now hold for these centres, not the step's
         dlab.copy_to_host(labels)
         dd2.copy_to_host(dist2)
         return labels, dist2
@@ -354,6 +379,7 @@ class GPUBackend(Backend):
         self.rows.forget_labels()
         self._sums_for = None
         self._step_centres = None
+        self._bounds_for = None
 
     # ------------------------------------------------------------------ the initialisations' passes
     def _on_device(self, d2) -> bool:
@@ -452,7 +478,8 @@ class GPUBackend(Backend):
 
     def close(self) -> None:
         self.rows.close()
-        self._centres = self._outputs = self._d2 = None
+        self._centres = self._outputs = self._d2 = self._lb = self._idx = None
+        self._bounds_for = None
         self._flags = []
 
 

@@ -4,20 +4,27 @@ Nothing here touches a device, so the whole policy is tested without a GPU.
 
 :func:`step_kind` — the one decision a step makes:
 
-===============================================  ==========  ==================================================
-state                                            kind        what the accumulation adds
-===============================================  ==========  ==================================================
-no sums kept for this K (first step, new K,      ``full``    every row's ``w x_j`` and ``w`` to its cluster
-labels forgotten, other scales)
-sums kept from the last step                     ``delta``   only rows whose label changed: taken from the old
-                                                             cluster, added to the new (exact integers: no drift)
-===============================================  ==========  ==================================================
+====================================================================  ===========  ==========================================
+state                                                                 kind         rows searched; what the accumulation adds
+====================================================================  ===========  ==========================================
+no sums kept for this K (first step, new K, other scales, forgotten)  ``full``     every row; every row's ``w x_j`` and ``w``
+                                                                                   to its cluster
+sums kept from the last step, and bounds for its centres (resident)   ``bounded``  the rows Hamerly's test cannot keep (below);
+                                                                                   only rows whose label changed: taken from
+                                                                                   the old cluster, added to the new (exact
+                                                                                   integers)
+sums kept, no bounds (rows streamed, or an assignment since the step) ``delta``    every row; as ``bounded``
+====================================================================  ===========  ==========================================
 
-Both kinds screen every row (float32, certified), recheck the rows the screen
-cannot certify exactly, and add every row's exact ``w d²`` to the SSE.  Rows
-resident on the device and rows streamed through in chunks run the same kernels
-and the same kinds; an assignment without a step (:meth:`.backend.GPUBackend.assign`)
-runs the screen, the recheck and the distances kernel.
+Every kind adds every row's exact ``w d²`` to the SSE.  A searched row is
+screened (float32, certified) and rechecked exactly where the screen cannot
+certify it; both leave a lower bound on the row's distance to every centre but
+its own.  ``bounded`` first runs the ``keep`` pass: a row whose exact distance
+to its own (moved) centre is below that bound less the farthest any centre
+moved keeps its label, as the exact search would give it; only the others are
+searched.  Rows resident on the device and rows streamed through in chunks run
+the same kernels; an assignment without a step
+(:meth:`.backend.GPUBackend.assign`) runs the screen and the recheck.
 
 :func:`step_layout` — the tiles, from K, M and the shared memory a block may use:
 
@@ -44,15 +51,26 @@ from .stepk import NT, SCREEN_TILES, SUM_ROWS, sum_layout, sum_shared_bytes
 
 FULL = "full"
 DELTA = "delta"
+BOUNDED = "bounded"
 
 #: dynamic shared memory the step's kernels use at most a block (bytes): the default limit, no opt-in,
 #: so that two blocks share a multiprocessor
 SMEM_BYTES = 48 * 1024
 
 
-def step_kind(sums_kept: bool) -> str:
-    """``delta`` where the device keeps the sums of the last step's labels at this step's K and scales, else ``full``."""
-    return DELTA if sums_kept else FULL
+def step_kind(sums_kept: bool, bounds_kept: bool = False) -> str:
+    """The step's kind (the module docstring's table).
+
+    Parameters
+    ----------
+    sums_kept : bool
+        The device keeps the sums of the last step's labels at this step's K and scales.
+    bounds_kept : bool
+        The device keeps lower bounds for the last step's centres, at this step's K.
+    """
+    if not sums_kept:
+        return FULL
+    return BOUNDED if bounds_kept else DELTA
 
 
 @dataclass(frozen=True)

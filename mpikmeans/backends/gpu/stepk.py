@@ -36,6 +36,7 @@ The stages of a step, in launch order:
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -71,6 +72,11 @@ _U32 = 2.0 ** -24
 _BIG = 1.0e30
 #: the 16-byte centre loads need an aligned shared base (the simulator refuses the argument)
 _SMEM_ALIGN = None if SIM else 16
+#: a lower bound written by the screen or the recheck is shrunk by this factor, and the bound test
+#: leaves this relative slack on each side: far above float64's rounding of a square root, a
+#: difference or the host's centre drifts, so a row kept by the test is nearest to its centre
+_LB_SHRINK = 1.0 - 1e-12
+_LB_SLACK = 1e-12
 
 
 def certificate(m: int) -> tuple:
@@ -203,10 +209,13 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
         if hs != 0 or ls != 0:
             add4(out, q, hs, ls, 1)
 
-    def km_screen(x, ld, n, m, k, ntiles, chunk, cm, cc, sh, zl, tolf, tiny, big, ct, labels, d2, flags, counters):
+    def km_screen(x, ld, n, m, k, ntiles, chunk, cm, cc, sh, zl, tolf, tiny, big, ct, labels, d2, flags, counters,
+                  listed, idx, lb):
         smf = cuda.shared.array(0, dtype=float32, alignment=_SMEM_ALIGN)
         tid = cuda.threadIdx.x
         zlim = zl[0]
+        if listed:
+            n = counters[2]  # the rows the bounds could not keep, listed in idx
         resident = ntiles <= chunk
         if resident:
             for q in range(tid, ntiles * m * TC, NT):
@@ -225,7 +234,8 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
             row0 = tile * BR
             for r in range(R):
                 i = row0 + tid + r * NT
-                rows[r] = i if i < n else n - 1  # past the end: the last row again, ignored
+                i = i if i < n else n - 1  # past the end: the last row again, ignored
+                rows[r] = idx[i] if listed else i
                 yy[r] = float32(0.0)
                 b1[r] = F32_INF
                 b2[r] = F32_INF
@@ -282,18 +292,22 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
                             b1[r] = d if lt1 else o1
                             i1[r] = kk if lt1 else i1[r]
             for r in range(R):
-                i = row0 + tid + r * NT
-                if i < n:
+                if row0 + tid + r * NT < n:
+                    i = rows[r]
                     scale = yy[r] + zlim
                     if b2[r] - b1[r] > tolf * scale + tiny and scale < big:
                         labels[i] = i1[r]
                         d2[i] = exact_d2(x, ld, i, m, k, ct, i1[r])
+                        # every other centre is at least this far: the second best less the screen's error
+                        lo2 = float64(yy[r]) + float64(b2[r]) - float64(tolf) * float64(scale) - float64(tiny)
+                        lb[i] = math.sqrt(lo2) * _LB_SHRINK if lo2 > 0.0 else 0.0
                     else:
                         flags[cuda.atomic.add(counters, 0, 1)] = i
 
-    def km_recheck(x, ld, m, k, ct, flags, counters, labels, d2):
+    def km_recheck(x, ld, m, k, ct, flags, counters, labels, d2, lb):
         sd = cuda.shared.array(RC_NT, dtype=float64)
         si = cuda.shared.array(RC_NT, dtype=int64)
+        s2 = cuda.shared.array(RC_NT, dtype=float64)
         tid = cuda.threadIdx.x
         lane = tid % 32
         wib = tid // 32
@@ -304,24 +318,37 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
             f = base + wib
             bd = np.inf
             bi = k
+            sec = np.inf
             if f < nflag:
                 i = flags[f]
                 for c in range(lane, k, 32):
                     d = exact_d2(x, ld, i, m, k, ct, c)
                     if d < bd:
+                        sec = bd
                         bd = d
                         bi = c
+                    elif d < sec:
+                        sec = d
             sd[tid] = bd
             si[tid] = bi
+            s2[tid] = sec
             cuda.syncthreads()
             if lane == 0 and f < nflag:
+                win = tid
                 for q in range(tid + 1, tid + 32):
                     if sd[q] < bd or (sd[q] == bd and si[q] < bi):
                         bd = sd[q]
                         bi = si[q]
+                        win = q
+                # the second best: the other lanes' best, and every lane's second
+                sec = np.inf
+                for q in range(tid, tid + 32):
+                    v = s2[q] if q == win else min(sd[q], s2[q])
+                    sec = min(sec, v)
                 i = flags[f]
                 labels[i] = bi
                 d2[i] = bd
+                lb[i] = math.sqrt(sec) * _LB_SHRINK
             cuda.syncthreads()
 
     def km_accumulate(x, ld, n, m, k, labels, old, d2, w, weighted, full, f1, f2, sf1, sf2, jc, copies, sums, sse,
@@ -387,9 +414,29 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
                 for a in range(tid, k, NT):
                     flush6(sm, nsum + a * SMEM_LIMBS, k * SMEM_LIMBS, copies, sse, a * 4)
 
+    def km_keep(x, ld, n, m, k, ct, old, labels, d2, lb, drift, idx, counters):
+        # Hamerly's test: the own centre's exact distance against the lower bound on every other
+        # centre, that bound less the farthest any centre moved; a row that passes keeps its label
+        # (with its exact d2), the others are listed for the screen
+        i = cuda.grid(1)
+        if i < n:
+            a = old[i]
+            keep = False
+            if a >= 0:
+                d = exact_d2(x, ld, i, m, k, ct, a)
+                low = lb[i] - drift - _LB_SLACK * (lb[i] + drift)
+                if math.sqrt(d) * (1.0 + _LB_SLACK) < low:
+                    keep = True
+                    labels[i] = a
+                    d2[i] = d
+                    lb[i] = low
+            if not keep:
+                idx[cuda.atomic.add(counters, 2, 1)] = i
+
     # two blocks a multiprocessor (128 registers a thread: the float64 rows' prefetched values would take more)
     bounds = {} if SIM else {"launch_bounds": (NT, 2)}
-    return {"screen": cuda.jit(km_screen, **bounds), "recheck": cuda.jit(km_recheck), "accumulate": cuda.jit(km_accumulate)}
+    return {"screen": cuda.jit(km_screen, **bounds), "recheck": cuda.jit(km_recheck), "accumulate": cuda.jit(km_accumulate),
+            "keep": cuda.jit(km_keep)}
 
 
 #: threads per block of :func:`farthest_kernel`
