@@ -300,6 +300,10 @@ class HostScoreRows:
                              mass, own, sil)
         return own, sil
 
+    def sample_sums(self, xs: np.ndarray, lab: np.ndarray, nlab: int, lo: int, hi: int) -> np.ndarray:
+        """:func:`sample_label_sums` (the sample's rows are given: they are every rank's)."""
+        return sample_label_sums(xs, lab, nlab, lo, hi)
+
 
 # ======================================================================== the scores
 
@@ -443,8 +447,9 @@ def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: 
     rows : object, optional
         The two passes over the rows where the rows are (a backend's
         :meth:`~mpikmeans.backends.base.Backend.score_rows` for these labels):
-        the same integers and bits as :class:`HostScoreRows`, which reads ``x``
-        when omitted.  The sample is always taken from ``x``.
+        and the sampled silhouette's sums: the same integers and bits as
+        :class:`HostScoreRows`, which reads ``x`` when omitted.  The sample's
+        rows are always gathered from ``x``.
 
     Returns
     -------
@@ -559,7 +564,7 @@ def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: 
         if 1 < nlab < taken:
             # every rank its share of the sample's rows; their sums gathered in row order
             lo, hi = taken * comm.rank // comm.size, taken * (comm.rank + 1) // comm.size
-            sums = np.vstack(comm.allgather(sample_label_sums(xs, lab, nlab, lo, hi)))
+            sums = np.vstack(comm.allgather(passes.sample_sums(xs, lab, nlab, lo, hi)))
             sample = silhouette_from_sums(sums, lab, nlab)
         if sample is None and undefined is None:
             undefined = "the sample has fewer than 2 clusters, or one row per cluster: no sampled silhouette"

@@ -84,20 +84,26 @@ def test_the_docstring_has_both_tables_with_every_row():
 
 
 def test_step_kind_table_is_the_function():
-    """Each row's state says whether sums and bounds are kept; its kind is what :func:`step_kind` answers
-    for it (a row without sums holds for either state of the bounds)."""
+    """Each row's state, read as conditions on (sums kept, bounds kept, share of labels the last step
+    changed), gives the kind :func:`step_kind` answers for every input that meets them."""
     kind_rows, _ = _doc_tables()
-    seen = set()
+    limit = P.BOUNDED_CHANGED
+    inputs = [(s, b, c) for s in (False, True) for b in (False, True) for c in (0.0, limit, limit + 0.01, 1.0)]
+    conditions = {
+        "no sums kept": lambda s, b, c: not s,
+        "sums kept, bounds for the last step's centres, at most a quarter": lambda s, b, c: s and b and c <= limit,
+        "sums kept; no bounds": lambda s, b, c: s and (not b or c > limit),
+    }
+    assert limit == 0.25  # "a quarter" in the table
+    covered = []
     for state, kind, _what in kind_rows:
-        low = state.lower()
-        sums = not low.startswith("no sums kept")
-        assert low.startswith("no sums kept") or low.startswith("sums kept"), state
-        bounds = ("no bounds" not in low) and "bounds" in low
-        for b in ((False, True) if not sums else (bounds,)):
-            assert kind.strip("`") == P.step_kind(sums, b), (state, kind)
-            seen.add((sums, b))
-    assert seen == {(True, True), (True, False), (False, True), (False, False)}
-    assert {P.step_kind(s, b) for s, b in seen} == {P.FULL, P.DELTA, P.BOUNDED}
+        start = [key for key in conditions if state.startswith(key)]
+        assert len(start) == 1, state
+        meets = [i for i in inputs if conditions[start[0]](*i)]
+        assert meets and all(P.step_kind(*i) == kind.strip("`") for i in meets), (state, kind)
+        covered += meets
+    assert sorted(covered) == sorted(inputs)  # the rows cover every input once
+    assert {P.step_kind(*i) for i in inputs} == {P.FULL, P.DELTA, P.BOUNDED}
 
 
 def _expr(text: str) -> str:

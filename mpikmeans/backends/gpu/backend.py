@@ -192,6 +192,7 @@ class GPUBackend(Backend):
         self._flags = []
         self._d2 = self._lb = self._idx = None
         self._bounds_for = None  # the centres the lower bounds hold for
+        self._changed = 0  # labels the last step changed
         self._step_centres = None  # the last step's centres (the device's labels and distances are for them)
         self._sums_for = None  # (k, scales) of the sums the device holds for its labels, or None
 
@@ -276,7 +277,7 @@ class GPUBackend(Backend):
         cen, out = self._buffers(k)
         key = (k, scales.columns.tobytes(), scales.wmax)
         bounds = self._bounds_for is not None and self._bounds_for.shape == centres.shape
-        kind = step_kind(self._sums_for == key, bounds)
+        kind = step_kind(self._sums_for == key, bounds, self._changed / self.n)
         lay = step_layout(k, m)
         cen.upload(centres, self.dtype == "float32", scales)
         _memset(out.dev if kind == FULL else out.after_sums)
@@ -306,7 +307,7 @@ class GPUBackend(Backend):
         self._step_centres = centres.copy()
         self._bounds_for = None if self.rows.streaming else self._step_centres
         host = out.host
-        changed = int(host[out.ns + out.nsse + 1::3].sum())
+        changed = self._changed = int(host[out.ns + out.nsse + 1::3].sum())
         searched = int(host[out.ns + out.nsse + 2::3].sum()) if kind == BOUNDED else self.n
         return StepResult(sums=host[: out.ns].reshape(k, m + 1, 4).copy(),
                           sse=host[out.ns:out.ns + out.nsse].reshape(k, 4).copy(), changed=changed, searched=searched)
@@ -371,8 +372,7 @@ class GPUBackend(Backend):
                 or labels.min() < 0:
             return None
         ks = self.kernels()
-        kernels = {"accumulate": ks[("accumulate", None)], "own_dist2": ks[("own_dist2", None)],
-                   "silhouette": ks[("silhouette", None)]}
+        kernels = {name: ks[(name, None)] for name in ("accumulate", "own_dist2", "silhouette", "sample_sums")}
         return DeviceScoreRows(self.rows.dx, self.rows.ld, self.n, self.m, self.rows.dw, labels, k, kernels)
 
     def forget_labels(self) -> None:

@@ -99,11 +99,14 @@ def compiled(name: str, spec: tuple, dispatcher, args: tuple):
         return kernel
     kernel = _store().get(key)
     if kernel is not None:
+        # onto the device now (set-up), not at its first launch inside a step
+        kernel._codelibrary.get_cufunc()
         _IN_PROCESS[key] = kernel
         return kernel
     t0 = time.perf_counter()
     kernel = dispatcher.compile(argtypes)
     kernel._codelibrary.get_cubin()  # this device's machine code goes into the entry: a load compiles nothing
+    kernel._codelibrary.get_cufunc()
     COMPILE_TIMES.append((name, time.perf_counter() - t0))
     record_compile(COMPILE_TIMES[-1][1])
     log.info("GPU kernel %s compiled in %.2f s (not in the store)", name, COMPILE_TIMES[-1][1])

@@ -4,17 +4,19 @@ Nothing here touches a device, so the whole policy is tested without a GPU.
 
 :func:`step_kind` — the one decision a step makes:
 
-====================================================================  ===========  ==========================================
-state                                                                 kind         rows searched; what the accumulation adds
-====================================================================  ===========  ==========================================
-no sums kept for this K (first step, new K, other scales, forgotten)  ``full``     every row; every row's ``w x_j`` and ``w``
-                                                                                   to its cluster
-sums kept from the last step, and bounds for its centres (resident)   ``bounded``  the rows Hamerly's test cannot keep (below);
-                                                                                   only rows whose label changed: taken from
-                                                                                   the old cluster, added to the new (exact
-                                                                                   integers)
-sums kept, no bounds (rows streamed, or an assignment since the step) ``delta``    every row; as ``bounded``
-====================================================================  ===========  ==========================================
+==========================================================================  ===========  ===================================
+state                                                                       kind         rows searched; what the sums add
+==========================================================================  ===========  ===================================
+no sums kept for this K (first step, new K, other scales, forgotten)        ``full``     every row; every row's ``w x_j``
+                                                                                         and ``w`` to its cluster
+sums kept, bounds for the last step's centres, at most a quarter of its     ``bounded``  the rows Hamerly's test cannot keep
+labels changed
+                                                                                         (below); only rows whose label
+                                                                                         changed: taken from the old
+                                                                                         cluster, added to the new (exact)
+sums kept; no bounds (rows streamed, or an assignment since the step), or   ``delta``    every row; as ``bounded``
+more of its labels changed
+==========================================================================  ===========  ===================================
 
 Every kind adds every row's exact ``w d²`` to the SSE.  A searched row is
 screened (float32, certified) and rechecked exactly where the screen cannot
@@ -22,7 +24,8 @@ certify it; both leave a lower bound on the row's distance to every centre but
 its own.  ``bounded`` first runs the ``keep`` pass: a row whose exact distance
 to its own (moved) centre is below that bound less the farthest any centre
 moved keeps its label, as the exact search would give it; only the others are
-searched.  Rows resident on the device and rows streamed through in chunks run
+searched.  While many labels change (the first steps) most rows fail the test,
+and the pass would only add a read of every row.  Rows resident on the device and rows streamed through in chunks run
 the same kernels; an assignment without a step
 (:meth:`.backend.GPUBackend.assign`) runs the screen and the recheck.
 
@@ -58,7 +61,11 @@ BOUNDED = "bounded"
 SMEM_BYTES = 48 * 1024
 
 
-def step_kind(sums_kept: bool, bounds_kept: bool = False) -> str:
+#: the largest share of labels the last step may have changed for a ``bounded`` step
+BOUNDED_CHANGED = 0.25
+
+
+def step_kind(sums_kept: bool, bounds_kept: bool = False, changed: float = 0.0) -> str:
     """The step's kind (the module docstring's table).
 
     Parameters
@@ -67,10 +74,12 @@ def step_kind(sums_kept: bool, bounds_kept: bool = False) -> str:
         The device keeps the sums of the last step's labels at this step's K and scales.
     bounds_kept : bool
         The device keeps lower bounds for the last step's centres, at this step's K.
+    changed : float
+        The share of its rows whose label the last step changed (0 .. 1).
     """
     if not sums_kept:
         return FULL
-    return BOUNDED if bounds_kept else DELTA
+    return BOUNDED if bounds_kept and changed <= BOUNDED_CHANGED else DELTA
 
 
 @dataclass(frozen=True)

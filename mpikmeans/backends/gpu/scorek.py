@@ -5,7 +5,10 @@ the sums a step already makes (the step's ``accumulate`` kernel gives those):
 
 * ``own_dist2``: each row's squared distance to a reference point of its cluster;
 * ``silhouette``: each row's squared distance to its own cluster's mean and its
-  squared-Euclidean silhouette (Spark's definition, :mod:`mpikmeans.scores`).
+  squared-Euclidean silhouette (Spark's definition, :mod:`mpikmeans.scores`);
+
+and the sampled silhouette's sums (``sample_sums``: each sample row's summed
+Euclidean distances to each label's sample rows, in row order).
 
 Every squared distance adds ``(x_j - c_j)^2`` in attribute order with one
 rounding per product and per sum (no FMA), and every other operation is the host
@@ -52,6 +55,10 @@ def score_kernels() -> dict:
         float64 ``(p,)``; ``w`` the weights (any array where not ``weighted``).  Writes
         ``own[i]`` (squared distance to the own mean) and ``sil[i]`` (0 for a row alone in its
         cluster or with no cluster).
+    sample_sums(xt, s, m, perm, starts, lo, hi, nlab, out)
+        ``xt`` float64 ``(m * s,)`` the sample transposed; ``perm`` int64 ``(s,)`` the sample's rows
+        by label, each label's in ascending order, label ``l``'s at ``starts[l] .. starts[l + 1]``;
+        grid ``(ceil((hi - lo) / NT), nlab)``; ``out[(t - lo) * nlab + l]`` for ``lo <= t < hi``.
     """
 
     def km_own_dist2(x, ld, n, m, labels, reft, k, d2):
@@ -119,7 +126,26 @@ def score_kernels() -> dict:
         elif ai > bi:
             sil[i] = bi / ai - 1.0
 
-    return {"own_dist2": cuda.jit(km_own_dist2), "silhouette": cuda.jit(km_silhouette)}
+    def km_sample_sums(xt, s, m, perm, starts, lo, hi, nlab, out):
+        # thread (t, l): the sum of sample row t's Euclidean distances to the sample's rows of label l,
+        # in row order (perm lists each label's rows in ascending order), itself left out
+        t = lo + cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        lab = cuda.blockIdx.y
+        if t >= hi:
+            return
+        acc = 0.0
+        for q in range(starts[lab], starts[lab + 1]):
+            r = perm[q]
+            if r != t:
+                d = 0.0
+                for j in range(m):
+                    u = xt[j * s + r] - xt[j * s + t]
+                    d = dadd_rn(d, dmul_rn(u, u))
+                acc += math.sqrt(d)
+        out[(t - lo) * nlab + lab] = acc
+
+    return {"own_dist2": cuda.jit(km_own_dist2), "silhouette": cuda.jit(km_silhouette),
+            "sample_sums": cuda.jit(km_sample_sums)}
 
 
 def score_example_args() -> dict:
@@ -127,7 +153,8 @@ def score_example_args() -> dict:
     d = lambda dt: cuda.device_array(1, dtype=dt)  # noqa: E731
     x, i32, i64 = d(np.float64), d(np.int32), d(np.int64)
     return {"own_dist2": (x, 1, 1, 1, i32, x, 1, x),
-            "silhouette": (x, 1, 1, 1, 1, i32, x, i64, x, x, x, False, x, x)}
+            "silhouette": (x, 1, 1, 1, 1, i32, x, i64, x, x, x, False, x, x),
+            "sample_sums": (x, 1, 1, i64, i64, 1, 1, 1, x)}
 
 
 class DeviceScoreRows:
@@ -144,7 +171,8 @@ class DeviceScoreRows:
         Every row's cluster, ``0 .. k-1``.
     k : int
     kernels : dict
-        ``own_dist2``, ``silhouette`` and ``accumulate`` (the step's): (dispatcher, compiled kernel).
+        ``own_dist2``, ``silhouette``, ``sample_sums`` and ``accumulate`` (the step's): (dispatcher, compiled
+        kernel).
     """
 
     def __init__(self, x, ld: int, n: int, m: int, weights, labels: np.ndarray, k: int, kernels: dict):
@@ -200,3 +228,30 @@ class DeviceScoreRows:
         launch(disp, kern, (self.x, self.ld, self.n, self.m, p, self.labels, *dev, self.w if weighted else own,
                             weighted, own, sil), self._grid(), NT)
         return own.copy_to_host()[: self.n], sil.copy_to_host()[: self.n]
+
+    def sample_sums(self, xs: np.ndarray, lab: np.ndarray, nlab: int, lo: int, hi: int) -> np.ndarray:
+        """:func:`mpikmeans.scores.sample_label_sums` on the device: the same sums, the same bits.
+
+        Parameters
+        ----------
+        xs : ndarray, shape (s, m), float64
+        lab : ndarray, shape (s,), int
+        nlab, lo, hi : int
+
+        Returns
+        -------
+        ndarray, shape (hi - lo, nlab), float64
+        """
+        s = len(lab)
+        out = np.empty((hi - lo, nlab))
+        if hi <= lo:
+            return out
+        lab = np.asarray(lab, dtype=np.int64)
+        perm = np.argsort(lab, kind="stable").astype(np.int64)
+        starts = np.searchsorted(lab[perm], np.arange(nlab + 1)).astype(np.int64)
+        xt = cuda.to_device(np.ascontiguousarray(np.asarray(xs, dtype=np.float64).T).ravel())
+        dout = cuda.device_array(out.size, dtype=np.float64)
+        disp, kern = self.kernels["sample_sums"]
+        launch(disp, kern, (xt, s, xs.shape[1], cuda.to_device(perm), cuda.to_device(starts), lo, hi, nlab, dout),
+               (max(1, -(-(hi - lo) // NT)), nlab), NT)
+        return dout.copy_to_host().reshape(hi - lo, nlab)

@@ -417,8 +417,13 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
     def km_keep(x, ld, n, m, k, ct, old, labels, d2, lb, drift, idx, counters):
         # Hamerly's test: the own centre's exact distance against the lower bound on every other
         # centre, that bound less the farthest any centre moved; a row that passes keeps its label
-        # (with its exact d2), the others are listed for the screen
+        # (with its exact d2), the others are listed for the screen, a block's in row order (one
+        # atomic a block): the screen then reads runs of consecutive rows
+        sl = cuda.shared.array(NT, dtype=int32)
+        sb = cuda.shared.array(1, dtype=int64)
+        tid = cuda.threadIdx.x
         i = cuda.grid(1)
+        keep = True
         if i < n:
             a = old[i]
             keep = False
@@ -430,8 +435,18 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
                     labels[i] = a
                     d2[i] = d
                     lb[i] = low
-            if not keep:
-                idx[cuda.atomic.add(counters, 2, 1)] = i
+        sl[tid] = 0 if keep else 1
+        cuda.syncthreads()
+        if tid == 0:
+            run = 0
+            for q in range(NT):
+                v = sl[q]
+                sl[q] = run
+                run += v
+            sb[0] = cuda.atomic.add(counters, 2, run) if run > 0 else 0
+        cuda.syncthreads()
+        if not keep:
+            idx[sb[0] + sl[tid]] = i
 
     # two blocks a multiprocessor (128 registers a thread: the float64 rows' prefetched values would take more)
     bounds = {} if SIM else {"launch_bounds": (NT, 2)}
