@@ -5,12 +5,15 @@ are resident, each chunk when they stream):
 
 1. ``centres``: the centre data (:func:`.hostk.fill_centres`) written into one
    pinned buffer and copied to the device in one copy;
-2. ``screen``: certified float32 nearest centre (:mod:`.stepk`);
-3. ``recheck``: exact float64 labels of the rows the screen could not certify;
-4. ``accumulate``: every row's exact SSE and the fixed-point sums of the rows
-   that changed label (``delta``) or of every row (``full``), as
+2. ``keep`` (``bounded`` steps): the rows whose lower bounds prove their label
+   keep it; the others are listed;
+3. ``screen``: certified float32 nearest centre (:mod:`.stepk`) of every row, or
+   of the listed ones;
+4. ``recheck``: exact float64 labels of the rows the screen could not certify;
+5. ``accumulate``: every row's exact SSE and the fixed-point sums of the rows
+   that changed label (``delta``, ``bounded``) or of every row (``full``), as
    :func:`.policy.step_kind` decides;
-5. ``download``: the sums, SSE and counters in one copy, one synchronisation.
+6. ``download``: the sums, SSE and counters in one copy, one synchronisation.
 
 The device keeps the sums of the last step's labels between steps, so a
 ``delta`` step adds only what moved; integers make that exact.
