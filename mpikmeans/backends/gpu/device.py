@@ -39,14 +39,6 @@ def _simulating() -> bool:
 SIM = _simulating()
 
 
-def inline_device(fn):
-    """``fn`` as a device function inlined into its kernel at the NVVM level (the simulator takes no
-    ``forceinline``; without numba-cuda, ``fn`` itself)."""
-    if cuda is None:
-        return fn
-    return (cuda.jit(device=True) if SIM else cuda.jit(device=True, forceinline=True))(fn)
-
-
 def gpu_available() -> bool:
     """Whether the GPU backend can run here.
 
