@@ -93,6 +93,36 @@ def kneedle(ks, sse) -> int | None:
     return best
 
 
+#: Which way each score points: the best K has the largest value (+1) or the smallest (-1)
+SCORE_BEST = {"calinski_harabasz": 1, "davies_bouldin": -1, "silhouette_sqeuclidean": 1, "silhouette_sample": 1}
+
+
+def best_by_score(columns: list, rows: list) -> dict:
+    """Each score's own answer: the K of its best value (the largest Calinski–Harabasz and silhouettes,
+    the smallest Davies–Bouldin; the smallest K on a tie), for the scores the sweep has.
+
+    Parameters
+    ----------
+    columns : list of str
+        :func:`sweep_rows`'s columns.
+    rows : list of list
+
+    Returns
+    -------
+    dict
+        score name -> K (scores with no value at any K are left out).
+    """
+    out = {}
+    for name, sign in SCORE_BEST.items():
+        if name not in columns:
+            continue
+        j = columns.index(name)
+        values = [(sign * r[j], -r[0]) for r in rows if r[j] is not None and math.isfinite(r[j])]
+        if values:
+            out[name] = -max(values)[1]
+    return out
+
+
 @dataclass
 class SweepPlan:
     """What a sweep does, decided before the data is read (the same on every rank).
@@ -325,7 +355,8 @@ def finish_sweep(comm, cfg, plan: SweepPlan) -> dict:
     -------
     dict
         ``columns``, ``rows`` (see :func:`sweep_rows`), ``knee`` (int or None),
-        ``rule``, ``plot`` (whether sweep.png was written), ``out_dir``.
+        ``rule``, ``best`` (:func:`best_by_score`), ``plot`` (whether sweep.png
+        was written), ``out_dir``.
     """
     def write():
         scores = cfg.scores != "none"
@@ -335,12 +366,13 @@ def finish_sweep(comm, cfg, plan: SweepPlan) -> dict:
             write_atomic(os.path.join(plan.out_dir, SWEEP_TABLE), table_csv(columns, rows))
         except OSError as exc:
             raise RunError(f"{plan.out_dir}: cannot write {SWEEP_TABLE}: {exc.strerror}") from None
-        plot = _plot(os.path.join(plan.out_dir, SWEEP_PLOT), columns, rows, knee)
+        best = best_by_score(columns, rows)
+        plot = _plot(os.path.join(plan.out_dir, SWEEP_PLOT), columns, rows, knee, best)
         if cfg.overwrite:
             for k in _old_k_dirs(plan.out_dir):
                 if k not in plan.ks and _only_results(k_dir(plan.out_dir, k)):
                     shutil.rmtree(k_dir(plan.out_dir, k), ignore_errors=True)
-        return {"columns": columns, "rows": rows, "knee": knee, "rule": KNEE_RULE, "plot": plot,
+        return {"columns": columns, "rows": rows, "knee": knee, "rule": KNEE_RULE, "best": best, "plot": plot,
                 "out_dir": plan.out_dir}
 
     return comm.from_root(write)
@@ -353,8 +385,9 @@ def _only_results(path: str) -> bool:
         return False
 
 
-def _plot(path: str, columns: list, rows: list, knee: int | None) -> bool:
-    """sweep.png: the SSE and each score against K, the knee marked; False (and a warning) without matplotlib."""
+def _plot(path: str, columns: list, rows: list, knee: int | None, best: dict) -> bool:
+    """sweep.png: the SSE and each score against K, the knee marked (and each score's best K); False (and a
+    warning) without matplotlib."""
     try:
         import matplotlib
 
@@ -375,6 +408,11 @@ def _plot(path: str, columns: list, rows: list, knee: int | None) -> bool:
         ax.grid(alpha=0.3)
         if knee is not None:
             ax.axvline(knee, color="tab:red", linestyle="--", linewidth=1)
+        if name in best:
+            kb = best[name]
+            ax.plot([kb], [next(r[j] for r in rows if r[0] == kb)], marker="o", markersize=7, fillstyle="none",
+                    color="tab:green", label=f"best: K = {kb}")
+            ax.legend(fontsize=7, loc="best")
     axes[0, 0].set_title(f"K sweep: suggested K = {knee} ({KNEE_RULE})" if knee is not None else
                          "K sweep: no knee of SSE (see sweep.csv)", fontsize=9)
     axes[-1, 0].set_xlabel("K")
@@ -394,5 +432,5 @@ def _plot(path: str, columns: list, rows: list, knee: int | None) -> bool:
     return True
 
 
-__all__ = ["KNEE_RULE", "SCORE_COLUMNS", "SweepOutcome", "SweepPlan", "finish_sweep", "k_dir", "kneedle",
-           "plan_sweep", "run_sweep", "sweep_rows", "table_csv"]
+__all__ = ["KNEE_RULE", "SCORE_BEST", "SCORE_COLUMNS", "SweepOutcome", "SweepPlan", "best_by_score", "finish_sweep",
+           "k_dir", "kneedle", "plan_sweep", "run_sweep", "sweep_rows", "table_csv"]

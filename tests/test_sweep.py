@@ -20,7 +20,7 @@ from conftest import HANG_GUARD_S, run_cli  # noqa: E402
 from mpikmeans.cli.run import run  # noqa: E402
 from mpikmeans.config import InvalidSetting, format_k, parse_k  # noqa: E402
 from mpikmeans.interrupt import EXIT_CHECKPOINTED  # noqa: E402
-from mpikmeans.sweep import kneedle  # noqa: E402
+from mpikmeans.sweep import best_by_score, kneedle  # noqa: E402
 
 KS = (3, 4, 5)
 SPEC = "3:5"
@@ -124,6 +124,19 @@ def test_kneedle_finds_the_elbow_and_says_when_there_is_none():
     assert kneedle([2, 3, 4], [10.0, 9.0, 1.0]) is None  # never below the chord (concave)
 
 
+def test_each_score_names_its_own_best_k():
+    """The largest Calinski-Harabasz and silhouettes, the smallest Davies-Bouldin; the smallest K on a tie;
+    a score with no value at any K is left out."""
+    columns = ["k", "sse", "iterations", "calinski_harabasz", "davies_bouldin", "silhouette_sqeuclidean",
+               "silhouette_sample", "seconds"]
+    rows = [[2, 9.0, 3, 10.0, 0.9, 0.5, None, 1.0],
+            [3, 5.0, 3, 30.0, 0.4, 0.7, None, 1.0],
+            [4, 4.0, 3, 30.0, 0.4, 0.6, None, 1.0],
+            [5, 3.9, 3, 20.0, 0.6, 0.7, None, 1.0]]
+    assert best_by_score(columns, rows) == {"calinski_harabasz": 3, "davies_bouldin": 3, "silhouette_sqeuclidean": 3}
+    assert best_by_score(["k", "sse", "iterations", "seconds"], [r[:3] + [1.0] for r in rows]) == {}
+
+
 # ----------------------------------------------------------------------- a sweep equals single runs
 
 @pytest.mark.mpi
@@ -154,6 +167,7 @@ def test_each_k_is_the_single_run_with_that_seed(data, singles, swept, tmp_path,
     knee = kneedle(list(KS), [float(row["sse"]) for row in rows])
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"suggested K = {knee} (Kneedle knee of SSE)" in r.out
+    assert "best K by score: CH " in r.out and ", DB " in r.out
     assert not (out / "checkpoint.npz").exists()
 
 

@@ -282,6 +282,8 @@ def _print_sweep(sweep: dict) -> None:
         click.echo(f"suggested K: none ({sweep['rule']}: fewer than 3 K, or no knee in the SSE)")
     else:
         click.echo(f"suggested K = {knee} ({sweep['rule']})")
+    if sweep.get("best"):
+        click.echo("best K by score: " + ", ".join(f"{heads[name]} {k}" for name, k in sweep["best"].items()))
     ks = [row[0] for row in rows]
     dirs = f"k{ks[0]}/" if len(ks) == 1 else f"k{ks[0]}/ ... k{ks[-1]}/"
     click.echo(f"results: {sweep['out_dir']}/ ({dirs}, sweep.csv{', sweep.png' if sweep['plot'] else ''})")
