@@ -60,7 +60,7 @@ system-test-deps: | $(STAMP)
 	fi
 
 test: $(STAMP) system-test-deps
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) data/demo.arff data/*.mpikmeans
