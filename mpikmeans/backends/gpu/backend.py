@@ -251,8 +251,9 @@ class GPUBackend(Backend):
         return self._centres, self._outputs
 
     def _assign_chunk(self, x, ld, a, b, stream, flags, counters, labels, d2, lb, lay, k, listed=False) -> None:
-        """Stages 2 and 3 on rows ``a .. b-1`` (``listed``: on the rows the bounds listed): every row's exact
-        label, squared distance and lower bound into ``labels``, ``d2`` and ``lb`` (that block's views)."""
+        """The screen and the recheck on rows ``a .. b-1`` (``listed``: on the rows the keep pass listed): every
+        row's exact label, squared distance and lower bound into ``labels``, ``d2`` and ``lb`` (that block's
+        views)."""
         ks = self.kernels()
         c = self._centres.d
         tolf, tiny, big = certificate(self.m)

@@ -4,19 +4,20 @@ Nothing here touches a device, so the whole policy is tested without a GPU.
 
 :func:`step_kind` — the one decision a step makes:
 
-==========================================================================  ===========  ===================================
-state                                                                       kind         rows searched; what the sums add
-==========================================================================  ===========  ===================================
-no sums kept for this K (first step, new K, other scales, forgotten)        ``full``     every row; every row's ``w x_j``
-                                                                                         and ``w`` to its cluster
-sums kept, bounds for the last step's centres, at most a quarter of its     ``bounded``  the rows Hamerly's test cannot keep
-labels changed
-                                                                                         (below); only rows whose label
-                                                                                         changed: taken from the old
-                                                                                         cluster, added to the new (exact)
-sums kept; no bounds (rows streamed, or an assignment since the step), or   ``delta``    every row; as ``bounded``
-more of its labels changed
-==========================================================================  ===========  ===================================
+===================================================  ===========  =============================================
+state                                                kind         rows searched; what the sums add
+===================================================  ===========  =============================================
+no sums kept for this K (first step, new K, other    ``full``     every row; every row's ``w x_j`` and ``w`` to
+scales, forgotten)
+                                                                  its cluster
+sums kept, bounds for the last step's centres, at    ``bounded``  the rows Hamerly's test cannot keep (below);
+most a quarter of its labels changed
+                                                                  only rows whose label changed: taken from the
+                                                                  old cluster, added to the new (exact)
+sums kept; no bounds (rows streamed, or an           ``delta``    every row; as ``bounded``
+assignment since the step), or more of its labels
+changed
+===================================================  ===========  =============================================
 
 Every kind adds every row's exact ``w d²`` to the SSE.  A searched row is
 screened (float32, certified) and rechecked exactly where the screen cannot

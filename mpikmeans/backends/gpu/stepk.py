@@ -72,11 +72,11 @@ _U32 = 2.0 ** -24
 _BIG = 1.0e30
 #: the 16-byte centre loads need an aligned shared base (the simulator refuses the argument)
 _SMEM_ALIGN = None if SIM else 16
-#: a lower bound written by the screen or the recheck is shrunk by this factor, and the bound test
-#: leaves this relative slack on each side: far above float64's rounding of a square root, a
-#: difference or the host's centre drifts, so a row kept by the test is nearest to its centre
-_LB_SHRINK = 1.0 - 1e-12
+#: the bounds' relative slack is this plus a float64 distance's own rounding over M attributes (see
+#: ``slack`` in :func:`step_kernels`)
 _LB_SLACK = 1e-12
+#: float64 unit roundoff
+_U64 = 2.0 ** -53
 
 
 def certificate(m: int) -> tuple:
@@ -168,6 +168,14 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
             t = float64(x[uint64(j * ld + i)]) - ct[j * k + c]
             d = dadd_rn(d, dmul_rn(t, t))
         return d
+
+    @cuda.jit(device=True)
+    def slack(m):
+        # a lower bound is shrunk by this much, and the bound test leaves it on each side: above the
+        # rounding of a computed float64 distance against the true one (M products and sums), of a
+        # square root, a difference and the host's drift, so a row kept by the test is nearest to its
+        # centre by the computed distances too
+        return _LB_SLACK + 4.0 * (m + 4) * _U64
 
     @cuda.jit(device=True)
     def add6(sm, q, h, lo, sign):
@@ -300,7 +308,7 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
                         d2[i] = exact_d2(x, ld, i, m, k, ct, i1[r])
                         # every other centre is at least this far: the second best less the screen's error
                         lo2 = float64(yy[r]) + float64(b2[r]) - float64(tolf) * float64(scale) - float64(tiny)
-                        lb[i] = math.sqrt(lo2) * _LB_SHRINK if lo2 > 0.0 else 0.0
+                        lb[i] = math.sqrt(lo2) * (1.0 - slack(m)) if lo2 > 0.0 else 0.0
                     else:
                         flags[cuda.atomic.add(counters, 0, 1)] = i
 
@@ -348,7 +356,7 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
                 i = flags[f]
                 labels[i] = bi
                 d2[i] = bd
-                lb[i] = math.sqrt(sec) * _LB_SHRINK
+                lb[i] = math.sqrt(sec) * (1.0 - slack(m))
             cuda.syncthreads()
 
     def km_accumulate(x, ld, n, m, k, labels, old, d2, w, weighted, full, f1, f2, sf1, sf2, jc, copies, sums, sse,
@@ -429,8 +437,9 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
             keep = False
             if a >= 0:
                 d = exact_d2(x, ld, i, m, k, ct, a)
-                low = lb[i] - drift - _LB_SLACK * (lb[i] + drift)
-                if math.sqrt(d) * (1.0 + _LB_SLACK) < low:
+                eps = slack(m)
+                low = lb[i] - drift - eps * (lb[i] + drift)
+                if math.sqrt(d) * (1.0 + eps) < low:
                     keep = True
                     labels[i] = a
                     d2[i] = d
@@ -450,8 +459,8 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
 
     # two blocks a multiprocessor (128 registers a thread: the float64 rows' prefetched values would take more)
     bounds = {} if SIM else {"launch_bounds": (NT, 2)}
-    return {"screen": cuda.jit(km_screen, **bounds), "recheck": cuda.jit(km_recheck), "accumulate": cuda.jit(km_accumulate),
-            "keep": cuda.jit(km_keep)}
+    return {"screen": cuda.jit(km_screen, **bounds), "recheck": cuda.jit(km_recheck),
+            "accumulate": cuda.jit(km_accumulate), "keep": cuda.jit(km_keep)}
 
 
 #: threads per block of :func:`farthest_kernel`
