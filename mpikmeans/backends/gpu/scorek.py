@@ -34,7 +34,7 @@ from .stepk import NT as STEP_NT
 if cuda is not None:
     from numba import float64
 
-#: threads per block of both kernels
+#: threads per block of the three kernels
 NT = 32 if SIM else 128
 #: means the silhouette pass measures at once (each value of a row read once for all of them)
 QT = 4
@@ -42,7 +42,8 @@ QT = 4
 
 @functools.lru_cache(maxsize=None)
 def score_kernels() -> dict:
-    """The two passes, for rows stored as float64 (the scores read the rows the run clustered).
+    """The two passes and the sample's sums, for rows stored as float64 (the scores read the rows the run
+    clustered).
 
     Kernel arguments (arrays 1-D on the device; ``x[j * ld + i]``; grid: one thread a row)
     -------------------------------------------------------------------------------------
