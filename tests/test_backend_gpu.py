@@ -255,10 +255,19 @@ _SIM_PROGRAM = textwrap.dedent(
                 fixed = be.d2_fixed(d2, weights, s)
                 total = int(fixed.total)
                 lab, dist = be.nearest(cands[:5])
+                found = [fixed.find(t) for t in (0, total // 7, total // 3, total // 2, total - 1)]
+                pots = be.potentials(d2, cands, weights, s)
+                # one pass (at most MAX_TRIALS): its candidates' D² are kept, and lower_d2 copies the chosen one
+                few = be.potentials(d2, cands[:5], weights, s)
+                kept = getattr(be, "_kept", None) is not None
+                d2 = be.lower_d2(d2, cands[2])
+                from_kept = hexes(be.d2_host(d2))
+                from_pass = hexes(be.d2_host(be.lower_d2(d2, x[140])))  # not a candidate: a pass over the rows
                 out[("weighted_" if weights is not None else "plain_") + name] = {
                     "dist2_to": hexes(first), "d2_max": vmax.hex(), "lower_d2": hexes(lowered), "total": str(total),
-                    "find": [fixed.find(t) for t in (0, total // 7, total // 3, total // 2, total - 1)],
-                    "potentials": [[str(p), v.hex()] for p, v in be.potentials(d2, cands, weights, s)],
+                    "find": found,
+                    "potentials": [[str(p), v.hex()] for p, v in pots], "few": [[str(p), v.hex()] for p, v in few],
+                    "from_kept": from_kept, "from_pass": from_pass, "kept": kept,
                     "nearest": [hexes(lab.astype(np.int64)), hexes(dist)],
                     "on_device": not isinstance(d2, np.ndarray)}
                 be.close()
@@ -434,9 +443,11 @@ def test_sim_initialisation_passes_are_the_cpus(sim, weights):
     rec = sim["init_passes"]
     cpu, gpu = rec[f"{weights}_cpu"], rec[f"{weights}_gpu"]
     assert gpu["on_device"] and not cpu["on_device"]
-    for key in ("dist2_to", "d2_max", "lower_d2", "total", "find", "potentials", "nearest"):
+    for key in ("dist2_to", "d2_max", "lower_d2", "total", "find", "potentials", "few", "from_kept", "from_pass",
+                "nearest"):
         assert gpu[key] == cpu[key], key
-    assert len(gpu["potentials"]) == 10 and len(set(gpu["find"])) > 2
+    assert len(gpu["potentials"]) == 10 and len(gpu["few"]) == 5 and len(set(gpu["find"])) > 2
+    assert gpu["kept"]  # the one-pass candidates' D² were kept on the device
 
 
 def test_sim_float32_storage_gives_the_float64_labels_on_separated_data(sim):

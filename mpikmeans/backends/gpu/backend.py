@@ -194,6 +194,8 @@ class GPUBackend(Backend):
         self._outputs = None
         self._flags = []
         self._d2 = self._lb = self._idx = None
+        self._kept = None  # (candidates, their D² on the device): what lower_d2 may copy instead of a pass
+        self._acc = None  # the potentials pass's limb sums and largest values, on the device
         self._bounds_for = None  # the centres the lower bounds hold for
         self._changed = 0  # labels the last step changed
         self._step_centres = None  # the last step's centres (the device's labels and distances are for them)
@@ -218,6 +220,7 @@ class GPUBackend(Backend):
         self._sums_for = None
         self._step_centres = None
         self._centres = self._outputs = None
+        self._kept = None
 
     def kernels(self) -> dict:
         """The step kernels of this dtype: compiled once per machine type, loaded from the store after."""
@@ -278,6 +281,8 @@ class GPUBackend(Backend):
         k, m = centres.shape
         if self.n == 0:
             return StepResult(np.zeros((k, m + 1, 4), dtype=np.int64), np.zeros((k, 4), dtype=np.int64), 0)
+        # seeding is over: the candidates' D² it kept (MAX_TRIALS x n float64) are not held through the iterations
+        self._kept = None
         cen, out = self._buffers(k)
         key = (k, scales.columns.tobytes(), scales.wmax)
         bounds = self._bounds_for is not None and self._bounds_for.shape == centres.shape
@@ -407,9 +412,17 @@ class GPUBackend(Backend):
         return d2
 
     def lower_d2(self, d2, centre: np.ndarray):
-        """``min(D², squared distance to centre)``, in place on the device."""
+        """``min(D², squared distance to centre)``, in place on the device: a copy of what the last potentials
+        pass kept when ``centre`` was one of its candidates, else a pass over the rows."""
         if not self._on_device(d2):
             return super().lower_d2(d2, centre)
+        kept = self._kept
+        if kept is not None and kept[0] is d2:
+            row = np.ascontiguousarray(centre, dtype=np.float64).ravel().tobytes()
+            for q, cand in enumerate(kept[1]):
+                if cand.tobytes() == row:
+                    d2.copy_to_device(kept[2][q * self.n:(q + 1) * self.n])
+                    return d2
         self._d2_pass(d2, centre, lower=True)
         return d2
 
@@ -451,27 +464,47 @@ class GPUBackend(Backend):
         nb, hi, lo, _ = self._fixed_blocks(d2, weights, s)
         return BlockFixed(initk.device_values(d2, weights), s, self.n, nb, [limbs_to_int(*p) for p in zip(hi, lo)])
 
+    def _kept_buffer(self):
+        """MAX_TRIALS x n float64 for the candidates' D², where the device has room for it beside a quarter of
+        its free memory; else None (lower_d2 then passes over the rows)."""
+        kept = self._kept
+        if kept is not None:
+            return kept[2]
+        need = initk.MAX_TRIALS * self.n * 8
+        free, _ = cuda.current_context().get_memory_info()
+        return cuda.device_array(initk.MAX_TRIALS * self.n, dtype=np.float64) if 4 * need <= free else None
+
     def potentials(self, d2, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
-        """All candidates' exact potentials, :data:`.initk.MAX_TRIALS` candidates a pass over the rows."""
+        """All candidates' exact potentials, :data:`.initk.MAX_TRIALS` candidates a pass over the rows; with
+        one pass, each candidate's lowered D² is kept for :meth:`lower_d2`."""
         if not self._on_device(d2):
             return super().potentials(d2, cands, weights, s)
         cands = np.ascontiguousarray(cands, dtype=np.float64)
         f1, f2 = scale_factors(s)
         weighted = weights is not None
         w = self.rows.dw if weighted else d2
+        T = initk.MAX_TRIALS
         grid = 2 if SIM else max(1, min(-(-self.n // initk.NT), 8 * self.limits.sm_count))
+        kept = self._kept_buffer() if len(cands) <= T else None
+        self._kept = None
+        if self._acc is None:
+            self._acc = (cuda.device_array(2 * T, dtype=np.int64), cuda.device_array(T, dtype=np.float64))
+        acc, vmax = self._acc
         out = []
-        for a in range(0, len(cands), initk.MAX_TRIALS):
-            group = cands[a:a + initk.MAX_TRIALS]
+        for a in range(0, len(cands), T):
+            group = cands[a:a + T]
             t = len(group)
-            hi = cuda.to_device(np.zeros(t, dtype=np.int64))
-            lo = cuda.to_device(np.zeros(t, dtype=np.int64))
-            vmax = cuda.to_device(np.zeros(t, dtype=np.float64))
+            padded = np.concatenate([group, np.repeat(group[-1:], T - t, axis=0)])
+            acc.copy_to_device(np.zeros(2 * T, dtype=np.int64))
+            vmax.copy_to_device(np.zeros(T))
             self._init_launch("potentials", weighted, (self.rows.dx, self.n, self.rows.ld, self.m,
-                                                       cuda.to_device(group.ravel()), t, d2, w, f1, f2, hi, lo, vmax),
+                                                       cuda.to_device(padded.ravel()), t, d2, w, f1, f2, acc, vmax,
+                                                       int(kept is not None), kept if kept is not None else d2),
                               grid)
-            h, l_, v = hi.copy_to_host(), lo.copy_to_host(), vmax.copy_to_host()
-            out += [(limbs_to_int(h[j], l_[j]), float(v[j])) for j in range(t)]
+            limbs, v = acc.copy_to_host(), vmax.copy_to_host()
+            out += [(limbs_to_int(limbs[j], limbs[T + j]), float(v[j])) for j in range(t)]
+        if kept is not None:
+            self._kept = (d2, cands.copy(), kept)
         return out
 
     # ------------------------------------------------------------------ the rest
@@ -483,7 +516,7 @@ class GPUBackend(Backend):
     def close(self) -> None:
         self.rows.close()
         self._centres = self._outputs = self._d2 = self._lb = self._idx = None
-        self._bounds_for = None
+        self._bounds_for = self._kept = self._acc = None
         self._flags = []
 
 
@@ -497,6 +530,6 @@ def initk_kernels(dtype: str, weighted: bool) -> dict:
         "d2_lower": (initk.d2_kernel(True), (x, 1, 1, 1, f64, f64)),
         "nearest": (initk.nearest_kernel(), (x, 1, 1, 1, f64, 1, i32, f64)),
         "fixed_blocks": (initk.fixed_blocks_kernel(weighted), (f64, f64, 1, 1, 1.0, 1.0, i64, i64, f64)),
-        "potentials": (initk.potentials_kernel(weighted), (x, 1, 1, 1, f64, 1, f64, f64, 1.0, 1.0, i64, i64, f64)),
+        "potentials": (initk.potentials_kernel(weighted), (x, 1, 1, 1, f64, 1, f64, f64, 1.0, 1.0, i64, f64, 1, f64)),
     }
     return {name: (disp, compiled(name, (dtype, weighted), disp, args)) for name, (disp, args) in specs.items()}

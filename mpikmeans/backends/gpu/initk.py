@@ -50,7 +50,7 @@ def d2_kernel(lower: bool):
     return cuda.jit(km_d2)
 
 
-#: candidates one pass of :func:`potentials_kernel` takes at most (more go in several passes)
+#: candidates one pass of :func:`potentials_kernel` takes (fewer are padded; more go in several passes)
 MAX_TRIALS = 8
 
 
@@ -58,22 +58,26 @@ MAX_TRIALS = 8
 def potentials_kernel(weighted: bool):
     """Per candidate: the exact fixed-point total of ``v = min(D², |x - c|²) (* w)`` and the largest ``v``.
 
-    Arguments: x, n, ld, m, cands (t * m,) float64, t (at most :data:`MAX_TRIALS`),
-    d2 (n,), w (n,) or (1,), f1, f2 (the scale ``2**s`` as two exact factors), hi,
-    lo (t,) int64 and vmax (t,) float64, accumulated (the caller zeroes them).
-    Each thread keeps its rows' limbs per candidate in registers; a block adds
-    them in shared memory, then into the outputs: integer atomics, so the order
-    never matters.
+    Arguments: x, n, ld, m, cands (MAX_TRIALS * m,) float64 (padded), t (the real
+    ones), d2 (n,), w (n,) or (1,), f1, f2 (the scale ``2**s`` as two exact
+    factors), acc (2 * MAX_TRIALS,) int64 (the high limbs, then the low) and vmax
+    (MAX_TRIALS,) float64, accumulated (the caller zeroes them), keep (0 or 1),
+    kept (t * n,) float64 or (1,): with ``keep``, ``min(D², |x - c_q|²)`` of row
+    ``i`` goes to ``kept[q * n + i]``, so the chosen candidate's D² needs no
+    other pass over the rows.  The candidate loops run MAX_TRIALS times, a
+    constant, so the compiler unrolls them and keeps each row's distances in
+    registers; a block adds its threads' limbs in shared memory, then into the
+    outputs: integer atomics, so the order never matters.
     """
     T = MAX_TRIALS
     WEIGHTED = weighted
 
-    def km_potentials(x, n, ld, m, cands, t, d2, w, f1, f2, hi, lo, vmax):
+    def km_potentials(x, n, ld, m, cands, t, d2, w, f1, f2, acc, vmax, keep, kept):
         s_hi = cuda.shared.array(T, dtype=int64)
         s_lo = cuda.shared.array(T, dtype=int64)
         s_vm = cuda.shared.array(T, dtype=float64)
         tid = cuda.threadIdx.x
-        if tid < t:
+        if tid < T:
             s_hi[tid] = 0
             s_lo[tid] = 0
             s_vm[tid] = 0.0
@@ -87,16 +91,18 @@ def potentials_kernel(weighted: bool):
             a_lo[q] = 0
             a_vm[q] = 0.0
         for i in range(cuda.grid(1), n, cuda.gridsize(1)):
-            for q in range(t):
+            for q in range(T):
                 dd[q] = 0.0
             for j in range(m):
                 xj = float64(x[j * ld + i])
-                for q in range(t):
+                for q in range(T):
                     e = xj - cands[q * m + j]
                     dd[q] = dadd_rn(dd[q], dmul_rn(e, e))
             di = d2[i]
-            for q in range(t):
+            for q in range(T):
                 v = min(di, dd[q])
+                if keep and q < t:
+                    kept[q * n + i] = v
                 if WEIGHTED:
                     v = v * w[i]
                 if v > a_vm[q]:
@@ -104,14 +110,14 @@ def potentials_kernel(weighted: bool):
                 iq = int64(rint(v * f1 * f2))
                 a_hi[q] += iq >> 27
                 a_lo[q] += iq & _LIMB_MASK
-        for q in range(t):
+        for q in range(T):
             cuda.atomic.add(s_hi, q, a_hi[q])
             cuda.atomic.add(s_lo, q, a_lo[q])
             cuda.atomic.max(s_vm, q, a_vm[q])
         cuda.syncthreads()
-        if tid < t:
-            cuda.atomic.add(hi, tid, s_hi[tid])
-            cuda.atomic.add(lo, tid, s_lo[tid])
+        if tid < T:
+            cuda.atomic.add(acc, tid, s_hi[tid])
+            cuda.atomic.add(acc, T + tid, s_lo[tid])
             cuda.atomic.max(vmax, tid, s_vm[tid])
 
     return cuda.jit(km_potentials)
