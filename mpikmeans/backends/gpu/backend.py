@@ -195,7 +195,7 @@ class GPUBackend(Backend):
         self._flags = []
         self._d2 = self._lb = self._idx = None
         self._kept = None  # (candidates, their D² on the device): what lower_d2 may copy instead of a pass
-        self._acc = None  # the potentials pass's limb sums and largest values, on the device
+        self._smalls = {}  # the initialisations' small device outputs, kept between passes (:meth:`_small`)
         self._bounds_for = None  # the centres the lower bounds hold for
         self._changed = 0  # labels the last step changed
         self._step_centres = None  # the last step's centres (the device's labels and distances are for them)
@@ -440,17 +440,25 @@ class GPUBackend(Backend):
     def d2_host(self, d2) -> np.ndarray:
         return d2.copy_to_host() if self._on_device(d2) else d2
 
+    def _small(self, name: str, words: int, floats: int) -> tuple:
+        """A device buffer kept for the initialisations' small outputs: ``words`` int64 then ``floats`` float64
+        (views of one allocation, so one copy brings both back); returns (buffer, ints view, floats view)."""
+        held = self._smalls.get(name)
+        if held is None or held[0].size != words + floats:
+            buf = cuda.device_array(words + floats, dtype=np.int64)
+            held = self._smalls[name] = (buf, buf[:words], buf[words:].view(np.float64))
+        return held
+
     def _fixed_blocks(self, d2, weights, s: int):
         """Exact limb sums and the largest ``w * D²`` of consecutive row blocks, on the host."""
         nb = max(1, min(1024, -(-self.n // initk.NT)))
-        hi = cuda.device_array(nb, dtype=np.int64)
-        lo = cuda.device_array(nb, dtype=np.int64)
-        vmax = cuda.device_array(nb, dtype=np.float64)
+        buf, limbs, vmax = self._small("fixed_blocks", 2 * nb, nb)
         f1, f2 = scale_factors(s)
         weighted = weights is not None
         w = self.rows.dw if weighted else d2
-        self._init_launch("fixed_blocks", weighted, (d2, w, self.n, nb, f1, f2, hi, lo, vmax), nb)
-        return nb, hi.copy_to_host(), lo.copy_to_host(), vmax.copy_to_host()
+        self._init_launch("fixed_blocks", weighted, (d2, w, self.n, nb, f1, f2, limbs[:nb], limbs[nb:], vmax), nb)
+        host = buf.copy_to_host()
+        return nb, host[:nb], host[nb:2 * nb], host[2 * nb:].view(np.float64)
 
     def d2_max(self, d2, weights: np.ndarray | None) -> float:
         if not self._on_device(d2):
@@ -487,22 +495,20 @@ class GPUBackend(Backend):
         grid = 2 if SIM else max(1, min(-(-self.n // initk.NT), 8 * self.limits.sm_count))
         kept = self._kept_buffer() if len(cands) <= T else None
         self._kept = None
-        if self._acc is None:
-            self._acc = (cuda.device_array(2 * T, dtype=np.int64), cuda.device_array(T, dtype=np.float64))
-        acc, vmax = self._acc
+        buf, acc, vmax = self._small("potentials", 2 * T, T)
+        cbuf = self._small("candidates", 0, T * self.m)[2]
         out = []
         for a in range(0, len(cands), T):
             group = cands[a:a + T]
             t = len(group)
-            padded = np.concatenate([group, np.repeat(group[-1:], T - t, axis=0)])
-            acc.copy_to_device(np.zeros(2 * T, dtype=np.int64))
-            vmax.copy_to_device(np.zeros(T))
-            self._init_launch("potentials", weighted, (self.rows.dx, self.n, self.rows.ld, self.m,
-                                                       cuda.to_device(padded.ravel()), t, d2, w, f1, f2, acc, vmax,
-                                                       int(kept is not None), kept if kept is not None else d2),
-                              grid)
-            limbs, v = acc.copy_to_host(), vmax.copy_to_host()
-            out += [(limbs_to_int(limbs[j], limbs[T + j]), float(v[j])) for j in range(t)]
+            cbuf.copy_to_device(np.concatenate([group, np.repeat(group[-1:], T - t, axis=0)]).ravel())
+            _memset(buf)
+            self._init_launch("potentials", weighted, (self.rows.dx, self.n, self.rows.ld, self.m, cbuf, t, d2, w,
+                                                       f1, f2, acc, vmax, int(kept is not None),
+                                                       kept if kept is not None else d2), grid)
+            host = buf.copy_to_host()
+            v = host[2 * T:].view(np.float64)
+            out += [(limbs_to_int(host[j], host[T + j]), float(v[j])) for j in range(t)]
         if kept is not None:
             self._kept = (d2, cands.copy(), kept)
         return out
@@ -516,7 +522,8 @@ class GPUBackend(Backend):
     def close(self) -> None:
         self.rows.close()
         self._centres = self._outputs = self._d2 = self._lb = self._idx = None
-        self._bounds_for = self._kept = self._acc = None
+        self._bounds_for = self._kept = None
+        self._smalls = {}
         self._flags = []
 
 
