@@ -451,7 +451,7 @@ class GPUBackend(Backend):
 
     def _fixed_blocks(self, d2, weights, s: int):
         """Exact limb sums and the largest ``w * D²`` of consecutive row blocks, on the host."""
-        nb = max(1, min(1024, -(-self.n // initk.NT)))
+        nb = max(1, min(256, -(-self.n // initk.NT)))  # as the CPU: few blocks to add on the host a draw
         buf, limbs, vmax = self._small("fixed_blocks", 2 * nb, nb)
         f1, f2 = scale_factors(s)
         weighted = weights is not None

@@ -93,11 +93,31 @@ def potentials_kernel(weighted: bool):
         for i in range(cuda.grid(1), n, cuda.gridsize(1)):
             for q in range(T):
                 dd[q] = 0.0
-            for j in range(m):
+            # four values of the row loaded before any is used: four loads in flight a thread, where
+            # one at a time left the pass waiting on memory at this kernel's occupancy
+            j = 0
+            while j + 4 <= m:
+                x0 = float64(x[j * ld + i])
+                x1 = float64(x[(j + 1) * ld + i])
+                x2 = float64(x[(j + 2) * ld + i])
+                x3 = float64(x[(j + 3) * ld + i])
+                for q in range(T):
+                    c = q * m + j
+                    e = x0 - cands[c]
+                    a = dadd_rn(dd[q], dmul_rn(e, e))
+                    e = x1 - cands[c + 1]
+                    a = dadd_rn(a, dmul_rn(e, e))
+                    e = x2 - cands[c + 2]
+                    a = dadd_rn(a, dmul_rn(e, e))
+                    e = x3 - cands[c + 3]
+                    dd[q] = dadd_rn(a, dmul_rn(e, e))
+                j += 4
+            while j < m:
                 xj = float64(x[j * ld + i])
                 for q in range(T):
                     e = xj - cands[q * m + j]
                     dd[q] = dadd_rn(dd[q], dmul_rn(e, e))
+                j += 1
             di = d2[i]
             for q in range(T):
                 v = min(di, dd[q])

@@ -32,12 +32,14 @@ from .policy import step_layout
 from .stepk import NT as STEP_NT
 
 if cuda is not None:
-    from numba import float64
+    from numba import float64, int64
 
 #: threads per block of the three kernels
 NT = 32 if SIM else 128
 #: means the silhouette pass measures at once (each value of a row read once for all of them)
-QT = 4
+QT = 8
+#: the sample's rows a thread of ``sample_sums`` measures at once (each value of its own row read once for all)
+RT = 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,30 +89,23 @@ def score_kernels() -> dict:
             return
         mine = 0.0
         bi = math.inf
+        dd = cuda.local.array(QT, dtype=float64)
         for q0 in range(0, p, QT):
-            # QT distances at once, each still summed in attribute order
-            d0 = 0.0
-            d1 = 0.0
-            d2 = 0.0
-            d3 = 0.0
+            # QT distances at once, each still summed in attribute order (loops of a constant length:
+            # unrolled, the distances in registers; the means past p are never used)
+            for r in range(QT):
+                dd[r] = 0.0
             for j in range(m):
                 xj = float64(x[j * ld + i])
                 base = j * p + q0
-                t = xj - mt[base]
-                d0 = dadd_rn(d0, dmul_rn(t, t))
-                if q0 + 1 < p:
-                    t = xj - mt[base + 1]
-                    d1 = dadd_rn(d1, dmul_rn(t, t))
-                if q0 + 2 < p:
-                    t = xj - mt[base + 2]
-                    d2 = dadd_rn(d2, dmul_rn(t, t))
-                if q0 + 3 < p:
-                    t = xj - mt[base + 3]
-                    d3 = dadd_rn(d3, dmul_rn(t, t))
+                for r in range(QT):
+                    if q0 + r < p:
+                        t = xj - mt[base + r]
+                        dd[r] = dadd_rn(dd[r], dmul_rn(t, t))
             for r in range(QT):
                 q = q0 + r
                 if q < p:
-                    d = d0 if r == 0 else (d1 if r == 1 else (d2 if r == 2 else d3))
+                    d = dd[r]
                     if q == c:
                         mine = d
                     else:
@@ -129,20 +124,31 @@ def score_kernels() -> dict:
 
     def km_sample_sums(xt, s, m, perm, starts, lo, hi, nlab, out):
         # thread (t, l): the sum of sample row t's Euclidean distances to the sample's rows of label l,
-        # in row order (perm lists each label's rows in ascending order), itself left out
+        # in row order (perm lists each label's rows in ascending order), itself left out; RT rows of
+        # label l at a time, so each value of row t is read once for all of them
         t = lo + cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         lab = cuda.blockIdx.y
         if t >= hi:
             return
+        rr = cuda.local.array(RT, dtype=int64)
+        dd = cuda.local.array(RT, dtype=float64)
         acc = 0.0
-        for q in range(starts[lab], starts[lab + 1]):
-            r = perm[q]
-            if r != t:
-                d = 0.0
-                for j in range(m):
-                    u = xt[j * s + r] - xt[j * s + t]
-                    d = dadd_rn(d, dmul_rn(u, u))
-                acc += math.sqrt(d)
+        q = starts[lab]
+        end = starts[lab + 1]
+        while q < end:
+            for u in range(RT):
+                rr[u] = perm[q + u] if q + u < end else -1
+                dd[u] = 0.0
+            for j in range(m):
+                xtj = xt[j * s + t]
+                for u in range(RT):
+                    if rr[u] >= 0:
+                        e = xt[j * s + rr[u]] - xtj
+                        dd[u] = dadd_rn(dd[u], dmul_rn(e, e))
+            for u in range(RT):
+                if rr[u] >= 0 and rr[u] != t:
+                    acc += math.sqrt(dd[u])
+            q += RT
         out[(t - lo) * nlab + lab] = acc
 
     return {"own_dist2": cuda.jit(km_own_dist2), "silhouette": cuda.jit(km_silhouette),
