@@ -501,7 +501,7 @@ class GPUBackend(Backend):
         for a in range(0, len(cands), T):
             group = cands[a:a + T]
             t = len(group)
-            cbuf.copy_to_device(np.concatenate([group, np.repeat(group[-1:], T - t, axis=0)]).ravel())
+            cbuf.copy_to_device(np.ascontiguousarray(np.concatenate([group, np.repeat(group[-1:], T - t, axis=0)]).T).ravel())
             _memset(buf)
             self._init_launch("potentials", weighted, (self.rows.dx, self.n, self.rows.ld, self.m, cbuf, t, d2, w,
                                                        f1, f2, acc, vmax, int(kept is not None),

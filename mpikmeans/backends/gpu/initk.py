@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 
 from .device import SIM, cuda
-from .intrinsics import dadd_rn, dmul_rn, rint
+from .intrinsics import dadd_rn, dmul_rn, ld4, rint
 
 if cuda is not None:
     from numba import float64, int64
@@ -50,7 +50,8 @@ def d2_kernel(lower: bool):
     return cuda.jit(km_d2)
 
 
-#: candidates one pass of :func:`potentials_kernel` takes (fewer are padded; more go in several passes)
+#: candidates one pass of :func:`potentials_kernel` takes (fewer are padded; more go in several passes):
+#: scikit-learn's 2 + ln(k) trials up to k = 1096
 MAX_TRIALS = 8
 
 
@@ -58,7 +59,8 @@ MAX_TRIALS = 8
 def potentials_kernel(weighted: bool):
     """Per candidate: the exact fixed-point total of ``v = min(D², |x - c|²) (* w)`` and the largest ``v``.
 
-    Arguments: x, n, ld, m, cands (MAX_TRIALS * m,) float64 (padded), t (the real
+    Arguments: x, n, ld, m, cands (m * MAX_TRIALS,) float64 (attribute-major:
+    ``cands[j * MAX_TRIALS + q]``, padded to MAX_TRIALS candidates), t (the real
     ones), d2 (n,), w (n,) or (1,), f1, f2 (the scale ``2**s`` as two exact
     factors), acc (2 * MAX_TRIALS,) int64 (the high limbs, then the low) and vmax
     (MAX_TRIALS,) float64, accumulated (the caller zeroes them), keep (0 or 1),
@@ -70,6 +72,7 @@ def potentials_kernel(weighted: bool):
     outputs: integer atomics, so the order never matters.
     """
     T = MAX_TRIALS
+    assert T == 8, "the pass names its eight candidates' distances"
     WEIGHTED = weighted
 
     def km_potentials(x, n, ld, m, cands, t, d2, w, f1, f2, acc, vmax, keep, kept):
@@ -91,33 +94,36 @@ def potentials_kernel(weighted: bool):
             a_lo[q] = 0
             a_vm[q] = 0.0
         for i in range(cuda.grid(1), n, cuda.gridsize(1)):
-            for q in range(T):
-                dd[q] = 0.0
-            # four values of the row loaded before any is used: four loads in flight a thread, where
-            # one at a time left the pass waiting on memory at this kernel's occupancy
-            j = 0
-            while j + 4 <= m:
-                x0 = float64(x[j * ld + i])
-                x1 = float64(x[(j + 1) * ld + i])
-                x2 = float64(x[(j + 2) * ld + i])
-                x3 = float64(x[(j + 3) * ld + i])
-                for q in range(T):
-                    c = q * m + j
-                    e = x0 - cands[c]
-                    a = dadd_rn(dd[q], dmul_rn(e, e))
-                    e = x1 - cands[c + 1]
-                    a = dadd_rn(a, dmul_rn(e, e))
-                    e = x2 - cands[c + 2]
-                    a = dadd_rn(a, dmul_rn(e, e))
-                    e = x3 - cands[c + 3]
-                    dd[q] = dadd_rn(a, dmul_rn(e, e))
-                j += 4
-            while j < m:
+            d0 = d1 = d2_ = d3 = d4 = d5 = d6 = d7 = 0.0
+            for j in range(m):
                 xj = float64(x[j * ld + i])
-                for q in range(T):
-                    e = xj - cands[q * m + j]
-                    dd[q] = dadd_rn(dd[q], dmul_rn(e, e))
-                j += 1
+                # the 8 candidates' values of attribute j: two vector loads, no index arithmetic a candidate
+                c0, c1, c2, c3 = ld4(cands, j * T)
+                c4, c5, c6, c7 = ld4(cands, j * T + 4)
+                e = xj - c0
+                d0 = dadd_rn(d0, dmul_rn(e, e))
+                e = xj - c1
+                d1 = dadd_rn(d1, dmul_rn(e, e))
+                e = xj - c2
+                d2_ = dadd_rn(d2_, dmul_rn(e, e))
+                e = xj - c3
+                d3 = dadd_rn(d3, dmul_rn(e, e))
+                e = xj - c4
+                d4 = dadd_rn(d4, dmul_rn(e, e))
+                e = xj - c5
+                d5 = dadd_rn(d5, dmul_rn(e, e))
+                e = xj - c6
+                d6 = dadd_rn(d6, dmul_rn(e, e))
+                e = xj - c7
+                d7 = dadd_rn(d7, dmul_rn(e, e))
+            dd[0] = d0
+            dd[1] = d1
+            dd[2] = d2_
+            dd[3] = d3
+            dd[4] = d4
+            dd[5] = d5
+            dd[6] = d6
+            dd[7] = d7
             di = d2[i]
             for q in range(T):
                 v = min(di, dd[q])
