@@ -477,7 +477,8 @@ def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: 
     n_local, m = x.shape
     if labels.shape != (n_local,):
         raise ValueError(f"labels of shape {labels.shape} for {n_local} rows")
-    if n_local and (labels.min() < -1 or labels.max() >= k):
+    lowest = int(labels.min()) if n_local else 0
+    if n_local and (lowest < -1 or labels.max() >= k):
         raise ValueError(f"labels outside -1 .. {k - 1}")
     w = None if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
     ref = np.zeros((k, m)) if centres is None else np.ascontiguousarray(centres, dtype=np.float64)
@@ -502,7 +503,8 @@ def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: 
     ref_exp = scales.sse_exponent(ref)
     sums, ref_sse = passes.cluster_sums(ref, scales, ref_exp)
     buf = np.concatenate([sums.ravel(), ref_sse.ravel(),
-                          np.bincount(labels[labels >= 0], minlength=k).astype(np.int64)])
+                          np.bincount(labels[labels >= 0] if lowest < 0 else labels,
+                                      minlength=k).astype(np.int64)])
     buf = comm.allreduce(buf, "sum")
     ns = k * (m + 1) * 4
     sums = buf[:ns].reshape(k, m + 1, 4)

@@ -196,6 +196,7 @@ class GPUBackend(Backend):
         self._d2 = self._lb = self._idx = None
         self._kept = None  # (candidates, their D² on the device): what lower_d2 may copy instead of a pass
         self._smalls = {}  # the initialisations' small device outputs, kept between passes (:meth:`_small`)
+        self._score_host = None  # the scores' per-row outputs on the host (:meth:`score_rows`)
         self._bounds_for = None  # the centres the lower bounds hold for
         self._changed = 0  # labels the last step changed
         self._step_centres = None  # the last step's centres (the device's labels and distances are for them)
@@ -382,7 +383,11 @@ class GPUBackend(Backend):
             return None
         ks = self.kernels()
         kernels = {name: ks[(name, None)] for name in ("accumulate", "own_dist2", "silhouette", "sample_sums")}
-        return DeviceScoreRows(self.rows.dx, self.rows.ld, self.n, self.m, self.rows.dw, labels, k, kernels)
+        if self._score_host is None or len(self._score_host[0]) != self.n:
+            # page-locked, kept for the next K of a sweep: the two per-row arrays come back at full speed
+            self._score_host = (pinned(self.n, np.float64), pinned(self.n, np.float64))
+        return DeviceScoreRows(self.rows.dx, self.rows.ld, self.n, self.m, self.rows.dw, labels, k, kernels,
+                               self._score_host)
 
     def forget_labels(self) -> None:
         self.rows.forget_labels()
@@ -522,7 +527,7 @@ class GPUBackend(Backend):
     def close(self) -> None:
         self.rows.close()
         self._centres = self._outputs = self._d2 = self._lb = self._idx = None
-        self._bounds_for = self._kept = None
+        self._bounds_for = self._kept = self._score_host = None
         self._smalls = {}
         self._flags = []
 

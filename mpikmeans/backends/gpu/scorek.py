@@ -180,13 +180,18 @@ class DeviceScoreRows:
     kernels : dict
         ``own_dist2``, ``silhouette``, ``sample_sums`` and ``accumulate`` (the step's): (dispatcher, compiled
         kernel).
+    host : tuple of two ndarray, shape (n,), float64, optional
+        Where :meth:`silhouette` copies its two per-row arrays (page-locked memory: a copy at full speed);
+        what it returns are these arrays, valid until its next call.  Default: new arrays.
     """
 
-    def __init__(self, x, ld: int, n: int, m: int, weights, labels: np.ndarray, k: int, kernels: dict):
+    def __init__(self, x, ld: int, n: int, m: int, weights, labels: np.ndarray, k: int, kernels: dict,
+                 host: tuple | None = None):
         self.x, self.ld, self.n, self.m, self.k = x, ld, n, m, k
         self.w = weights
         self.labels = cuda.to_device(np.ascontiguousarray(labels, dtype=np.int32))
         self.kernels = kernels
+        self.host = host
 
     def _grid(self) -> int:
         return max(1, -(-self.n // NT))
@@ -234,7 +239,9 @@ class DeviceScoreRows:
         disp, kern = self.kernels["silhouette"]
         launch(disp, kern, (self.x, self.ld, self.n, self.m, p, self.labels, *dev, self.w if weighted else own,
                             weighted, own, sil), self._grid(), NT)
-        return own.copy_to_host()[: self.n], sil.copy_to_host()[: self.n]
+        if self.host is None or self.n == 0:
+            return own.copy_to_host()[: self.n], sil.copy_to_host()[: self.n]
+        return own.copy_to_host(self.host[0]), sil.copy_to_host(self.host[1])
 
     def sample_sums(self, xs: np.ndarray, lab: np.ndarray, nlab: int, lo: int, hi: int) -> np.ndarray:
         """:func:`mpikmeans.scores.sample_label_sums` on the device: the same sums, the same bits.
