@@ -156,8 +156,10 @@ def init_kmeanspp(comm, k: int, x: np.ndarray, row_offset: int, n: int, seed: in
     The centres depend only on the data, ``k``, ``seed`` and the trials, not
     on the number of ranks or the split: per-row D² are computed row by row,
     and every sum that decides a draw or a choice is exact (see
-    :func:`mpikmeans.exact.draw_rows`).  Cost: ``(k - 1) * (n_local_trials + 1) + 1``
-    distance passes over the rows, each O(n m), and three small collectives per centre.
+    :func:`mpikmeans.exact.draw_rows`).  Cost: ``(k - 1) * n_local_trials + 1`` row-to-point
+    distances per row, O(n m) each: one pass over the rows per centre where the backend
+    measures all of a centre's candidates at once and keeps their distances (CPU, GPU), else
+    ``n_local_trials + 1`` passes; and three small collectives per centre.
 
     Parameters
     ----------

@@ -1,8 +1,8 @@
 """The initialisations' kernels: D², candidate potentials and exact fixed-point block sums on the GPU.
 
-k-means++ passes over the rows about ``k * (trials + 1)`` times; on the host that
-was the largest part of a GPU run.  These kernels do the passes where the rows
-are, with the CPU's arithmetic to the last bit: every squared distance sums
+k-means++ measures ``trials`` candidates against every row for each centre; these
+kernels do it where the rows are, in one pass a centre (:func:`potentials_kernel`,
+which also keeps the candidates' lowered D² for the chosen one), with the CPU's arithmetic to the last bit: every squared distance sums
 ``(x_j - c_j)^2`` in attribute order with one rounding per product and per sum
 (:func:`~.intrinsics.dmul_rn`, :func:`~.intrinsics.dadd_rn`: no FMA), and every
 sum that decides a draw is an exact integer sum of ``rint(v * 2**s)`` split in
