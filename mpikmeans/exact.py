@@ -30,6 +30,7 @@ import numpy as np
 from .jit import njit, prange
 
 from .errors import InputError
+from .fixedsums import scale_factors
 
 FIXED_BITS = 53
 LIMB = 27
@@ -102,12 +103,6 @@ def global_max(comm, v: np.ndarray) -> float:
     """Largest element of ``v`` over all ranks (0 when every rank's ``v`` is empty or <= 0)."""
     local = float(v.max()) if v.size else 0.0
     return float(comm.allreduce(np.array([max(local, 0.0)]), "max")[0])
-
-
-def scale_factors(s: int) -> tuple[float, float]:
-    """Two powers of two whose product is ``2**s`` (which alone may not be a float64)."""
-    a = min(s, 1023)
-    return math.ldexp(1.0, a), math.ldexp(1.0, s - a)
 
 
 @njit(cache=True, forceinline=True)

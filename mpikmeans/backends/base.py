@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..exact import HostFixed, fixed_potential, limbs_to_int, scale_factors, to_fixed
+from ..exact import HostFixed, fixed_potential, limbs_to_int, to_fixed
+from ..fixedsums import scale_factors
 
 #: The storage dtypes a backend keeps the rows in (``--dtype``); the arithmetic that decides
 #: labels and sums is float64 and exact integers in both.

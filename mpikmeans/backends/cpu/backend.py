@@ -8,8 +8,8 @@ import numba
 import numpy as np
 
 from ...cpus import process_threads
-from ...exact import BlockFixed, limbs_to_int, scale_factors
-from ...fixedsums import Scales, cluster_sums, column_magnitudes, sum_rows
+from ...exact import BlockFixed, limbs_to_int
+from ...fixedsums import Scales, cluster_sums, column_magnitudes, scale_factors, sum_rows
 from ...memory import available_memory
 from ..base import Backend, BackendInfo, StepResult, farthest_rows
 from .blas import one_thread

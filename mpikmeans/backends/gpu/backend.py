@@ -26,8 +26,8 @@ import logging
 
 import numpy as np
 
-from ...exact import BlockFixed, limbs_to_int, scale_factors
-from ...fixedsums import Scales, column_magnitudes
+from ...exact import BlockFixed, limbs_to_int
+from ...fixedsums import Scales, column_magnitudes, scale_factors
 from ..base import DTYPES, Backend, BackendInfo, BackendUnavailable, StepResult, farthest_rows
 from . import initk
 from .compiled import compiled
