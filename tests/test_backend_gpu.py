@@ -262,12 +262,15 @@ _SIM_PROGRAM = textwrap.dedent(
                 kept = getattr(be, "_kept", None) is not None
                 d2 = be.lower_d2(d2, cands[2])
                 from_kept = hexes(be.d2_host(d2))
-                from_pass = hexes(be.d2_host(be.lower_d2(d2, x[140])))  # not a candidate: a pass over the rows
+                d2 = be.lower_d2(d2, x[140])  # not a candidate: a pass over the rows
+                from_pass = hexes(be.d2_host(d2))
+                # a candidate of that pass again, after D² was lowered since: what was kept is stale
+                after = hexes(be.d2_host(be.lower_d2(d2, cands[4])))
                 out[("weighted_" if weights is not None else "plain_") + name] = {
                     "dist2_to": hexes(first), "d2_max": vmax.hex(), "lower_d2": hexes(lowered), "total": str(total),
                     "find": found,
                     "potentials": [[str(p), v.hex()] for p, v in pots], "few": [[str(p), v.hex()] for p, v in few],
-                    "from_kept": from_kept, "from_pass": from_pass, "kept": kept,
+                    "from_kept": from_kept, "from_pass": from_pass, "after": after, "kept": kept,
                     "nearest": [hexes(lab.astype(np.int64)), hexes(dist)],
                     "on_device": not isinstance(d2, np.ndarray)}
                 be.close()
@@ -444,7 +447,7 @@ def test_sim_initialisation_passes_are_the_cpus(sim, weights):
     cpu, gpu = rec[f"{weights}_cpu"], rec[f"{weights}_gpu"]
     assert gpu["on_device"] and not cpu["on_device"]
     for key in ("dist2_to", "d2_max", "lower_d2", "total", "find", "potentials", "few", "from_kept", "from_pass",
-                "nearest"):
+                "after", "nearest"):
         assert gpu[key] == cpu[key], key
     assert len(gpu["potentials"]) == 10 and len(gpu["few"]) == 5 and len(set(gpu["find"])) > 2
     assert gpu["kept"]  # the one-pass candidates' D² were kept on the device

@@ -194,7 +194,10 @@ class GPUBackend(Backend):
         self._outputs = None
         self._flags = []
         self._d2 = self._lb = self._idx = None
-        self._kept = None  # (candidates, their D² on the device): what lower_d2 may copy instead of a pass
+        # (D², candidates) of the last potentials pass, whose lowered D² _kept_d2 holds: what the next lower_d2
+        # may copy instead of a pass (any lowering of that D² makes the others stale)
+        self._kept = None
+        self._kept_d2 = None
         self._smalls = {}  # the initialisations' small device outputs, kept between passes (:meth:`_small`)
         self._score_host = None  # the scores' per-row outputs on the host (:meth:`score_rows`)
         self._bounds_for = None  # the centres the lower bounds hold for
@@ -221,7 +224,7 @@ class GPUBackend(Backend):
         self._sums_for = None
         self._step_centres = None
         self._centres = self._outputs = None
-        self._kept = None
+        self._kept = self._kept_d2 = None
 
     def kernels(self) -> dict:
         """The step kernels of this dtype: compiled once per machine type, loaded from the store after."""
@@ -283,7 +286,7 @@ class GPUBackend(Backend):
         if self.n == 0:
             return StepResult(np.zeros((k, m + 1, 4), dtype=np.int64), np.zeros((k, 4), dtype=np.int64), 0)
         # seeding is over: the candidates' D² it kept (MAX_TRIALS x n float64) are not held through the iterations
-        self._kept = None
+        self._kept = self._kept_d2 = None
         cen, out = self._buffers(k)
         key = (k, scales.columns.tobytes(), scales.wmax)
         bounds = self._bounds_for is not None and self._bounds_for.shape == centres.shape
@@ -421,12 +424,12 @@ class GPUBackend(Backend):
         pass kept when ``centre`` was one of its candidates, else a pass over the rows."""
         if not self._on_device(d2):
             return super().lower_d2(d2, centre)
-        kept = self._kept
+        kept, self._kept = self._kept, None
         if kept is not None and kept[0] is d2:
             row = np.ascontiguousarray(centre, dtype=np.float64).ravel().tobytes()
             for q, cand in enumerate(kept[1]):
                 if cand.tobytes() == row:
-                    d2.copy_to_device(kept[2][q * self.n:(q + 1) * self.n])
+                    d2.copy_to_device(self._kept_d2[q * self.n:(q + 1) * self.n])
                     return d2
         self._d2_pass(d2, centre, lower=True)
         return d2
@@ -478,14 +481,14 @@ class GPUBackend(Backend):
         return BlockFixed(initk.device_values(d2, weights), s, self.n, nb, [limbs_to_int(*p) for p in zip(hi, lo)])
 
     def _kept_buffer(self):
-        """MAX_TRIALS x n float64 for the candidates' D², where the device has room for it beside a quarter of
-        its free memory; else None (lower_d2 then passes over the rows)."""
-        kept = self._kept
-        if kept is not None:
-            return kept[2]
-        need = initk.MAX_TRIALS * self.n * 8
-        free, _ = cuda.current_context().get_memory_info()
-        return cuda.device_array(initk.MAX_TRIALS * self.n, dtype=np.float64) if 4 * need <= free else None
+        """MAX_TRIALS x n float64 for the candidates' lowered D² (kept from pass to pass), where the device has
+        room for it beside a quarter of its free memory; else None (lower_d2 then passes over the rows)."""
+        if self._kept_d2 is None:
+            need = initk.MAX_TRIALS * self.n * 8
+            free, _ = cuda.current_context().get_memory_info()
+            if 4 * need <= free:
+                self._kept_d2 = cuda.device_array(initk.MAX_TRIALS * self.n, dtype=np.float64)
+        return self._kept_d2
 
     def potentials(self, d2, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
         """All candidates' exact potentials, :data:`.initk.MAX_TRIALS` candidates a pass over the rows; with
@@ -515,7 +518,7 @@ class GPUBackend(Backend):
             v = host[2 * T:].view(np.float64)
             out += [(limbs_to_int(host[j], host[T + j]), float(v[j])) for j in range(t)]
         if kept is not None:
-            self._kept = (d2, cands.copy(), kept)
+            self._kept = (d2, cands.copy())
         return out
 
     # ------------------------------------------------------------------ the rest
@@ -527,7 +530,7 @@ class GPUBackend(Backend):
     def close(self) -> None:
         self.rows.close()
         self._centres = self._outputs = self._d2 = self._lb = self._idx = None
-        self._bounds_for = self._kept = self._score_host = None
+        self._bounds_for = self._kept = self._kept_d2 = self._score_host = None
         self._smalls = {}
         self._flags = []
 
