@@ -158,7 +158,8 @@ def init_kmeanspp(comm, k: int, x: np.ndarray, row_offset: int, n: int, seed: in
     and every sum that decides a draw or a choice is exact (see
     :func:`mpikmeans.exact.draw_rows`).  Cost: ``(k - 1) * n_local_trials + 1`` row-to-point
     distances per row, O(n m) each: one pass over the rows per centre where the backend
-    measures all of a centre's candidates at once and keeps their distances (CPU, GPU), else
+    measures all of a centre's candidates at once and keeps their distances (the CPU; the GPU
+    with resident rows, up to 8 trials and room for the distances), else about
     ``n_local_trials + 1`` passes; and three small collectives per centre.
 
     Parameters

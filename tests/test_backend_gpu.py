@@ -260,17 +260,34 @@ _SIM_PROGRAM = textwrap.dedent(
                 # one pass (at most MAX_TRIALS): its candidates' D² are kept, and lower_d2 copies the chosen one
                 few = be.potentials(d2, cands[:5], weights, s)
                 kept = getattr(be, "_kept", None) is not None
+                passes = []  # the device's lowering passes over the rows, counted after each lower_d2
+                if name == "gpu":
+                    real_pass = be._d2_pass
+                    be._d2_pass = lambda *a, **k: (passes.append(1), real_pass(*a, **k))
+                lowered_by = []
                 d2 = be.lower_d2(d2, cands[2])
+                lowered_by.append(len(passes))
                 from_kept = hexes(be.d2_host(d2))
                 d2 = be.lower_d2(d2, x[140])  # not a candidate: a pass over the rows
+                lowered_by.append(len(passes))
                 from_pass = hexes(be.d2_host(d2))
                 # a candidate of that pass again, after D² was lowered since: what was kept is stale
-                after = hexes(be.d2_host(be.lower_d2(d2, cands[4])))
+                d2 = be.lower_d2(d2, cands[4])
+                after = hexes(be.d2_host(d2))
+                lowered_by.append(len(passes))
+                # the whole of one pass (eight candidates, none padded), then one candidate alone
+                eight = [[str(p), v.hex()] for p, v in be.potentials(d2, cands[:8], weights, s)]
+                d2 = be.lower_d2(d2, cands[7])
+                lowered_by.append(len(passes))
+                eight_lowered = hexes(be.d2_host(d2))
+                one = be.potentials(d2, cands[9:10], weights, s)
                 out[("weighted_" if weights is not None else "plain_") + name] = {
                     "dist2_to": hexes(first), "d2_max": vmax.hex(), "lower_d2": hexes(lowered), "total": str(total),
                     "find": found,
                     "potentials": [[str(p), v.hex()] for p, v in pots], "few": [[str(p), v.hex()] for p, v in few],
                     "from_kept": from_kept, "from_pass": from_pass, "after": after, "kept": kept,
+                    "lowered_by": lowered_by, "one": [[str(p), v.hex()] for p, v in one], "eight": eight,
+                    "eight_lowered": eight_lowered,
                     "nearest": [hexes(lab.astype(np.int64)), hexes(dist)],
                     "on_device": not isinstance(d2, np.ndarray)}
                 be.close()
@@ -308,7 +325,8 @@ _SIM_PROGRAM = textwrap.dedent(
             too_wide = None
         except BackendUnavailable as exc:
             too_wide = str(exc)
-        return {"too_wide": too_wide, "sums_shape": list(r.sums.shape), "sums_zero": not r.sums.any(), "sse_shape": list(r.sse.shape),
+        return {"too_wide": too_wide, "sums_shape": list(r.sums.shape), "sums_zero": not r.sums.any(),
+                "sse_shape": list(r.sse.shape),
                 "sse_zero": not r.sse.any(), "changed": r.changed, "assign": [len(lab), len(d2)],
                 "farthest": len(rows), "available": G.gpu_available(), "count": G.gpu_count(),
                 "descriptions": G.device_descriptions(), "info": [info.name, info.devices, info.dtype],
@@ -447,10 +465,12 @@ def test_sim_initialisation_passes_are_the_cpus(sim, weights):
     cpu, gpu = rec[f"{weights}_cpu"], rec[f"{weights}_gpu"]
     assert gpu["on_device"] and not cpu["on_device"]
     for key in ("dist2_to", "d2_max", "lower_d2", "total", "find", "potentials", "few", "from_kept", "from_pass",
-                "after", "nearest"):
+                "after", "eight", "eight_lowered", "one", "nearest"):
         assert gpu[key] == cpu[key], key
     assert len(gpu["potentials"]) == 10 and len(gpu["few"]) == 5 and len(set(gpu["find"])) > 2
     assert gpu["kept"]  # the one-pass candidates' D² were kept on the device
+    # a kept candidate's D² copied (the first and the last), the others a pass over the rows each
+    assert gpu["lowered_by"] == [0, 1, 2, 2]
 
 
 def test_sim_float32_storage_gives_the_float64_labels_on_separated_data(sim):

@@ -459,7 +459,7 @@ class GPUBackend(Backend):
 
     def _fixed_blocks(self, d2, weights, s: int):
         """Exact limb sums and the largest ``w * D²`` of consecutive row blocks, on the host."""
-        nb = max(1, min(256, -(-self.n // initk.NT)))  # as the CPU: few blocks to add on the host a draw
+        nb = max(1, min(256, -(-self.n // initk.NT)))  # at most 256, as the CPU: few to add on the host a draw
         buf, limbs, vmax = self._small("fixed_blocks", 2 * nb, nb)
         f1, f2 = scale_factors(s)
         weighted = weights is not None
@@ -481,8 +481,8 @@ class GPUBackend(Backend):
         return BlockFixed(initk.device_values(d2, weights), s, self.n, nb, [limbs_to_int(*p) for p in zip(hi, lo)])
 
     def _kept_buffer(self):
-        """MAX_TRIALS x n float64 for the candidates' lowered D² (kept from pass to pass), where the device has
-        room for it beside a quarter of its free memory; else None (lower_d2 then passes over the rows)."""
+        """MAX_TRIALS x n float64 for the candidates' lowered D² (kept from pass to pass), where it needs at most
+        a quarter of the device's free memory; else None (lower_d2 then passes over the rows)."""
         if self._kept_d2 is None:
             need = initk.MAX_TRIALS * self.n * 8
             free, _ = cuda.current_context().get_memory_info()
@@ -509,7 +509,8 @@ class GPUBackend(Backend):
         for a in range(0, len(cands), T):
             group = cands[a:a + T]
             t = len(group)
-            cbuf.copy_to_device(np.ascontiguousarray(np.concatenate([group, np.repeat(group[-1:], T - t, axis=0)]).T).ravel())
+            padded = np.concatenate([group, np.repeat(group[-1:], T - t, axis=0)])
+            cbuf.copy_to_device(np.ascontiguousarray(padded.T).ravel())  # attribute-major
             _memset(buf)
             self._init_launch("potentials", weighted, (self.rows.dx, self.n, self.rows.ld, self.m, cbuf, t, d2, w,
                                                        f1, f2, acc, vmax, int(kept is not None),

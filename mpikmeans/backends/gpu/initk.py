@@ -1,8 +1,10 @@
 """The initialisations' kernels: D², candidate potentials and exact fixed-point block sums on the GPU.
 
 k-means++ measures ``trials`` candidates against every row for each centre; these
-kernels do it where the rows are, in one pass a centre (:func:`potentials_kernel`,
-which also keeps the candidates' lowered D² for the chosen one), with the CPU's arithmetic to the last bit: every squared distance sums
+kernels do it where the rows are, :data:`MAX_TRIALS` candidates a pass
+(:func:`potentials_kernel`, which also keeps their lowered D² for the chosen one
+where the device has room), with the CPU's arithmetic to the last bit: every
+squared distance sums
 ``(x_j - c_j)^2`` in attribute order with one rounding per product and per sum
 (:func:`~.intrinsics.dmul_rn`, :func:`~.intrinsics.dadd_rn`: no FMA), and every
 sum that decides a draw is an exact integer sum of ``rint(v * 2**s)`` split in
@@ -63,10 +65,12 @@ def potentials_kernel(weighted: bool):
     ``cands[j * MAX_TRIALS + q]``, padded to MAX_TRIALS candidates), t (the real
     ones), d2 (n,), w (n,) or (1,), f1, f2 (the scale ``2**s`` as two exact
     factors), acc (2 * MAX_TRIALS,) int64 (the high limbs, then the low) and vmax
-    (MAX_TRIALS,) float64, accumulated (the caller zeroes them), keep (0 or 1),
-    kept (t * n,) float64 or (1,): with ``keep``, ``min(D², |x - c_q|²)`` of row
-    ``i`` goes to ``kept[q * n + i]``, so the chosen candidate's D² needs no
-    other pass over the rows.  The candidate loops run MAX_TRIALS times, a
+    (MAX_TRIALS,) float64, accumulated (the caller zeroes them; the padded
+    candidates' entries are not used), keep (0 or 1), kept (MAX_TRIALS * n,)
+    float64 (any float64 array, never written, without ``keep``): with ``keep``,
+    ``min(D², |x - c_q|²)`` of row ``i`` goes to ``kept[q * n + i]`` for the
+    ``t`` real candidates, so the chosen one's D² needs no other pass over the
+    rows.  ``w`` is any float64 array where the pass is not ``weighted``.  The candidate loops run MAX_TRIALS times, a
     constant, so the compiler unrolls them and keeps each row's distances in
     registers; a block adds its threads' limbs in shared memory, then into the
     outputs: integer atomics, so the order never matters.
@@ -225,7 +229,7 @@ def nearest_kernel():
 
 def device_values(d2, weights):
     """For :class:`mpikmeans.exact.BlockFixed`: rows ``a .. z-1``' ``w * D²`` from D² on the device
-    (a block's few thousand values copied to the host)."""
+    (one block's values, n / 256 of them, copied to the host for each draw)."""
     def block_values(a: int, z: int):
         v = d2[a:z].copy_to_host()
         return v if weights is None else v * weights[a:z]

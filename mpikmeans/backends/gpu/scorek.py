@@ -182,7 +182,8 @@ class DeviceScoreRows:
         kernel).
     host : tuple of two ndarray, shape (n,), float64, optional
         Where :meth:`silhouette` copies its two per-row arrays (page-locked memory: a copy at full speed);
-        what it returns are these arrays, valid until its next call.  Default: new arrays.
+        what it returns are these arrays, valid until the next ``silhouette`` into them (the backend
+        shares them between its score passes).  Default: new arrays.
     """
 
     def __init__(self, x, ld: int, n: int, m: int, weights, labels: np.ndarray, k: int, kernels: dict,
