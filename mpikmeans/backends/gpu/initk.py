@@ -63,17 +63,18 @@ def potentials_kernel(weighted: bool):
 
     Arguments: x, n, ld, m, cands (m * MAX_TRIALS,) float64 (attribute-major:
     ``cands[j * MAX_TRIALS + q]``, padded to MAX_TRIALS candidates), t (the real
-    ones), d2 (n,), w (n,) or (1,), f1, f2 (the scale ``2**s`` as two exact
-    factors), acc (2 * MAX_TRIALS,) int64 (the high limbs, then the low) and vmax
+    ones), d2 (n,), w (n,) (any float64 array where the pass is not
+    ``weighted``), f1, f2 (the scale ``2**s`` as two exact factors), acc
+    (2 * MAX_TRIALS,) int64 (the high limbs, then the low) and vmax
     (MAX_TRIALS,) float64, accumulated (the caller zeroes them; the padded
     candidates' entries are not used), keep (0 or 1), kept (MAX_TRIALS * n,)
     float64 (any float64 array, never written, without ``keep``): with ``keep``,
     ``min(D², |x - c_q|²)`` of row ``i`` goes to ``kept[q * n + i]`` for the
     ``t`` real candidates, so the chosen one's D² needs no other pass over the
-    rows.  ``w`` is any float64 array where the pass is not ``weighted``.  The candidate loops run MAX_TRIALS times, a
-    constant, so the compiler unrolls them and keeps each row's distances in
-    registers; a block adds its threads' limbs in shared memory, then into the
-    outputs: integer atomics, so the order never matters.
+    rows.  The eight distances are named variables and the candidate loops run
+    MAX_TRIALS times, a constant, so each row's distances stay in registers; a
+    block adds its threads' limbs in shared memory, then into the outputs:
+    integer atomics, so the order never matters.
     """
     T = MAX_TRIALS
     assert T == 8, "the pass names its eight candidates' distances"
