@@ -30,7 +30,7 @@ from mpikmeans.backends import BackendUnavailable
 
 _SIM_PROGRAM = textwrap.dedent(
     r"""
-    import json, sys
+    import json, os, sys
     import numpy as np
     from mpikmeans.backends import Backend, BackendUnavailable, make_backend
     from mpikmeans.backends.cpu import CPUBackend
@@ -85,8 +85,14 @@ _SIM_PROGRAM = textwrap.dedent(
                 "dropped": res.dropped, "k": len(res.centres)}
 
     OUT = {}
+    # this interpreter's share of the scenarios (conftest.run_simulated runs the parts side by side)
+    PART, PARTS = (int(v) for v in os.environ.get("SIM_PART", "0/1").split("/"))
+    ORDER = []
 
     def scenario(fn):
+        ORDER.append(fn.__name__)
+        if (len(ORDER) - 1) % PARTS != PART:
+            return fn
         SEEN.update(kinds=[], layouts=set(), fallback_farthest=0)
         out = fn()
         out["seen"] = {"kinds": sorted(set(SEEN["kinds"])), "layouts": sorted(SEEN["layouts"]),
@@ -342,7 +348,7 @@ _SIM_PROGRAM = textwrap.dedent(
 def sim():
     """Every simulator scenario, run once: scenario name -> its record."""
     pytest.importorskip("numba.cuda")
-    return run_simulated(_SIM_PROGRAM, timeout=600)
+    return run_simulated(_SIM_PROGRAM, timeout=600, parts=2)
 
 
 def _small_wide():
