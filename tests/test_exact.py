@@ -4,6 +4,7 @@ rows over (simulated) ranks."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rankhelpers import on_ranks  # noqa: E402
 
 from mpikmeans.exact import (  # noqa: E402
+    BlockFixed,
+    HostFixed,
     draw_rows,
     fixed_potential,
     fixed_scale,
@@ -70,6 +73,26 @@ def test_draw_rows_exact_beyond_int64():
     for ranks in (1, 3):
         for idx, _ in on_ranks(ranks, x, lambda comm, xl, off, _: draw_rows(comm, xl, off, q[off:off + len(xl)], r53)):
             assert idx.tolist() == [i for i in picks for _ in (0, 1)]
+
+
+@pytest.mark.parametrize("nb", [1, 3, 7, 64, 500])
+def test_prefix_searches_find_every_rows_first_and_last_target(nb):
+    # values near 2**53 (each limb sum carries many times), rows of weight 0 and whole blocks of them:
+    # the host's search and the blocks' search (totals, then one block's values) against Python ints
+    rng = np.random.default_rng(nb)
+    q = rng.integers(2**52, 2**53 + 1, size=500, dtype=np.int64)
+    q[rng.random(len(q)) < 0.2] = 0
+    q[100:180] = 0
+    n = len(q)
+    ends = list(itertools.accumulate(int(v) for v in q))
+    blocks = [q[n * b // nb:n * (b + 1) // nb] for b in range(nb)]
+    totals = [sum(int(v) for v in block) for block in blocks]
+    searches = [HostFixed(q), BlockFixed(lambda a, z: q[a:z].astype(np.float64), 0, n, nb, totals)]
+    for fixed in searches:
+        assert fixed.total == ends[-1]
+    for i in np.flatnonzero(q):
+        for t in (ends[i - 1] if i else 0, ends[i] - 1):
+            assert [fixed.find(t) for fixed in searches] == [i, i]
 
 
 def test_fixed_point_sums_are_exact():
