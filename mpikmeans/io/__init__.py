@@ -92,12 +92,12 @@ def open_input(path: str) -> int:
     Returns
     -------
     int
-        A file descriptor; the caller closes it.
+        The descriptor of ``path`` opened for reading, at offset 0; the caller closes it.
 
     Raises
     ------
     UsageError
-        ``path`` is a directory, a FIFO, a device or a socket.
+        Not a regular file (:func:`open_regular`).
     InputError
         It cannot be opened, or it is compressed.
     """
