@@ -27,6 +27,8 @@ Numba is imported to move its cache.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import logging
@@ -143,12 +145,36 @@ def configure() -> str | None:
 _hardened = False
 
 
-def harden_numba_cache() -> None:
-    """Make Numba treat a cache file it cannot read or unpickle as a miss.
+@contextlib.contextmanager
+def _locked(path: str):
+    """An exclusive ``flock`` on ``path`` (created) while the block runs; none where the file system refuses it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
-    Numba writes its cache atomically, but a file damaged later (a full disk, a
-    copy cut short, a bit flip) makes it raise from inside the first call of the
-    kernel.  With this, the entry is compiled again and rewritten instead.
+
+def harden_numba_cache() -> None:
+    """Make Numba's disk cache safe against damaged files and against processes saving at once.
+
+    * Numba writes its cache atomically, but a file damaged later (a full disk, a
+      copy cut short, a bit flip) makes it raise from inside the first call of the
+      kernel.  With this, the entry is compiled again and rewritten instead.
+    * Numba names a new entry's data file after the entries its index lists when
+      it saves: two processes saving two signatures of one kernel at once (the
+      warm-up's processes, runs starting together on a shared cache) would take
+      the same name, and one index would point at the other's machine code.  Each
+      save holds a lock on a file beside the kernel's index, so the second save
+      reads the first's index and takes another name.
     """
     global _hardened
     if _hardened:
@@ -156,7 +182,7 @@ def harden_numba_cache() -> None:
     from numba.core import caching
 
     cls = caching.IndexDataCacheFile
-    load_index, load_data = cls._load_index, cls._load_data
+    load_index, load_data, save = cls._load_index, cls._load_data, cls.save
 
     def _load_index(self):
         try:
@@ -172,7 +198,11 @@ def harden_numba_cache() -> None:
             log.warning("Numba cache entry %s is unreadable (%s): compiling again", name, exc)
             raise OSError(str(exc)) from None  # what IndexDataCacheFile.load treats as a miss
 
-    cls._load_index, cls._load_data = _load_index, _load_data
+    def _save(self, key, data):
+        with _locked(self._index_path + ".lock"):
+            return save(self, key, data)
+
+    cls._load_index, cls._load_data, cls.save = _load_index, _load_data, _save
     _hardened = True
 
 
@@ -290,6 +320,9 @@ class KernelStore:
 CPU_PART = "cpu"
 GPU_PARTS = ("gpu-float64", "gpu-float32")
 PARTS = (CPU_PART,) + GPU_PARTS
+#: Pieces of the CPU part that its process starts beside itself, each in a process of its own (the
+#: longest compiles: :mod:`mpikmeans.warmup`); they mark nothing warm
+CPU_HELPERS = ("cpu-lloyd", "cpu-host")
 #: About how long a part takes to compile on a machine that has never run this version (seconds, one
 #: process): what a run that has to compile says it will cost
 COMPILE_ESTIMATE_S = {CPU_PART: 90, "gpu-float64": 30, "gpu-float32": 30}

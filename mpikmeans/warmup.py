@@ -9,15 +9,26 @@ signature a run uses is compiled and no list of kernels has to follow the code:
 =================  ==============================================================  ==========================
 part               what it runs                                                    what it compiles
 =================  ==============================================================  ==========================
-``cpu``            small jobs through :func:`mpikmeans.runner.run_job`: ARFF,      the parser, the writers,
-                   CSV and ``.npy`` input, weights and a missing value, every      the statistics and exact
-                   initialisation, ``--write-arff``, ``--normalize``, ``--nominal  sums, the CPU backend
-                   weka``, ``convert``
+``cpu``            ``convert`` of an ARFF file, then (once its pieces below are    the parser, the writers,
+                   done) small jobs through :func:`mpikmeans.runner.run_job`:      the statistics and exact
+                   ARFF, CSV and ``.npy`` input, weights and a missing value,      sums, whatever the pieces
+                   every initialisation, ``--write-arff``, ``--normalize``,        left
+                   ``--nominal weka``
+``cpu-lloyd``      a piece of ``cpu``: the CPU backend's ``warmup``                the step, the assignment,
+                                                                                   the sums
+``cpu-host``       a piece of ``cpu``: k-means++ and k-means|| on the CPU          the seeding's passes, the
+                   backend, and the quality scores, on rows in memory              scores' passes
 ``gpu-float64``,   the GPU backend's kernels of that dtype and a small GPU job     the GPU kernels, the host
 ``gpu-float32``                                                                    kernels of a GPU run
 =================  ==============================================================  ==========================
 
-A part that finishes marks itself warm (:func:`mpikmeans.cache.mark_warm`).
+The ``cpu`` part starts its two pieces, each in a process of its own, before
+its own work: the longest compiles of the part (the step's and the seeding's
+kernels take seconds each, and one process compiles one kernel at a time) run
+beside each other and beside the parser's.  Processes that compile the same
+kernel do the work twice but save it safely (:func:`mpikmeans.cache.harden_numba_cache`).
+A part that finishes marks itself warm (:func:`mpikmeans.cache.mark_warm`); a
+piece marks nothing, its part does.
 """
 
 from __future__ import annotations
@@ -28,12 +39,17 @@ import subprocess
 import tempfile
 import time
 
-from .cache import CPU_PART, GPU_PARTS, PARTS, gpu_part, mark_warm, warming, warmup_command
+import numpy as np
+
+from .backends.cpu import CPUBackend
+from .cache import CPU_HELPERS, CPU_PART, GPU_PARTS, PARTS, gpu_part, mark_warm, warming, warmup_command
 from .comm import LAUNCHER_VARIABLES, SerialComm
 from .config import RunConfig
 from .io.formats import convert
 from .io.gen import GenSpec, prepare, write_blobs
+from .init import initial_centres
 from .runner import run_job
+from .scores import quality_scores
 
 
 def parts_for(gpu: bool) -> tuple:
@@ -46,11 +62,48 @@ def _job(data: str, out: str, **settings) -> None:
     run_job(SerialComm(), data, cfg)
 
 
+def _start_pieces(pieces) -> list:
+    """Start each piece's process (``mpikmeans warmup --part PIECE``); those that cannot start are left out."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}  # jobs of one, no MPI
+    procs = []
+    for piece in pieces:
+        try:
+            procs.append(subprocess.Popen(warmup_command(piece), env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        except OSError:  # the part's own jobs compile what the piece would have
+            pass
+    return procs
+
+
+def _warm_lloyd(threads: int) -> None:
+    CPUBackend(threads=threads).warmup(3, 3)
+
+
+def _warm_host(threads: int) -> None:
+    comm = SerialComm()
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 3)) + np.repeat(np.eye(3) * 8, 100, axis=0)
+    for weights in (None, np.ones(len(x))):
+        backend = CPUBackend(threads=threads)
+        backend.load(x, weights)
+        for init in ("k-means++", "k-means||"):
+            centres = initial_centres(comm, init, 3, x, 0, len(x), 1, weights=weights, backend=backend)
+        labels, _ = backend.assign(centres)
+        quality_scores(comm, x, labels, 3, weights=weights, centres=centres, sample_size=50, seed=1,
+                       threads=threads)
+        backend.close()
+
+
 def _warm_cpu(tmp: str, threads: int) -> None:
+    pieces = _start_pieces(CPU_HELPERS)
     comm = SerialComm()
     prepare(comm)
     arff = os.path.join(tmp, "warm.arff")
     write_blobs(GenSpec(n=600, m=3, k=3, seed=1), arff, comm)
+    npy = os.path.join(tmp, "warm.npy")
+    convert(comm, arff, npy, threads=threads)  # the parser's kernels, beside the pieces'
+    for proc in pieces:
+        proc.wait()
     for init in ("k-means++", "k-means||", "range", "sample"):
         _job(arff, os.path.join(tmp, init), k=3, init=init, backend="cpu", threads=threads,
              write_arff=init == "k-means++")
@@ -66,8 +119,6 @@ def _warm_cpu(tmp: str, threads: int) -> None:
     with open(csv, "w", encoding="utf-8") as f:
         f.write("a,b\n" + "".join(f"{i % 7}.5,{i % 3}\n" for i in range(50)))
     _job(csv, os.path.join(tmp, "csv"), k=2, backend="cpu", threads=threads)
-    npy = os.path.join(tmp, "warm.npy")
-    convert(comm, arff, npy, threads=threads)
     _job(npy, os.path.join(tmp, "npy"), k=3, backend="cpu", threads=threads)
 
 
@@ -90,24 +141,30 @@ def warm_part(part: str, threads: int = 1) -> float:
 
     Parameters
     ----------
-    part : one of :data:`mpikmeans.cache.PARTS`
+    part : one of :data:`mpikmeans.cache.PARTS`, or a piece of the CPU part (:data:`mpikmeans.cache.CPU_HELPERS`:
+        compiled, not marked)
     threads : int
     """
-    if part not in PARTS:
-        raise ValueError(f"unknown warm-up part {part!r}; expected one of {', '.join(PARTS)}")
+    if part not in PARTS + CPU_HELPERS:
+        raise ValueError(f"unknown warm-up part {part!r}; expected one of {', '.join(PARTS + CPU_HELPERS)}")
     t0 = time.perf_counter()
     tmp = tempfile.mkdtemp(prefix="mpikmeans-warmup-")
     warming(True)
     try:
         if part == CPU_PART:
             _warm_cpu(tmp, threads)
+        elif part == CPU_HELPERS[0]:
+            _warm_lloyd(threads)
+        elif part == CPU_HELPERS[1]:
+            _warm_host(threads)
         else:
             _warm_gpu(tmp, part[len("gpu-"):], threads)
     finally:
         warming(False)
         shutil.rmtree(tmp, ignore_errors=True)
     seconds = time.perf_counter() - t0
-    mark_warm(part, seconds)
+    if part in PARTS:
+        mark_warm(part, seconds)
     return seconds
 
 

@@ -232,6 +232,55 @@ def test_concurrent_processes_fill_an_empty_numba_cache(tmp_path):
     assert out.split()[-1] == "2"  # both kernels loaded from the cache
 
 
+_SIGNATURES = textwrap.dedent(
+    r"""
+    import sys, time
+    sys.path.insert(0, sys.argv[1])
+    import mpikmeans.jit  # hardens Numba's cache
+    import numpy as np
+    from numba import njit
+    from numba.core import caching
+
+    if sys.argv[2] == "save":  # every process reads the empty index, then takes its time to write it
+        save_index = caching.IndexDataCacheFile._save_index
+        def slow(self, overloads):
+            time.sleep(1.0)
+            save_index(self, overloads)
+        caching.IndexDataCacheFile._save_index = slow
+    import kernels_for_signatures as K
+    dtypes = sys.argv[3].split(",")
+    got = [K.scaled(np.arange(4, dtype=d), 3) for d in dtypes]
+    assert all(g.dtype == np.dtype(d) and list(g) == [0, 3, 6, 9] for g, d in zip(got, dtypes)), got
+    print("hits", sum(K.scaled.stats.cache_hits.values()))
+    """
+)
+
+
+def test_processes_saving_signatures_of_one_kernel_at_once_keep_each_its_own_entry(tmp_path):
+    # Numba names a new entry's data file from the index it read: without the lock around a save, three
+    # processes that read the empty index together would all write entry 1 and one index would send a
+    # float32 call to another signature's machine code
+    mod = tmp_path / "mod"
+    mod.mkdir()
+    (mod / "kernels_for_signatures.py").write_text(
+        "from numba import njit\n\n@njit(cache=True)\ndef scaled(x, a):\n    return x * a\n")
+    cache_dir = tmp_path / "numba"
+
+    def start(mode, dtypes):
+        return subprocess.Popen([sys.executable, "-c", _SIGNATURES, str(mod), mode, dtypes],
+                                env=_env(NUMBA_CACHE_DIR=cache_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    procs = [start("save", d) for d in ("int64", "float64", "float32")]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    p = start("load", "float32,int64,float64")
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    assert out.split()[-1] == "3"  # every signature from its own entry
+
+
 @pytest.mark.parametrize("which", ["index", "data"])
 def test_a_damaged_numba_cache_file_is_compiled_again(tmp_path, which):
     cache_dir = tmp_path / "numba"

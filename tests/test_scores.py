@@ -254,12 +254,21 @@ _DEVICE_PROGRAM = textwrap.dedent("""
         be.close()
         f32 = GPUBackend(dtype="float32")
         f32.load(x, w)
+        rows32 = f32.score_rows(labels, k)
+        # the scores read the rows the run clustered (float64), whatever the step's storage
+        d32 = quality_scores(SerialComm(), x, labels, k, rows=rows32, **kw) if rows32 is not None else {}
+        again = f32.score_rows(labels, k)  # the next K of a sweep: the same float64 copy
+        full = GPUBackend(dtype="float32")
+        full.load(x, w)
+        full.limits.free_memory = lambda: 0  # no room for the float64 copy: the host's passes
         streamed = GPUBackend(dtype="float64", chunk_rows=200)
         streamed.load(x, w)
         out[case] = {"same": {key: dev[key] == host[key] for key in host if key != "seconds"},
+                     "same float32": {key: d32.get(key) == host[key] for key in host if key != "seconds"},
+                     "float32 copy kept": again is not None and again.x is rows32.x,
                      "dev": {key: dev[key] for key in ("calinski_harabasz", "silhouette_sqeuclidean",
                                                        "silhouette_sample")},
-                     "float32 passes": f32.score_rows(labels, k) is not None,
+                     "full passes": full.score_rows(labels, k) is not None,
                      "streamed passes": streamed.score_rows(labels, k) is not None}
     print(json.dumps(out))
 """)
@@ -270,8 +279,9 @@ def test_the_gpus_passes_give_the_hosts_scores_to_the_bit(device):
     """The scores' two passes on a GPU backend's resident float64 rows (its sums kernel, the distances to the
     reference points, the silhouette four means at a time, the sampled silhouette's sums) are the host
     passes' integers and bits: every score and per-cluster value equal, weighted or not, with an empty
-    cluster and a row alone in its own;
-    float32 or streamed rows leave the passes to the host."""
+    cluster and a row alone in its own; a float32 run's passes read a float64 copy of its rows (made once, kept
+    for the next K) and give the same bits; streamed rows, or a device with no room for the copy, leave the
+    passes to the host."""
     if device == "simulator":
         pytest.importorskip("numba.cuda")
         got = run_simulated(_DEVICE_PROGRAM, timeout=HANG_GUARD_S * 4)
@@ -283,4 +293,6 @@ def test_the_gpus_passes_give_the_hosts_scores_to_the_bit(device):
     for case, res in got.items():
         assert all(res["same"].values()), (case, res["same"])
         assert None not in res["dev"].values(), case
-        assert not res["float32 passes"] and not res["streamed passes"], case
+        assert all(res["same float32"].values()), (case, res["same float32"])
+        assert res["float32 copy kept"], case
+        assert not res["full passes"] and not res["streamed passes"], case

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from ..cache import PARTS, cache_root, is_warm
+from ..cache import CPU_HELPERS, PARTS, cache_root, is_warm
 from ..errors import RunError
 from .app import _guarded, main
 
@@ -16,8 +16,9 @@ from .app import _guarded, main
               help="Also compile the GPU kernels (both dtypes)  [default: where a GPU is usable]")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="Parts compiled side by side, each in a process  [default: one per part, at most the CPUs]")
-@click.option("--part", type=click.Choice(PARTS), default=None,
-              help="Compile one part in this process (what the other forms start, one process a part).")
+@click.option("--part", type=click.Choice(PARTS + CPU_HELPERS), default=None,
+              help="Compile one part in this process (what the other forms start, one process a part; "
+                   "the cpu part starts its pieces cpu-lloyd and cpu-host beside itself).")
 @click.option("-q", "--quiet", is_flag=True)
 def warmup(gpu, jobs, part, quiet):
     """Compile every kernel a run can need on this machine, once: no argument needed.

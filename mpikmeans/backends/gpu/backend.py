@@ -35,7 +35,7 @@ from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available,
 from .hostk import fill_centres
 from .launch import allow_shared, launch, pinned
 from .policy import BOUNDED, FULL, step_kind, step_layout
-from .rows import DeviceRows, transpose_args, transpose_kernel
+from .rows import DeviceRows, transpose_args, transpose_kernel, upload_soa
 from .scorek import NT as SCORE_NT
 from .scorek import DeviceScoreRows, score_example_args, score_kernels
 from .stepk import FAR_NT, NT, RC_NT, SCREEN_TILES, SUM_ROWS, certificate, farthest_kernel, step_kernels
@@ -97,10 +97,28 @@ def compile_kernels(dtype: str) -> dict:
     fk = farthest_kernel()
     f64, i64 = cuda.device_array(1, dtype=np.float64), cuda.device_array(1, dtype=np.int64)
     out[("farthest", None)] = (fk, compiled("farthest", (FAR_NT,), fk, (f64, 1, i64, 1, f64, i64)))
-    if dtype == "float64":  # the scores read float64 rows only (:meth:`GPUBackend.score_rows`)
-        score_args = score_example_args()
-        for name, disp in score_kernels().items():
-            out[(name, None)] = (disp, compiled(name, (SCORE_NT,), disp, score_args[name]))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def score_kernel_set() -> dict:
+    """The scores' kernels (:class:`.scorek.DeviceScoreRows`), for a run of either dtype: the scores read the rows
+    in float64, so the step's ``accumulate`` and the rows' ``transpose`` come in their float64 form.
+
+    Returns
+    -------
+    dict
+        name -> (dispatcher, compiled kernel or None under the simulator)
+    """
+    tile = SCREEN_TILES[0]
+    acc = step_kernels("float64", tile)["accumulate"]
+    out = {"accumulate": (acc, compiled("accumulate", ("float64", tile, *_SPEC), acc,
+                                        example_args("float64")["accumulate"]))}
+    tk = transpose_kernel("float64")
+    out["transpose"] = (tk, compiled("transpose", ("float64",), tk, transpose_args("float64")))
+    score_args = score_example_args()
+    for name, disp in score_kernels().items():
+        out[name] = (disp, compiled(name, (SCORE_NT,), disp, score_args[name]))
     return out
 
 
@@ -200,6 +218,8 @@ class GPUBackend(Backend):
         self._kept_d2 = None
         self._smalls = {}  # the initialisations' small device outputs, kept between passes (:meth:`_small`)
         self._score_host = None  # the scores' per-row outputs on the host (:meth:`score_rows`)
+        self._host_x = None  # the rows as loaded (float64, row-major): a float32 run's scores read them
+        self._score_x = None  # a float32 run's rows in float64 on the device, for the scores (:meth:`score_rows`)
         self._bounds_for = None  # the centres the lower bounds hold for
         self._changed = 0  # labels the last step changed
         self._step_centres = None  # the last step's centres (the device's labels and distances are for them)
@@ -209,6 +229,7 @@ class GPUBackend(Backend):
     def load(self, x: np.ndarray, weights: np.ndarray | None = None, magnitudes: np.ndarray | None = None) -> None:
         x = np.ascontiguousarray(x, dtype=np.float64)
         self.n, self.m = x.shape
+        self._host_x, self._score_x = x, None
         self._weights = None if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
         self._magnitudes = column_magnitudes(x) if magnitudes is None else np.asarray(magnitudes, dtype=np.float64)
         self.rows.load(x, self._weights, self.chunk_rows)
@@ -245,6 +266,7 @@ class GPUBackend(Backend):
             raise BackendUnavailable(f"{m} attributes need {need // 1024} KiB of shared memory a block, more than this "
                                      f"GPU has ({self.limits.smem_optin // 1024} KiB): use --backend cpu")
         self.kernels()
+        score_kernel_set()
         for weighted in (False, True):
             initk_kernels(self.dtype, weighted)
 
@@ -378,19 +400,40 @@ class GPUBackend(Backend):
         return d2, rows, labels
 
     def score_rows(self, labels: np.ndarray, k: int):
-        """The scores' passes on the device where it holds every row in float64 (streamed or float32 rows: the
-        host's rows, which are the values the run clustered, in float64)."""
+        """The scores' passes on the device, over the rows in float64 (the values the run clustered).
+
+        ==========================================  =================================================
+        rows                                        the scores' passes read
+        ==========================================  =================================================
+        resident, float64                           the step's rows
+        resident, float32, float64 copy fits in     a float64 copy made at the first call, kept for the
+        half the free memory                        next K of a sweep
+        streamed, or no room for the copy           the host's rows (returns None)
+        ==========================================  =================================================
+        """
         labels = np.asarray(labels)
-        if self.n == 0 or self.dtype != "float64" or self.rows.streaming or labels.shape != (self.n,) \
-                or labels.min() < 0:
+        if self.n == 0 or self.rows.streaming or labels.shape != (self.n,) or labels.min() < 0:
             return None
-        ks = self.kernels()
-        kernels = {name: ks[(name, None)] for name in ("accumulate", "own_dist2", "silhouette", "sample_sums")}
+        rows = self._score_rows_f64()
+        if rows is None:
+            return None
         if self._score_host is None or len(self._score_host[0]) != self.n:
             # page-locked, kept for the next K of a sweep: the two per-row arrays come back at full speed
             self._score_host = (pinned(self.n, np.float64), pinned(self.n, np.float64))
-        return DeviceScoreRows(self.rows.dx, self.rows.ld, self.n, self.m, self.rows.dw, labels, k, kernels,
+        return DeviceScoreRows(rows, self.rows.ld, self.n, self.m, self.rows.dw, labels, k, score_kernel_set(),
                                self._score_host)
+
+    def _score_rows_f64(self):
+        """The rows in float64 on the device (:meth:`score_rows`'s table), or None."""
+        if self.dtype == "float64":
+            return self.rows.dx
+        if self._score_x is None:
+            need = self.m * self.rows.ld * 8
+            if self._host_x is None or need > 0.5 * self.limits.free_memory():
+                return None
+            self._score_x = cuda.device_array(self.m * self.rows.ld, dtype=np.float64)
+            upload_soa(self._host_x, self._score_x, self.rows.ld)
+        return self._score_x
 
     def forget_labels(self) -> None:
         self.rows.forget_labels()
@@ -531,7 +574,7 @@ class GPUBackend(Backend):
     def close(self) -> None:
         self.rows.close()
         self._centres = self._outputs = self._d2 = self._lb = self._idx = None
-        self._bounds_for = self._kept = self._kept_d2 = self._score_host = None
+        self._bounds_for = self._kept = self._kept_d2 = self._score_host = self._host_x = self._score_x = None
         self._smalls = {}
         self._flags = []
 

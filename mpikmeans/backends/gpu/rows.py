@@ -130,7 +130,7 @@ class DeviceRows:
         if chunk_rows is None and n * row_bytes <= 0.8 * self.limits.free_memory():
             self.ld = round_up(n, 32)
             self.dx = cuda.device_array(m * self.ld, dtype=self.dtype)
-            self._upload_soa(x, self.dx, self.ld, 0)
+            upload_soa(x, self.dx, self.ld)
         else:
             self._setup_streaming(x, row_bytes, chunk_rows)
 
@@ -142,51 +142,6 @@ class DeviceRows:
         """Every label back to -1 (unknown)."""
         if self.labels is not None:
             self.labels.copy_to_device(np.full(self.n, -1, dtype=np.int32))
-
-    def _upload_soa(self, x: np.ndarray, dst, ld: int, row0: int, stream=0) -> None:
-        """Copy row-major host rows into the column-major device array ``dst`` via the GPU.
-
-        Blocks of rows go through two pinned host buffers: threads copy a block into
-        one (a pageable copy to the device runs at a sixth of a pinned one's speed)
-        while the other's block crosses to the device and is transposed there.
-        """
-        n, m = x.shape
-        if n == 0:
-            return
-        block_rows = max(32, min(n, (32 << 20) // max(1, m * 8)))
-        tk = transpose_kernel(self.dtype)
-        stage = [cuda.device_array(block_rows * m, dtype=np.float64, stream=stream) for _ in range(2)]
-        kobj = compiled("transpose", (self.dtype,), tk, transpose_args(self.dtype))
-        if SIM:
-            for a in range(0, n, block_rows):
-                b = min(n, a + block_rows)
-                stage[0][: (b - a) * m].copy_to_device(x[a:b].ravel())
-                launch(tk, kobj, (stage[0], b - a, m, dst, ld, row0 + a), (-(-(b - a) // 32), -(-m // 32)),
-                       (32, 8), stream)
-            return
-        host = [pinned(block_rows * m, np.float64) for _ in range(2)]
-        done = [None, None]
-        if stream == 0:  # asynchronous copies need a stream of their own
-            stream = cuda.stream()
-        threads = max(1, min(8, os.cpu_count() or 1))
-        with ThreadPoolExecutor(threads) as pool:
-            for q, a in enumerate(range(0, n, block_rows)):
-                j = q % 2
-                b = min(n, a + block_rows)
-                rows = b - a
-                if done[j] is not None:
-                    done[j].synchronize()  # the copy out of host[j] two blocks ago is over
-                src = x[a:b].reshape(-1)
-                cuts = [rows * m * t // threads for t in range(threads + 1)]
-                # numpy releases the GIL while it copies: the slices copy at once
-                list(pool.map(lambda t: np.copyto(host[j][cuts[t]:cuts[t + 1]], src[cuts[t]:cuts[t + 1]]),
-                              range(threads)))
-                stage[j][: rows * m].copy_to_device(host[j][: rows * m], stream=stream)
-                launch(tk, kobj, (stage[j], rows, m, dst, ld, row0 + a), (-(-rows // 32), -(-m // 32)), (32, 8),
-                       stream)
-                done[j] = cuda.event()
-                done[j].record(stream=stream)
-        stream.synchronize()
 
     def _setup_streaming(self, x: np.ndarray, row_bytes: int, chunk_rows: int | None) -> None:
         n, m = self.n, self.m
@@ -214,7 +169,7 @@ class DeviceRows:
         for c in range(self.nchunks):
             a = c * cr
             b = min(n, a + cr)
-            self._upload_soa(x[a:b], self.dbuf[0], self.ld, 0, stream=s)
+            upload_soa(x[a:b], self.dbuf[0], self.ld, 0, stream=s)
             self.dbuf[0].copy_to_host(host[c], stream=s)
         s.synchronize()
         self.streaming = True
@@ -247,3 +202,58 @@ class DeviceRows:
     def close(self) -> None:
         """Drop every device and pinned buffer."""
         self._clear()
+
+
+def upload_soa(x: np.ndarray, dst, ld: int, row0: int = 0, stream=0) -> None:
+    """Copy row-major float64 host rows into the column-major device array ``dst`` (``dst[j * ld + row0 + i]``,
+    in ``dst``'s dtype) via the GPU.
+
+    Blocks of rows go through two pinned host buffers: threads copy a block into
+    one (a pageable copy to the device runs at a sixth of a pinned one's speed)
+    while the other's block crosses to the device and is transposed there.
+
+    Parameters
+    ----------
+    x : ndarray, shape (n, m), float64, C-contiguous
+    dst : device array, shape (>= m * ld,), float64 or float32
+    ld, row0 : int
+    stream : CUDA stream, or 0 (a stream of its own; the call returns once the copy is over)
+    """
+    n, m = x.shape
+    if n == 0:
+        return
+    dtype = str(dst.dtype)
+    block_rows = max(32, min(n, (32 << 20) // max(1, m * 8)))
+    tk = transpose_kernel(dtype)
+    stage = [cuda.device_array(block_rows * m, dtype=np.float64, stream=stream) for _ in range(2)]
+    kobj = compiled("transpose", (dtype,), tk, transpose_args(dtype))
+    if SIM:
+        for a in range(0, n, block_rows):
+            b = min(n, a + block_rows)
+            stage[0][: (b - a) * m].copy_to_device(x[a:b].ravel())
+            launch(tk, kobj, (stage[0], b - a, m, dst, ld, row0 + a), (-(-(b - a) // 32), -(-m // 32)),
+                   (32, 8), stream)
+        return
+    host = [pinned(block_rows * m, np.float64) for _ in range(2)]
+    done = [None, None]
+    if stream == 0:  # asynchronous copies need a stream of their own
+        stream = cuda.stream()
+    threads = max(1, min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(threads) as pool:
+        for q, a in enumerate(range(0, n, block_rows)):
+            j = q % 2
+            b = min(n, a + block_rows)
+            rows = b - a
+            if done[j] is not None:
+                done[j].synchronize()  # the copy out of host[j] two blocks ago is over
+            src = x[a:b].reshape(-1)
+            cuts = [rows * m * t // threads for t in range(threads + 1)]
+            # numpy releases the GIL while it copies: the slices copy at once
+            list(pool.map(lambda t: np.copyto(host[j][cuts[t]:cuts[t + 1]], src[cuts[t]:cuts[t + 1]]),
+                          range(threads)))
+            stage[j][: rows * m].copy_to_device(host[j][: rows * m], stream=stream)
+            launch(tk, kobj, (stage[j], rows, m, dst, ld, row0 + a), (-(-rows // 32), -(-m // 32)), (32, 8),
+                   stream)
+            done[j] = cuda.event()
+            done[j].record(stream=stream)
+    stream.synchronize()
