@@ -299,6 +299,8 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
         entry = {"iteration": it, "sse": sse, "shift": shift, "changed": changed, "seconds": seconds}
         if searched is not None:
             entry["searched"] = searched
+        if relocated > state.relocated:
+            entry["relocated"] = relocated - state.relocated
         history = state.history + [entry]
         state = LoopState(it, new, centres, history, relocated, dropped)
         log.info("iter %4d  sse %.10g  max shift %.4g  changed %d%s  %.4fs", it, sse, shift, changed,

@@ -223,21 +223,23 @@ _SIM_PROGRAM = textwrap.dedent(
 
     @scenario
     def farthest_ties():
-        # rows tied for farthest (duplicates far out): the lower row index first
+        # rows tied for farthest (duplicates far out, in each of the device's blocks of rows and twice in the
+        # first): the lower row index first; counts from one row to more than a block, all rows, more than all
         x = X8.copy()
-        x[[40, 7, 200, 120]] = x[0] + 50.0
+        x[[40, 7, 200, 120, 290, 131]] = x[0] + 50.0
+        x[[60, 250]] = x[0] + 30.0
         c = X8[:8].copy()
         s = Scales.of(np.abs(x).max(axis=0))
-        out = {}
+        far = G.backend.FAR_ROWS
+        counts = {"one": 1, "few": 6, "many": 12, "block": far + 3, "all": len(x), "more": len(x) + 5}
+        out = {"blocks": -(-len(x) // far)}
         for name, be in (("cpu", CPUBackend(threads=1)), ("gpu", G.GPUBackend()),
                          ("gpu_streamed", G.GPUBackend(chunk_rows=64))):
             be.load(x)
             be.step(c, s)
-            d2, rows, lab = be.farthest(c, 6)
-            out[name] = [hexes(d2), rows.tolist(), lab.tolist()]
-            # more empty clusters than the device's passes: one copy, the host's selection
-            d2, rows, lab = be.farthest(c, G.backend.FARTHEST_PASSES + 4)
-            out[name + "_many"] = [hexes(d2), rows.tolist(), lab.tolist()]
+            for case, count in counts.items():
+                d2, rows, lab = be.farthest(c, count)
+                out[f"{name}_{case}"] = [hexes(d2), rows.tolist(), lab.tolist()]
             be.close()
         return out
 
@@ -447,21 +449,22 @@ def test_sim_farthest_after_an_assignment_answers_for_the_step(sim):
     assert not bad, [(rec["cpu"]["farthest"][i][1], rec["gpu"]["farthest"][i][1]) for i in bad]
 
 
-def test_sim_farthest_rows_tied_go_lower_index_first(sim):
+def test_sim_farthest_rows_are_the_cpus_for_every_count(sim):
+    """The rows farthest from their centres (the empty clusters' new centres) from the device's distances: the
+    same rows, distances and labels as the CPU's, in the same order, ties to the lower row, whether the
+    count is one row, a few, more than a block of the device's rows, all of them or more; each count's
+    rows begin with the smaller counts' rows."""
     rec = sim["farthest_ties"]
-    assert rec["cpu"][1][:4] == [7, 40, 120, 200]  # the four duplicates, by row index
-    assert rec["gpu"] == rec["cpu"] and rec["gpu_streamed"] == rec["cpu"]
-
-
-def test_sim_farthest_rows_for_many_empty_clusters_are_the_cpus(sim):
-    """More empty clusters than the device's passes (selected on the host from one copy): the same rows,
-    distances and labels, in the same order, the first of them those of the fewer."""
-    rec = sim["farthest_ties"]
-    assert len(rec["cpu_many"][1]) > len(rec["cpu"][1])
-    assert rec["gpu_many"] == rec["cpu_many"] and rec["gpu_streamed_many"] == rec["cpu_many"]
-    few = len(rec["cpu"][1])
-    assert rec["cpu_many"][1][:few] == rec["cpu"][1] and rec["cpu_many"][2][:few] == rec["cpu"][2]
-    assert rec["cpu_many"][0].startswith(rec["cpu"][0])  # the distances' hex digits, in order
+    assert rec["blocks"] >= 3
+    assert rec["cpu_few"][1] == [7, 40, 120, 131, 200, 290]  # the six duplicates, by row index
+    assert rec["cpu_many"][1][6:8] == [60, 250]
+    cases = ("one", "few", "many", "block", "all", "more")
+    for case in cases:
+        assert rec[f"gpu_{case}"] == rec[f"cpu_{case}"], case
+        assert rec[f"gpu_streamed_{case}"] == rec[f"cpu_{case}"], case
+    assert len(rec["cpu_more"][1]) == len(rec["cpu_all"][1]) == 300
+    for small, large in zip(cases, cases[1:]):
+        assert rec[f"cpu_{large}"][1][:len(rec[f"cpu_{small}"][1])] == rec[f"cpu_{small}"][1], (small, large)
 
 
 @pytest.mark.parametrize("weights", ["plain", "weighted"])

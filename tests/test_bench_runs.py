@@ -23,10 +23,13 @@ pytestmark = pytest.mark.timeout(1200)
 
 
 def test_iteration_figures_find_the_slowest_and_the_median():
-    history = [{"iteration": 1, "seconds": 0.010, "changed": 900}, {"iteration": 2, "seconds": 0.400, "changed": 300},
+    history = [{"iteration": 1, "seconds": 0.010, "changed": 900},
+               {"iteration": 2, "seconds": 0.400, "changed": 300, "relocated": 12},
                {"iteration": 3, "seconds": 0.020, "changed": 4}, {"iteration": 4, "seconds": 0.030, "changed": 0}]
     f = runs.iteration_figures(history)
     assert f["iteration_slowest"] == 2 and f["iteration_slowest_s"] == 0.4 and f["iteration_slowest_changed"] == 300
+    assert f["iteration_slowest_relocated"] == 12
+    assert runs.iteration_figures(history[2:])["iteration_slowest_relocated"] == 0
     assert f["iteration_median_s"] == pytest.approx(0.025)
     assert f["slowest_over_median"] == pytest.approx(16.0)
     assert set(runs.iteration_figures([]).values()) == {None}

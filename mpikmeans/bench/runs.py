@@ -182,16 +182,18 @@ def iteration_figures(history: list) -> dict:
     dict
         ``iteration_median_s``, ``iteration_slowest_s``, ``iteration_slowest``
         (its 1-based number), ``iteration_slowest_changed`` (labels it changed),
-        ``slowest_over_median``; all None for an empty history.
+        ``iteration_slowest_relocated`` (empty clusters it moved), ``slowest_over_median``; all None for
+        an empty history.
     """
     timed = [h for h in history if isinstance(h.get("seconds"), (int, float))]
     if not timed:
         return dict.fromkeys(("iteration_median_s", "iteration_slowest_s", "iteration_slowest",
-                              "iteration_slowest_changed", "slowest_over_median"))
+                              "iteration_slowest_changed", "iteration_slowest_relocated", "slowest_over_median"))
     median = statistics.median(h["seconds"] for h in timed)
     slow = max(timed, key=lambda h: h["seconds"])
     return {"iteration_median_s": median, "iteration_slowest_s": slow["seconds"],
             "iteration_slowest": slow.get("iteration"), "iteration_slowest_changed": slow.get("changed"),
+            "iteration_slowest_relocated": slow.get("relocated", 0),
             "slowest_over_median": slow["seconds"] / median if median > 0 else None}
 
 

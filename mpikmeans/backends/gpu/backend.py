@@ -38,15 +38,12 @@ from .policy import BOUNDED, FULL, step_kind, step_layout
 from .rows import DeviceRows, transpose_args, transpose_kernel, upload_soa
 from .scorek import NT as SCORE_NT
 from .scorek import DeviceScoreRows, score_example_args, score_kernels
-from .stepk import FAR_NT, NT, RC_NT, SCREEN_TILES, SUM_ROWS, certificate, farthest_kernel, step_kernels
+from .stepk import FAR_NT, FAR_ROWS, NT, RC_NT, SCREEN_TILES, SUM_ROWS, certificate, farthest_kernels, step_kernels
 
 log = logging.getLogger("mpikmeans.backends.gpu")
 
 #: what the step kernels are specialised on besides the dtype and the screen's tile (the store's key)
 _SPEC = (NT, SUM_ROWS, RC_NT)
-#: empty clusters :meth:`GPUBackend.farthest` finds with one pass over the distances on the device each;
-#: more are selected on the host from one copy of the distances (a pass costs a launch and three copies)
-FARTHEST_PASSES = 8
 
 
 def _memset(arr, stream=0) -> None:
@@ -94,9 +91,10 @@ def compile_kernels(dtype: str) -> dict:
                 out[key] = (disp[name], compiled(name, (dtype, tile, *_SPEC), disp[name], args[name]))
     tk = transpose_kernel(dtype)
     out[("transpose", None)] = (tk, compiled("transpose", (dtype,), tk, transpose_args(dtype)))
-    fk = farthest_kernel()
-    f64, i64 = cuda.device_array(1, dtype=np.float64), cuda.device_array(1, dtype=np.int64)
-    out[("farthest", None)] = (fk, compiled("farthest", (FAR_NT,), fk, (f64, 1, i64, 1, f64, i64)))
+    f64, i32, i64 = (cuda.device_array(1, dtype=t) for t in (np.float64, np.int32, np.int64))
+    far_args = {"block_max": (f64, 1, f64), "gather": (f64, i32, 1, i64, f64, i32)}
+    for name, disp in farthest_kernels().items():
+        out[(name, None)] = (disp, compiled(name, (FAR_NT, FAR_ROWS), disp, far_args[name]))
     return out
 
 
@@ -371,33 +369,30 @@ class GPUBackend(Backend):
         return labels, dist2
 
     def farthest(self, centres: np.ndarray, count: int) -> tuple:
-        """The last step's distances answer for its own centres, on the device: one pass over them for
-        each row taken (see :meth:`Backend.farthest`)."""
+        """The last step's distances answer for its own centres, on the device (see :meth:`Backend.farthest`).
+
+        The ``count`` rows of largest distance (ties to the lower row) lie in the
+        ``count`` blocks of :data:`.stepk.FAR_ROWS` rows whose largest distances
+        are largest (ties to the lower block): a row outside them has ``count``
+        blocks' largest rows before it.  So one pass takes each block's largest
+        distance, the host selects the blocks, and only their rows cross.
+        """
         last = self._step_centres
         if self.n == 0 or last is None or last.shape != centres.shape or not np.array_equal(last, centres):
             return super().farthest(centres, count)
-        if count > FARTHEST_PASSES:
-            # many empty clusters (K sampled rows of few blobs): the distances and labels cross once and the
-            # host selects them all, rather than a pass and three copies for each
-            dist2 = self._d2.copy_to_host()
-            rows = farthest_rows(dist2, count)
-            return dist2[rows], rows, self.rows.labels.copy_to_host()[rows]
-        disp, kern = self.kernels()[("farthest", None)]
-        grid = 1 if SIM else 2 * self.limits.sm_count
-        best_d = cuda.device_array(grid, dtype=np.float64)
-        best_i = cuda.device_array(grid, dtype=np.int64)
-        taken = []
-        for _ in range(min(count, self.n)):
-            skip = cuda.to_device(np.array(taken or [-1], dtype=np.int64))
-            launch(disp, kern, (self._d2, self.n, skip, len(taken), best_d, best_i), grid, FAR_NT)
-            d, i = best_d.copy_to_host(), best_i.copy_to_host()
-            ok = i >= 0
-            top = d[ok].max()
-            taken.append(int(i[ok][d[ok] == top].min()))
-        rows = np.array(taken, dtype=np.int64)
-        d2 = np.array([self._d2[r:r + 1].copy_to_host()[0] for r in taken], dtype=np.float64)
-        labels = np.array([self.rows.labels[r:r + 1].copy_to_host()[0] for r in taken], dtype=np.int32)
-        return d2, rows, labels
+        ks = self.kernels()
+        nb = -(-self.n // FAR_ROWS)
+        bmax = cuda.device_array(nb, dtype=np.float64)
+        launch(*ks[("block_max", None)], (self._d2, self.n, bmax), nb, FAR_NT)
+        blocks = np.sort(farthest_rows(bmax.copy_to_host(), count))  # ascending: ties stay in row order
+        d2 = cuda.device_array(len(blocks) * FAR_ROWS, dtype=np.float64)
+        labels = cuda.device_array(len(blocks) * FAR_ROWS, dtype=np.int32)
+        launch(*ks[("gather", None)], (self._d2, self.rows.labels, self.n, cuda.to_device(blocks), d2, labels),
+               len(blocks), FAR_NT)
+        d2, labels = d2.copy_to_host(), labels.copy_to_host()
+        rows = (blocks[:, None] * FAR_ROWS + np.arange(FAR_ROWS)).ravel()
+        pick = farthest_rows(d2, min(count, self.n))  # the places past n hold -1: never picked
+        return d2[pick], rows[pick], labels[pick]
 
     def score_rows(self, labels: np.ndarray, k: int):
         """The scores' passes on the device, over the rows in float64 (the values the run clustered).

@@ -463,43 +463,53 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
             "accumulate": cuda.jit(km_accumulate), "keep": cuda.jit(km_keep)}
 
 
-#: threads per block of :func:`farthest_kernel`
+#: threads per block of :func:`farthest_kernels`
 FAR_NT = 64 if SIM else 256
+#: rows of the distances a block of :func:`farthest_kernels` takes
+FAR_ROWS = 128 if SIM else 1024
 
 
 @functools.lru_cache(maxsize=None)
-def farthest_kernel():
-    """Each block's row of largest ``d2`` (ties to the lower index), skipping the rows listed in ``skip``.
+def farthest_kernels() -> dict:
+    """The empty-cluster relocation's passes over the last step's distances (:meth:`.backend.GPUBackend.farthest`).
 
-    Arguments: d2 (n,) float64, n, skip (>= 1,) int64, nskip, best_d (grid,) float64, best_i (grid,)
-    int64 (written; -1 where a block found no row).  The host takes the best of the blocks; called
-    once per empty cluster, each time with the rows already taken in ``skip``.
+    Kernel arguments (arrays 1-D on the device; block ``b`` takes rows ``b * FAR_ROWS .. (b + 1) * FAR_ROWS - 1``)
+    ---------------------------------------------------------------------------------------------------------
+    block_max(d2, n, bmax)
+        Grid ``ceil(n / FAR_ROWS)``: ``bmax[b]`` the largest ``d2`` of block ``b``.
+    gather(d2, labels, n, blocks, out_d2, out_labels)
+        Grid ``len(blocks)``: the ``q``-th listed block's rows' ``d2`` and ``labels`` into
+        ``out[q * FAR_ROWS ...]``; ``-1`` for the places past ``n``.
     """
 
-    def km_farthest(d2, n, skip, nskip, best_d, best_i):
+    def km_block_max(d2, n, bmax):
         sd = cuda.shared.array(FAR_NT, dtype=float64)
-        si = cuda.shared.array(FAR_NT, dtype=int64)
         tid = cuda.threadIdx.x
-        bd = -1.0
-        bi = int64(-1)
-        for i in range(cuda.grid(1), n, cuda.gridsize(1)):
-            v = d2[i]
-            if v > bd:
-                taken = False
-                for q in range(nskip):
-                    taken = taken or skip[q] == i
-                if not taken:
-                    bd = v
-                    bi = i
-        sd[tid] = bd
-        si[tid] = bi
+        a = cuda.blockIdx.x * FAR_ROWS
+        best = -1.0
+        for i in range(a + tid, min(n, a + FAR_ROWS), FAR_NT):
+            best = max(best, d2[i])
+        sd[tid] = best
         cuda.syncthreads()
+        half = FAR_NT // 2
+        while half > 0:
+            if tid < half:
+                sd[tid] = max(sd[tid], sd[tid + half])
+            cuda.syncthreads()
+            half //= 2
         if tid == 0:
-            for q in range(1, FAR_NT):
-                if sd[q] > bd or (sd[q] == bd and si[q] >= 0 and (bi < 0 or si[q] < bi)):
-                    bd = sd[q]
-                    bi = si[q]
-            best_d[cuda.blockIdx.x] = bd
-            best_i[cuda.blockIdx.x] = bi
+            bmax[cuda.blockIdx.x] = sd[0]
 
-    return cuda.jit(km_farthest)
+    def km_gather(d2, labels, n, blocks, out_d2, out_labels):
+        q = cuda.blockIdx.x
+        a = blocks[q] * FAR_ROWS
+        for t in range(cuda.threadIdx.x, FAR_ROWS, FAR_NT):
+            i = a + t
+            if i < n:
+                out_d2[q * FAR_ROWS + t] = d2[i]
+                out_labels[q * FAR_ROWS + t] = labels[i]
+            else:
+                out_d2[q * FAR_ROWS + t] = -1.0
+                out_labels[q * FAR_ROWS + t] = -1
+
+    return {"block_max": cuda.jit(km_block_max), "gather": cuda.jit(km_gather)}
