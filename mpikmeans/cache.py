@@ -325,7 +325,7 @@ PARTS = (CPU_PART,) + GPU_PARTS
 CPU_HELPERS = ("cpu-lloyd", "cpu-host")
 #: About how long a part takes to compile on a machine that has never run this version (seconds, one
 #: process): what a run that has to compile says it will cost
-COMPILE_ESTIMATE_S = {CPU_PART: 90, "gpu-float64": 30, "gpu-float32": 30}
+COMPILE_ESTIMATE_S = {CPU_PART: 50, "gpu-float64": 35, "gpu-float32": 35}
 
 
 def gpu_part(dtype: str) -> str:
