@@ -43,7 +43,7 @@ from .io.output import (CLUSTERED, LABELS, RESULT_FILES, SUMMARY, ResultsDir, re
 from .io.textfmt import format_fixed
 from .io.wekaout import write_clustered_arff
 from .model import HeaderMatch, Model, load_model, match_header, match_names
-from .startup import DevicePreparation, prepare_read, rank_threads
+from .startup import DevicePreparation, prepare_read, rank_threads, start_driver
 from .scores import all_dist2
 
 log = logging.getLogger("mpikmeans")
@@ -258,6 +258,7 @@ def predict_job(comm, model_path: str, data: str, cfg: PredictConfig,
 
 
 def _predict(comm, model: Model, model_path: str, data: str, cfg: PredictConfig, results, launched_at, t0: float):
+    start_driver(comm, cfg)  # the CUDA driver's part of a GPU's start, beside everything below
     threads = rank_threads(comm, cfg.threads)
     prepare_read(comm, data, threads)
     t_ready = time.perf_counter()

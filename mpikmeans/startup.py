@@ -34,6 +34,66 @@ def gpu_wanted(cfg) -> bool:
     return cfg.backend == "gpu" or (cfg.backend == "auto" and gpu_possible())
 
 
+def _libcuda():
+    import ctypes
+
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def retain_primary_context(node_rank: int, node_size: int, share: bool, load=_libcuda) -> bool:
+    """Start the CUDA driver and make this rank's device's primary context, through the driver's library alone.
+
+    Half of a GPU's start is the driver's (``cuInit``, the context: a quarter
+    of a second on an H200), and none of it needs numba-cuda, whose import is
+    the other half: called through ctypes, which releases the GIL, it runs
+    beside the start-up's imports and kernel loads, and numba-cuda later finds
+    the driver started and the context made (it retains the same primary
+    context).  The device is :func:`.backends.gpu.device.select_device_for`'s,
+    ``node_rank % count``; nothing is made where that would refuse (more ranks
+    than devices without ``share``) or the driver cannot start (the backend
+    says why, later).
+
+    Parameters
+    ----------
+    node_rank, node_size : int
+    share : bool
+    load : callable
+        Returns the driver's library (``libcuda.so.1``).
+
+    Returns
+    -------
+    bool
+        Whether the context was made.
+    """
+    import ctypes
+
+    try:
+        lib = load()
+        count = ctypes.c_int(0)
+        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value <= 0:
+            return False
+        if node_size > count.value and not share:
+            return False
+        dev = ctypes.c_int(0)
+        ctx = ctypes.c_void_p(0)
+        if lib.cuDeviceGet(ctypes.byref(dev), node_rank % count.value) != 0:
+            return False
+        return lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+    except (OSError, AttributeError):  # no driver library, or one without these entry points
+        return False
+
+
+def start_driver(comm, cfg) -> threading.Thread | None:
+    """:func:`retain_primary_context` in a thread, where the run may take a GPU (not under the simulator);
+    begun first thing, before the start-up's imports and the read."""
+    if not gpu_wanted(cfg) or cuda_simulator_requested():
+        return None
+    thread = threading.Thread(target=retain_primary_context, args=(comm.node_rank, comm.node_size, cfg.share_gpus),
+                              name="mpikmeans-cuda-driver", daemon=True)
+    thread.start()
+    return thread
+
+
 class DevicePreparation:
     """The GPU's one-time start (numba-cuda's import, the driver, the device context), begun early.
 
@@ -41,8 +101,10 @@ class DevicePreparation:
     thread starts it as the read begins, which runs in compiled code without the
     GIL: by the time the rows are there, the device is ready for them.  (Started
     before the reader's own start-up, loading its kernels, the two took turns at
-    the GIL: a second of start-up on the H100 machine.)  Nothing is started when
-    the backend is ``cpu``, or ``auto`` on a node without NVIDIA devices.
+    the GIL: a second of start-up on the H100 machine.)  The driver's part of it
+    begins earlier still, without numba-cuda (:func:`start_driver`).  Nothing is
+    started when the backend is ``cpu``, or ``auto`` on a node without NVIDIA
+    devices.
 
     Parameters
     ----------

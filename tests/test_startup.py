@@ -40,6 +40,57 @@ def test_a_gpu_start_failure_is_raised_where_the_backend_is_made(monkeypatch):
         start.result()
 
 
+class _FakeDriver:
+    """libcuda's four entry points the early start calls, with ``count`` devices; records the calls."""
+
+    def __init__(self, count=2, init=0):
+        self.count, self.init, self.calls = count, init, []
+
+    def cuInit(self, flags):
+        self.calls.append(("init", flags))
+        return self.init
+
+    def cuDeviceGetCount(self, ref):
+        ref._obj.value = self.count
+        return 0
+
+    def cuDeviceGet(self, ref, ordinal):
+        self.calls.append(("device", ordinal))
+        ref._obj.value = 100 + ordinal
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, ref, dev):
+        self.calls.append(("retain", dev.value))
+        return 0
+
+
+@pytest.mark.parametrize("node_rank, node_size, share, device", [(0, 1, False, 0), (1, 2, False, 1),
+                                                                 (3, 4, True, 1), (2, 3, False, None)])
+def test_the_early_driver_start_makes_the_context_of_the_device_the_backend_takes(node_rank, node_size, share, device):
+    # the device select_device_for gives (node_rank % count), and none where it would refuse (3 ranks, 2 GPUs)
+    lib = _FakeDriver(count=2)
+    made = startup.retain_primary_context(node_rank, node_size, share, load=lambda: lib)
+    assert made == (device is not None)
+    retained = [c for c in lib.calls if c[0] == "retain"]
+    assert retained == ([] if device is None else [("retain", 100 + device)])
+
+
+def test_the_early_driver_start_gives_up_quietly_without_a_driver():
+    def missing():
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    assert startup.retain_primary_context(0, 1, False, load=missing) is False
+    lib = _FakeDriver(init=100)  # CUDA_ERROR_NO_DEVICE
+    assert startup.retain_primary_context(0, 1, False, load=lambda: lib) is False
+    assert lib.calls == [("init", 0)]
+    lib = _FakeDriver(count=0)
+    assert startup.retain_primary_context(0, 1, False, load=lambda: lib) is False
+
+
+def test_a_cpu_run_starts_no_driver():
+    assert startup.start_driver(SerialComm(), RunConfig(k=2, backend="cpu").validate()) is None
+
+
 def _quick_helpers(monkeypatch, cold, seconds=0.2):
     """BackgroundCompile with ``cold`` parts cold, each helper a process that sleeps ``seconds``; the dtype
     each run asks cold_parts about is recorded."""
