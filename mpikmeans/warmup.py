@@ -62,6 +62,11 @@ def _job(data: str, out: str, **settings) -> None:
     run_job(SerialComm(), data, cfg)
 
 
+#: seconds the cpu part waits for one of its pieces (ten times what a piece takes on two cores) before it
+#: stops it and compiles the piece's kernels itself
+PIECE_TIMEOUT_S = 600
+
+
 def _start_pieces(pieces) -> list:
     """Start each piece's process (``mpikmeans warmup --part PIECE``); those that cannot start are left out."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}  # jobs of one, no MPI
@@ -103,7 +108,11 @@ def _warm_cpu(tmp: str, threads: int) -> None:
     npy = os.path.join(tmp, "warm.npy")
     convert(comm, arff, npy, threads=threads)  # the parser's kernels, beside the pieces'
     for proc in pieces:
-        proc.wait()
+        try:
+            proc.wait(timeout=PIECE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # stuck: the jobs below compile what it would have
+            proc.kill()
+            proc.wait()
     for init in ("k-means++", "k-means||", "range", "sample"):
         _job(arff, os.path.join(tmp, init), k=3, init=init, backend="cpu", threads=threads,
              write_arff=init == "k-means++")

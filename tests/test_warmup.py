@@ -261,3 +261,58 @@ def test_a_run_with_a_cold_part_says_so_once_on_rank_0(warm_cache, inputs, tmp_p
     assert r.code == 0, r.err
     assert r.notices == 1, r.err
     assert sorted(r.compiles) == list(range(ranks))
+
+
+# -- the cpu part's pieces (unit level: no compiling) ------------------------------------------------------------------
+
+
+def _pieces_that_sleep(monkeypatch, tmp_path, seconds):
+    """The pieces' command replaced by a process that sleeps ``seconds`` and leaves a file named after it; the
+    part's own work (the files, convert, the jobs) replaced by records of when it ran."""
+    from mpikmeans import warmup as W
+
+    started, done = [], []
+    monkeypatch.setattr(W, "warmup_command", lambda piece: started.append(piece) or [
+        sys.executable, "-c", f"import time, pathlib; time.sleep({seconds}); pathlib.Path(r'{tmp_path}', '{piece}').touch()"])
+    monkeypatch.setattr(W, "prepare", lambda comm: None)
+    monkeypatch.setattr(W, "write_blobs", lambda spec, path, comm: Path(path).touch())
+    monkeypatch.setattr(W, "convert", lambda comm, src, dst, threads=1: done.append(("convert", _finished(tmp_path))))
+    monkeypatch.setattr(W, "_job", lambda data, out, **kw: done.append(("job", _finished(tmp_path))))
+    return W, started, done
+
+
+def _finished(tmp_path):
+    return sorted(p.name for p in Path(tmp_path).iterdir() if p.name.startswith("cpu-"))
+
+
+def test_the_cpu_part_starts_its_pieces_and_runs_its_jobs_once_they_are_done(monkeypatch, tmp_path):
+    W, started, done = _pieces_that_sleep(monkeypatch, tmp_path / "marks", 1.0)
+    (tmp_path / "marks").mkdir()
+    W._warm_cpu(str(tmp_path), threads=1)
+    assert started == ["cpu-lloyd", "cpu-host"]
+    assert done[0] == ("convert", [])  # the parser's work beside the pieces, not after them
+    jobs = [finished for what, finished in done if what == "job"]
+    assert jobs and all(finished == ["cpu-host", "cpu-lloyd"] for finished in jobs)
+
+
+def test_a_stuck_piece_is_stopped_and_the_part_goes_on(monkeypatch, tmp_path):
+    W, started, done = _pieces_that_sleep(monkeypatch, tmp_path / "marks", 120)
+    (tmp_path / "marks").mkdir()
+    monkeypatch.setattr(W, "PIECE_TIMEOUT_S", 0.5)
+    W._warm_cpu(str(tmp_path), threads=1)
+    assert [what for what, _ in done].count("job") >= 5 and _finished(tmp_path / "marks") == []
+
+
+def test_a_piece_marks_nothing_warm(monkeypatch, tmp_path):
+    from mpikmeans import warmup as W
+    from mpikmeans.cache import is_warm
+
+    monkeypatch.setenv("MPIKMEANS_CACHE_DIR", str(tmp_path / "cache"))
+    ran = []
+    monkeypatch.setattr(W, "_warm_lloyd", lambda threads: ran.append("lloyd"))
+    monkeypatch.setattr(W, "_warm_host", lambda threads: ran.append("host"))
+    for piece in W.CPU_HELPERS:
+        W.warm_part(piece)
+    assert ran == ["lloyd", "host"] and not any(is_warm(p) for p in W.PARTS)
+    with pytest.raises(ValueError, match="unknown warm-up part"):
+        W.warm_part("cpu-other")
