@@ -56,6 +56,15 @@ def _wait_for(p: subprocess.Popen, needle: str) -> list:
     return seen
 
 
+def _signal_mid_run(p: subprocess.Popen, sig) -> str:
+    """Send ``sig`` once the run logs its 5th iteration; the stderr seen until then (a run that ended or
+    failed before it is a failure of its own, with its output)."""
+    seen = _wait_for(p, "iter    5")
+    assert any("iter    5" in line for line in seen), "".join(seen)[-3000:]
+    p.send_signal(sig)
+    return "".join(seen)
+
+
 def _finish(p: subprocess.Popen) -> tuple:
     try:
         out, err = p.communicate(timeout=HANG_GUARD_S)
@@ -144,11 +153,10 @@ def test_item09_stop_signal_saves_at_once_while_compiled_code_runs(tmp_path):
 def test_item09_sigint_ends_in_75_with_checkpoint_named(slow, tmp_path):
     out = tmp_path / "out"
     p = _start([sys.executable, "-m", "mpikmeans", "run", slow, *ARGS, "-v", "-o", out])
-    _wait_for(p, "iter    5")
-    p.send_signal(signal.SIGINT)
+    seen = _signal_mid_run(p, signal.SIGINT)
     code, stdout, err = _finish(p)
     ckpt = out / "checkpoint.npz"
-    assert code == EXIT_CHECKPOINTED, err
+    assert code == EXIT_CHECKPOINTED, (code, seen[-2000:], err)
     assert f"stopped by SIGINT after iteration" in err and f"state saved to {ckpt}" in err, err
     assert "SSE nan" not in stdout + err
     assert sorted(x.name for x in out.iterdir()) == ["checkpoint.npz"]
@@ -164,10 +172,9 @@ def test_item09_stop_signal_to_mpirun_ends_in_75_with_checkpoint_named(slow, tmp
         pytest.skip("Open MPI 4.1's mpirun does not pass SIGUSR1 on (measured: 4.1.6); the templates send SIGUSR2")
     out, ckpt = tmp_path / "out", tmp_path / "c.npz"
     p = _start(_mpirun(3, ["run", slow, *ARGS, "-v", "-o", out, "--checkpoint", ckpt]))
-    _wait_for(p, "iter    5")
-    p.send_signal(getattr(signal, sig))
+    seen = _signal_mid_run(p, getattr(signal, sig))
     code, _, err = _finish(p)
-    assert code == EXIT_CHECKPOINTED, err
+    assert code == EXIT_CHECKPOINTED, (code, seen[-2000:], err)
     assert f"stopped by {sig} after iteration" in err and f"state saved to {ckpt}" in err, err
     assert not out.exists()
     _resumes_to_the_uninterrupted_result(slow, tmp_path, ckpt)
@@ -179,10 +186,9 @@ def test_item09_sigterm_or_sigint_to_mpirun_leaves_a_resumable_checkpoint(slow, 
     (Open MPI 4.1 and 5: it kills them soon after); the job templates report the ranks' 75."""
     out, ckpt = tmp_path / "out", tmp_path / "c.npz"
     p = _start(_mpirun(3, ["run", slow, *ARGS, "-v", "-o", out, "--checkpoint", ckpt]))
-    _wait_for(p, "iter    5")
-    p.send_signal(getattr(signal, sig))
+    seen = _signal_mid_run(p, getattr(signal, sig))
     code, _, err = _finish(p)
-    assert code in (EXIT_CHECKPOINTED, 1), err
+    assert code in (EXIT_CHECKPOINTED, 1), (code, seen[-2000:], err)
     assert ckpt.exists() and not (out / "summary.json").exists()
     _resumes_to_the_uninterrupted_result(slow, tmp_path, ckpt)
 
