@@ -62,8 +62,8 @@ def _job(data: str, out: str, **settings) -> None:
     run_job(SerialComm(), data, cfg)
 
 
-#: seconds the cpu part waits for one of its pieces (ten times what a piece takes on two cores) before it
-#: stops it and compiles the piece's kernels itself
+#: seconds the cpu part waits for one of its pieces (a piece takes about 20 s on two cores) before it stops
+#: it and compiles the piece's kernels itself
 PIECE_TIMEOUT_S = 600
 
 
@@ -102,17 +102,22 @@ def _warm_host(threads: int) -> None:
 def _warm_cpu(tmp: str, threads: int) -> None:
     pieces = _start_pieces(CPU_HELPERS)
     comm = SerialComm()
-    prepare(comm)
-    arff = os.path.join(tmp, "warm.arff")
-    write_blobs(GenSpec(n=600, m=3, k=3, seed=1), arff, comm)
-    npy = os.path.join(tmp, "warm.npy")
-    convert(comm, arff, npy, threads=threads)  # the parser's kernels, beside the pieces'
-    for proc in pieces:
-        try:
-            proc.wait(timeout=PIECE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:  # stuck: the jobs below compile what it would have
-            proc.kill()
-            proc.wait()
+    try:
+        prepare(comm)
+        arff = os.path.join(tmp, "warm.arff")
+        write_blobs(GenSpec(n=600, m=3, k=3, seed=1), arff, comm)
+        npy = os.path.join(tmp, "warm.npy")
+        convert(comm, arff, npy, threads=threads)  # the parser's kernels, beside the pieces'
+        for proc in pieces:
+            try:
+                proc.wait(timeout=PIECE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:  # stuck: the jobs below compile what it would have
+                pass
+    finally:  # a piece still running (stuck, or this part failed) is stopped: no process outlives its part
+        for proc in pieces:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     for init in ("k-means++", "k-means||", "range", "sample"):
         _job(arff, os.path.join(tmp, init), k=3, init=init, backend="cpu", threads=threads,
              write_arff=init == "k-means++")

@@ -316,3 +316,19 @@ def test_a_piece_marks_nothing_warm(monkeypatch, tmp_path):
     assert ran == ["lloyd", "host"] and not any(is_warm(p) for p in W.PARTS)
     with pytest.raises(ValueError, match="unknown warm-up part"):
         W.warm_part("cpu-other")
+
+
+def test_a_failing_cpu_part_stops_its_pieces(monkeypatch, tmp_path):
+    W, started, done = _pieces_that_sleep(monkeypatch, tmp_path / "marks", 120)
+    (tmp_path / "marks").mkdir()
+    procs = []
+    start = W._start_pieces
+    monkeypatch.setattr(W, "_start_pieces", lambda pieces: procs.extend(start(pieces)) or procs)
+
+    def broken(comm, src, dst, threads=1):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(W, "convert", broken)
+    with pytest.raises(OSError, match="disk full"):
+        W._warm_cpu(str(tmp_path), threads=1)
+    assert len(procs) == 2 and all(p.poll() is not None for p in procs)
