@@ -43,9 +43,9 @@ def _libcuda():
 def retain_primary_context(node_rank: int, node_size: int, share: bool, load=_libcuda) -> bool:
     """Start the CUDA driver and make this rank's device's primary context, through the driver's library alone.
 
-    Half of a GPU's start is the driver's (``cuInit``, the context: a quarter
-    of a second on an H200), and none of it needs numba-cuda, whose import is
-    the other half: called through ctypes, which releases the GIL, it runs
+    About half of a GPU's start is the driver's (``cuInit``, the context), and
+    none of it needs numba-cuda, whose import is the other half: called
+    through ctypes, which releases the GIL, it runs
     beside the start-up's imports and kernel loads, and numba-cuda later finds
     the driver started and the context made (it retains the same primary
     context).  The device is :func:`.backends.gpu.device.select_device_for`'s,
@@ -97,14 +97,13 @@ def start_driver(comm, cfg) -> threading.Thread | None:
 class DevicePreparation:
     """The GPU's one-time start (numba-cuda's import, the driver, the device context), begun early.
 
-    It takes the better part of a second and needs nothing from the data, so a
-    thread starts it as the read begins, which runs in compiled code without the
-    GIL: by the time the rows are there, the device is ready for them.  (Started
-    before the reader's own start-up, loading its kernels, the two took turns at
-    the GIL: a second of start-up on the H100 machine.)  The driver's part of it
-    begins earlier still, without numba-cuda (:func:`start_driver`).  Nothing is
-    started when the backend is ``cpu``, or ``auto`` on a node without NVIDIA
-    devices.
+    It needs nothing from the data, so a thread starts it as the read begins,
+    which runs in compiled code without the GIL: by the time the rows are there,
+    the device is ready for them.  (Started before the reader's own start-up,
+    loading its kernels, the two take turns at the GIL and both run slower.)  The
+    driver's part of it begins earlier still, without numba-cuda
+    (:func:`start_driver`).  Nothing is started when the backend is ``cpu``, or
+    ``auto`` on a node without NVIDIA devices.
 
     Parameters
     ----------

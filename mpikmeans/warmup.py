@@ -62,8 +62,8 @@ def _job(data: str, out: str, **settings) -> None:
     run_job(SerialComm(), data, cfg)
 
 
-#: seconds the cpu part waits for one of its pieces (a piece takes about 20 s on two cores) before it stops
-#: it and compiles the piece's kernels itself
+#: seconds the cpu part waits for one of its pieces (many times what compiling a piece takes) before it
+#: stops it and compiles the piece's kernels itself
 PIECE_TIMEOUT_S = 600
 
 
