@@ -16,7 +16,7 @@ import time
 
 import numba
 
-from .backends import cuda_simulator_requested, make_backend
+from .backends import BackendUnavailable, cuda_simulator_requested, device_for_rank, make_backend
 from .cache import COMPILE_ESTIMATE_S, cold_parts, warming, warmup_command
 from .comm import LAUNCHER_VARIABLES, default_threads
 from .io import formats
@@ -48,10 +48,10 @@ def retain_primary_context(node_rank: int, node_size: int, share: bool, load=_li
     through ctypes, which releases the GIL, it runs
     beside the start-up's imports and kernel loads, and numba-cuda later finds
     the driver started and the context made (it retains the same primary
-    context).  The device is :func:`.backends.gpu.device.select_device_for`'s,
-    ``node_rank % count``; nothing is made where that would refuse (more ranks
-    than devices without ``share``) or the driver cannot start (the backend
-    says why, later).
+    context).  The device is the one the backend takes
+    (:func:`.backends.device_for_rank`); nothing is made where that refuses
+    (more ranks than devices without ``share``) or the driver cannot start (the
+    backend says why, later).
 
     Parameters
     ----------
@@ -70,16 +70,15 @@ def retain_primary_context(node_rank: int, node_size: int, share: bool, load=_li
     try:
         lib = load()
         count = ctypes.c_int(0)
-        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value <= 0:
+        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
             return False
-        if node_size > count.value and not share:
-            return False
+        ordinal = device_for_rank(node_rank, node_size, count.value, share)
         dev = ctypes.c_int(0)
         ctx = ctypes.c_void_p(0)
-        if lib.cuDeviceGet(ctypes.byref(dev), node_rank % count.value) != 0:
+        if lib.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
             return False
         return lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
-    except (OSError, AttributeError):  # no driver library, or one without these entry points
+    except (OSError, AttributeError, BackendUnavailable):  # no driver library, no device for this rank
         return False
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from .base import (DTYPES, Backend, BackendInfo, BackendUnavailable, RowDistances, StepResult,  # noqa: F401
-                   farthest_rows)
+                   device_for_rank, farthest_rows)
 
 #: ``--backend``: ``auto`` takes the node-local rank's GPU where one is usable, else the CPU
 BACKEND_NAMES = ("auto", "cpu", "gpu")

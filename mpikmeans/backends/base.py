@@ -317,3 +317,30 @@ def farthest_rows(dist2: np.ndarray, count: int) -> np.ndarray:
 
 class BackendUnavailable(RuntimeError):
     """The requested backend cannot run here (no GPU, no numba-cuda...)."""
+
+
+def device_for_rank(node_rank: int, node_size: int, count: int, share: bool) -> int:
+    """The GPU of a rank, from its node-local rank: ``node_rank % count``.
+
+    Parameters
+    ----------
+    node_rank, node_size : int
+        Rank among the MPI processes on this node (``Split_type(COMM_TYPE_SHARED)``), and their number.
+    count : int
+        GPUs visible on this node.
+    share : bool
+        Allow several ranks on one GPU (``--share-gpus``).
+
+    Raises
+    ------
+    BackendUnavailable
+        No GPU, or more ranks than GPUs on this node without ``share``.
+    """
+    if count == 0:
+        raise BackendUnavailable("no usable CUDA GPU on this node (numba-cuda and a CUDA driver are needed)")
+    if node_size > count and not share:
+        raise BackendUnavailable(
+            f"{node_size} ranks on this node but only {count} visible GPU(s): start at most {count} "
+            f"rank(s) per node, or pass --share-gpus to let ranks share GPUs"
+        )
+    return node_rank % count

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..base import BackendUnavailable
+from ..base import BackendUnavailable, device_for_rank
 
 try:  # numba-cuda is an optional dependency
     from numba import cuda
@@ -135,22 +135,14 @@ def select_device_for(node_rank: int, node_size: int, share: bool) -> int:
     Returns
     -------
     int
-        Device index, ``node_rank % gpu_count()``.
+        Device index (:func:`mpikmeans.backends.base.device_for_rank` of the visible devices).
 
     Raises
     ------
     BackendUnavailable
         No GPU is usable, or more ranks than GPUs on this node without ``share``.
     """
-    count = gpu_count()
-    if count == 0:
-        raise BackendUnavailable("no usable CUDA GPU on this node (numba-cuda and a CUDA driver are needed)")
-    if node_size > count and not share:
-        raise BackendUnavailable(
-            f"{node_size} ranks on this node but only {count} visible GPU(s): start at most {count} "
-            f"rank(s) per node, or pass --share-gpus to let ranks share GPUs"
-        )
-    return node_rank % count
+    return device_for_rank(node_rank, node_size, gpu_count(), share)
 
 
 class DeviceLimits:
