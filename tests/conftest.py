@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -60,23 +61,33 @@ def run_simulated(program: str, timeout: float = 600, parts: int = 1):
     runs on one core, and the CI machine has two.
     """
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    procs = [subprocess.Popen([sys.executable, "-c", program], cwd=root, text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE,
-                              env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1", SIM_PART=f"{i}/{parts}"))
-             for i in range(parts)]
-    deadline = time.monotonic() + timeout
+    outs = run_side_by_side([[sys.executable, "-c", program]] * parts, timeout, cwd=root,
+                            envs=[dict(os.environ, NUMBA_ENABLE_CUDASIM="1", SIM_PART=f"{i}/{parts}")
+                                  for i in range(parts)])
     out = {}
+    for stdout in outs:
+        out.update(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def run_side_by_side(cmds: list, timeout: float, cwd: str, envs: list) -> list:
+    """Run the commands at once (each in a session of its own), each with its environment; their standard
+    outputs, in order.  A command that fails fails the test with its error output; none outlives the call."""
+    procs = [subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True) for cmd, env in zip(cmds, envs)]
+    deadline = time.monotonic() + timeout
+    outs = []
     try:
         for p in procs:
             stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
             assert p.returncode == 0, stderr[-3000:]
-            out.update(json.loads(stdout.strip().splitlines()[-1]))
+            outs.append(stdout)
     finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
+                os.killpg(p.pid, signal.SIGKILL)
                 p.communicate()
-    return out
+    return outs
 
 
 def mpirun_path() -> str | None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -22,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import _env, mpirun_path
+from conftest import _env, mpirun_path, run_side_by_side
 
 pytestmark = pytest.mark.mpi
 
@@ -78,22 +76,12 @@ def runs():
     env["NUMBA_ENABLE_CUDASIM"] = "1"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     # the three jobs side by side: each rank spends most of its time in the simulator, one core each
-    procs = {ranks: subprocess.Popen([mpirun, "-np", str(ranks), "--oversubscribe", "--bind-to", "none",
-                                      sys.executable, "-c", _PROGRAM], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env, cwd=ROOT, start_new_session=True)
-             for ranks in (1, 2, 3)}
+    cmds = [[mpirun, "-np", str(ranks), "--oversubscribe", "--bind-to", "none", sys.executable, "-c", _PROGRAM]
+            for ranks in (1, 2, 3)]
     out = {}
-    try:
-        for ranks, p in procs.items():
-            stdout, stderr = p.communicate(timeout=600)
-            assert p.returncode == 0, stderr[-3000:]
-            line = next(ln for ln in stdout.splitlines() if ln.startswith("RESULT "))
-            out[ranks] = json.loads(line[len("RESULT "):])
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    for ranks, stdout in zip((1, 2, 3), run_side_by_side(cmds, 600, str(ROOT), [env] * 3)):
+        line = next(ln for ln in stdout.splitlines() if ln.startswith("RESULT "))
+        out[ranks] = json.loads(line[len("RESULT "):])
     return out
 
 
