@@ -275,8 +275,10 @@ class HostScoreRows:
             _own_dist2(self.x, self.labels, ref, dref)
         return sums, cluster_sums(self.labels, dref, self.w, self.k, ref_exp)
 
-    def silhouette(self, mt: np.ndarray, slot: np.ndarray, spread: np.ndarray, mass: np.ndarray) -> tuple:
-        """Each row's squared distance to its own cluster's mean and its squared-Euclidean silhouette.
+    def silhouette_sums(self, mt: np.ndarray, slot: np.ndarray, spread: np.ndarray, mass: np.ndarray,
+                        exponents: tuple) -> np.ndarray:
+        """Per cluster, the fixed-point sums of ``w d``, ``w sqrt(d)`` and ``w s`` over its rows, ``d`` a row's
+        squared distance to its cluster's mean and ``s`` its squared-Euclidean silhouette.
 
         Parameters
         ----------
@@ -286,19 +288,22 @@ class HostScoreRows:
             A cluster's column in ``mt`` (-1: empty).
         spread, mass : ndarray, shape (p,), float64
             Each cluster's mean squared deviation and weight.
+        exponents : tuple of three int
+            The scales of the three sums.
 
         Returns
         -------
-        own, sil : ndarray, shape (n,), float64
+        ndarray, shape (3, k, 4), int64
         """
         n = len(self.x)
-        own = np.empty(n)
-        sil = np.empty(n)
+        own = np.zeros(n)
+        sil = np.zeros(n)
+        w = self.w
         if n:
-            w = self.w
             _silhouette_rows(self.x, self.labels, w if w is not None else np.ones(0), w is not None, mt, slot, spread,
                              mass, own, sil)
-        return own, sil
+        return np.stack([cluster_sums(self.labels, v, w, self.k, e)
+                         for v, e in zip((own, np.sqrt(own), sil), exponents)])
 
     def sample_sums(self, xs: np.ndarray, lab: np.ndarray, nlab: int, lo: int, hi: int) -> np.ndarray:
         """:func:`sample_label_sums` (the sample's rows are given: they are every rank's)."""
@@ -502,15 +507,15 @@ def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: 
     # ---- pass 1: per cluster, the sums of w x and of w, and of each row's squared distance to ref
     ref_exp = scales.sse_exponent(ref)
     sums, ref_sse = passes.cluster_sums(ref, scales, ref_exp)
-    buf = np.concatenate([sums.ravel(), ref_sse.ravel(),
-                          np.bincount(labels[labels >= 0] if lowest < 0 else labels,
-                                      minlength=k).astype(np.int64)])
-    buf = comm.allreduce(buf, "sum")
+    parts = [sums.ravel(), ref_sse.ravel()]
+    if weighted:  # the rows per cluster (without weights each row adds exactly 1 to the weights' column)
+        parts.append(np.bincount(labels[labels >= 0] if lowest < 0 else labels, minlength=k).astype(np.int64))
+    buf = comm.allreduce(np.concatenate(parts), "sum")
     ns = k * (m + 1) * 4
     sums = buf[:ns].reshape(k, m + 1, 4)
     values = decode(sums, scales.columns)
     mass = values[:, m]  # sum of weights (rows, unweighted) per cluster
-    rows_per_cluster = buf[ns + 4 * k:]
+    rows_per_cluster = buf[ns + 4 * k:] if weighted else np.rint(mass).astype(np.int64)
     present = (rows_per_cluster > 0) & (mass > 0)
     p = int(present.sum())
     rows = int(rows_per_cluster.sum())
@@ -524,17 +529,16 @@ def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: 
     # V = the mean squared deviation from the mean: (sum w |x - ref|^2) / W - |mean - ref|^2
     spread = np.maximum(ref_sq / mass[present] - ((means - ref[present]) ** 2).sum(axis=1), 0.0)
 
-    # ---- pass 2: each row's squared distance to its mean and its silhouette
+    # ---- pass 2: per cluster, the sums of each row's squared distance to its mean, of that distance and of
+    # its silhouette
     slot = np.full(k, -1, dtype=np.int64)
     slot[present] = np.arange(p)
-    own, sil = passes.silhouette(np.ascontiguousarray(means.T), slot, spread, np.ascontiguousarray(mass[present]))
     own_exp = scales.sse_exponent(means)
     reach = mags + np.abs(means).max(axis=0)  # |x_j - mean_j| <= |x_j| + |mean_j|
     dist_exp = exponent_for(math.sqrt(float(np.dot(reach, reach))) * wmax)
     sil_exp = exponent_for(wmax)
-    buf = np.concatenate([cluster_sums(labels, own, w, k, own_exp).ravel(),
-                          cluster_sums(labels, np.sqrt(own), w, k, dist_exp).ravel(),
-                          cluster_sums(labels, sil, w, k, sil_exp).ravel()])
+    buf = passes.silhouette_sums(np.ascontiguousarray(means.T), slot, spread, np.ascontiguousarray(mass[present]),
+                                 (own_exp, dist_exp, sil_exp)).ravel()
     buf = comm.allreduce(buf, "sum").reshape(3, k, 4)
     intra = float(decode(buf[0][present].sum(axis=0), own_exp))  # sum of w |x - mean|^2
     mean_dist = decode(buf[1], dist_exp)[present] / mass[present]

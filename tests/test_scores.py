@@ -238,7 +238,8 @@ _DEVICE_PROGRAM = textwrap.dedent("""
     PART, PARTS = (int(v) for v in os.environ.get("SIM_PART", "0/1").split("/"))
     out = {}
     for q, (case, (n, m, k, weighted)) in enumerate({"plain": (700, 5, 6, False), "weighted": (650, 3, 3, True),
-                                                     "many means": (500, 2, 11, False)}.items()):
+                                                     "many means": (500, 2, 11, False),
+                                                     "wide": (260, 19, 4, False)}.items()):
         rng = np.random.default_rng(4 + q)
         if q % PARTS != PART:
             continue
@@ -281,8 +282,8 @@ _DEVICE_PROGRAM = textwrap.dedent("""
 @pytest.mark.parametrize("device", ["simulator", pytest.param("gpu", marks=[pytest.mark.gpu, needs_gpu])])
 def test_the_gpus_passes_give_the_hosts_scores_to_the_bit(device):
     """The scores' two passes on a GPU backend's resident float64 rows (its sums kernel, the distances to the
-    reference points, the silhouette four means at a time, the sampled silhouette's sums) are the host
-    passes' integers and bits: every score and per-cluster value equal, weighted or not, with an empty
+    reference points, the silhouette eight means at a time and its per-cluster sums, the sampled silhouette's
+    sums in tiles of rows and attributes) are the host passes' integers and bits: every score and per-cluster value equal, weighted or not, with an empty
     cluster and a row alone in its own; a float32 run's passes read a float64 copy of its rows (made once, kept
     for the next K) and give the same bits; streamed rows, or a device with no room for the copy, leave the
     passes to the host."""
@@ -294,7 +295,7 @@ def test_the_gpus_passes_give_the_hosts_scores_to_the_bit(device):
                            timeout=HANG_GUARD_S * 4)
         assert r.returncode == 0, r.stderr[-3000:]
         got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert set(got) == {"plain", "weighted", "many means"}
+    assert set(got) == {"plain", "weighted", "many means", "wide"}
     for case, res in got.items():
         assert all(res["same"].values()), (case, res["same"])
         assert None not in res["dev"].values(), case

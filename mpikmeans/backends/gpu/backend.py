@@ -215,7 +215,6 @@ class GPUBackend(Backend):
         self._kept = None
         self._kept_d2 = None
         self._smalls = {}  # the initialisations' small device outputs, kept between passes (:meth:`_small`)
-        self._score_host = None  # the scores' per-row outputs on the host (:meth:`score_rows`)
         self._host_x = None  # the rows as loaded (float64, row-major): a float32 run's scores read them
         self._score_x = None  # a float32 run's rows in float64 on the device, for the scores (:meth:`score_rows`)
         self._bounds_for = None  # the centres the lower bounds hold for
@@ -412,11 +411,7 @@ class GPUBackend(Backend):
         rows = self._score_rows_f64()
         if rows is None:
             return None
-        if self._score_host is None or len(self._score_host[0]) != self.n:
-            # page-locked, kept for the next K of a sweep: the two per-row arrays come back at full speed
-            self._score_host = (pinned(self.n, np.float64), pinned(self.n, np.float64))
-        return DeviceScoreRows(rows, self.rows.ld, self.n, self.m, self.rows.dw, labels, k, score_kernel_set(),
-                               self._score_host)
+        return DeviceScoreRows(rows, self.rows.ld, self.n, self.m, self.rows.dw, labels, k, score_kernel_set())
 
     def _score_rows_f64(self):
         """The rows in float64 on the device (:meth:`score_rows`'s table), or None."""
@@ -569,7 +564,7 @@ class GPUBackend(Backend):
     def close(self) -> None:
         self.rows.close()
         self._centres = self._outputs = self._d2 = self._lb = self._idx = None
-        self._bounds_for = self._kept = self._kept_d2 = self._score_host = self._host_x = self._score_x = None
+        self._bounds_for = self._kept = self._kept_d2 = self._host_x = self._score_x = None
         self._smalls = {}
         self._flags = []
 

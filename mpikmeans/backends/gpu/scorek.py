@@ -4,8 +4,10 @@
 the sums a step already makes (the step's ``accumulate`` kernel gives those):
 
 * ``own_dist2``: each row's squared distance to a reference point of its cluster;
-* ``silhouette``: each row's squared distance to its own cluster's mean and its
-  squared-Euclidean silhouette (Spark's definition, :mod:`mpikmeans.scores`);
+* ``silhouette``: each row's squared distance to its own cluster's mean, its
+  square root and its squared-Euclidean silhouette (Spark's definition,
+  :mod:`mpikmeans.scores`), which ``accumulate`` then sums per cluster on the
+  device (only ``3 K`` totals cross to the host);
 
 and the sampled silhouette's sums (``sample_sums``: each sample row's summed
 Euclidean distances to each label's sample rows, in row order).
@@ -14,7 +16,10 @@ Every squared distance adds ``(x_j - c_j)^2`` in attribute order with one
 rounding per product and per sum (no FMA), and every other operation is the host
 kernel's, in its order, so the per-row values are the host's bits and the scores
 do not depend on the backend.  The silhouette pass takes :data:`QT` means at a
-time, so each value of a row is read once for all of them.
+time, so each value of a row is read once for all of them.  ``sample_sums``
+measures a tile of sample rows against a chunk of one label's rows at a time,
+both staged in shared memory, many threads a tile whatever the number of
+labels; each sample row then adds its chunk's distances in row order.
 """
 
 from __future__ import annotations
@@ -28,18 +33,24 @@ from ...fixedsums import Scales, scale_factors
 from .device import SIM, cuda
 from .intrinsics import dadd_rn, dmul_rn
 from .launch import allow_shared, launch
-from .policy import step_layout
+from .policy import SMEM_BYTES
 from .stepk import NT as STEP_NT
+from .stepk import SUM_ROWS, sum_layout, sum_shared_bytes
 
 if cuda is not None:
     from numba import float64, int64
 
-#: threads per block of the three kernels
+#: threads per block of the two row passes
 NT = 32 if SIM else 128
 #: means the silhouette pass measures at once (each value of a row read once for all of them)
 QT = 8
-#: the sample's rows a thread of ``sample_sums`` measures at once (each value of its own row read once for all)
-RT = 8
+#: ``sample_sums``' tiles: ``ST`` sample rows a block (one a thread of a warp), ``SY`` threads each, every one
+#: measuring ``SQ`` of a chunk's ``SR`` label rows; ``SJ`` attributes staged in shared memory at a time
+ST = 8 if SIM else 32
+SY = 2 if SIM else 8
+SQ = 4
+SR = SY * SQ
+SJ = 8 if SIM else 32
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,16 +63,17 @@ def score_kernels() -> dict:
     own_dist2(x, ld, n, m, labels, reft, k, d2)
         ``reft`` float64 ``(m * k,)`` the reference points transposed (``reft[j * k + a]``);
         ``d2[i]`` the squared distance of row ``i`` to its cluster's point, 0 for label -1.
-    silhouette(x, ld, n, m, p, labels, mt, slot, spread, mass, w, weighted, own, sil)
+    silhouette(x, ld, n, m, p, labels, mt, slot, spread, mass, w, weighted, own, dist, sil)
         ``mt`` float64 ``(m * p,)`` the ``p >= 2`` non-empty clusters' means transposed;
         ``slot`` int64 ``(k,)`` a cluster's column in ``mt`` (-1: empty); ``spread``, ``mass``
         float64 ``(p,)``; ``w`` the weights (any array where not ``weighted``).  Writes
-        ``own[i]`` (squared distance to the own mean) and ``sil[i]`` (0 for a row alone in its
-        cluster or with no cluster).
+        ``own[i]`` (squared distance to the own mean), ``dist[i]`` (its square root) and
+        ``sil[i]`` (0 for a row alone in its cluster or with no cluster).
     sample_sums(xt, s, m, perm, starts, lo, hi, nlab, out)
         ``xt`` float64 ``(m * s,)`` the sample transposed; ``perm`` int64 ``(s,)`` the sample's rows
         by label, each label's in ascending order, label ``l``'s at ``starts[l] .. starts[l + 1]``;
-        grid ``(ceil((hi - lo) / NT), nlab)``; ``out[(t - lo) * nlab + l]`` for ``lo <= t < hi``.
+        grid ``(ceil((hi - lo) / ST), nlab)``, block ``(ST, SY)``; ``out[(t - lo) * nlab + l]`` for
+        ``lo <= t < hi``.
     """
 
     def km_own_dist2(x, ld, n, m, labels, reft, k, d2):
@@ -75,11 +87,12 @@ def score_kernels() -> dict:
                     d = dadd_rn(d, dmul_rn(t, t))
             d2[i] = d
 
-    def km_silhouette(x, ld, n, m, p, labels, mt, slot, spread, mass, w, weighted, own, sil):
+    def km_silhouette(x, ld, n, m, p, labels, mt, slot, spread, mass, w, weighted, own, dist, sil):
         i = cuda.grid(1)
         if i >= n:
             return
         own[i] = 0.0
+        dist[i] = 0.0
         sil[i] = 0.0
         a = labels[i]
         if a < 0:
@@ -113,6 +126,7 @@ def score_kernels() -> dict:
                         if v < bi:
                             bi = v
         own[i] = mine
+        dist[i] = math.sqrt(mine)
         wi = w[i] if weighted else 1.0
         if mass[c] == wi:
             return  # alone in its cluster (by weight): 0, as Spark
@@ -123,33 +137,56 @@ def score_kernels() -> dict:
             sil[i] = bi / ai - 1.0
 
     def km_sample_sums(xt, s, m, perm, starts, lo, hi, nlab, out):
-        # thread (t, l): the sum of sample row t's Euclidean distances to the sample's rows of label l,
-        # in row order (perm lists each label's rows in ascending order), itself left out; RT rows of
-        # label l at a time, so each value of row t is read once for all of them
-        t = lo + cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        # block (x, lab): sample rows t = lo + x ST + tx against label lab's rows (perm lists them in
+        # ascending order), a chunk of SR at a time: thread (tx, ty) measures its row against the
+        # chunk's rows ty, ty + SY, ... (each distance in attribute order), then the ty == 0 threads
+        # add their row's SR distances in row order, itself left out: the host's sum, bit for bit
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * ST + tx
         lab = cuda.blockIdx.y
-        if t >= hi:
-            return
-        rr = cuda.local.array(RT, dtype=int64)
-        dd = cuda.local.array(RT, dtype=float64)
+        t = lo + cuda.blockIdx.x * ST + tx
+        tt = cuda.shared.array((SJ, ST), dtype=float64)
+        rt = cuda.shared.array((SJ, SR), dtype=float64)
+        dist = cuda.shared.array((ST, SR + 1), dtype=float64)
+        rows = cuda.shared.array(SR, dtype=int64)
+        dd = cuda.local.array(SQ, dtype=float64)
         acc = 0.0
-        q = starts[lab]
+        q0 = starts[lab]
         end = starts[lab + 1]
-        while q < end:
-            for u in range(RT):
-                rr[u] = perm[q + u] if q + u < end else -1
+        while q0 < end:
+            if tid < SR:
+                rows[tid] = perm[q0 + tid] if q0 + tid < end else -1
+            for u in range(SQ):
                 dd[u] = 0.0
-            for j in range(m):
-                xtj = xt[j * s + t]
-                for u in range(RT):
-                    if rr[u] >= 0:
-                        e = xt[j * s + rr[u]] - xtj
-                        dd[u] = dadd_rn(dd[u], dmul_rn(e, e))
-            for u in range(RT):
-                if rr[u] >= 0 and rr[u] != t:
-                    acc += math.sqrt(dd[u])
-            q += RT
-        out[(t - lo) * nlab + lab] = acc
+            for j0 in range(0, m, SJ):
+                cuda.syncthreads()  # the chunk's rows listed; the tiles' last values used
+                nj = min(SJ, m - j0)
+                for jj in range(ty, nj, SY):
+                    tt[jj, tx] = xt[(j0 + jj) * s + t] if t < hi else 0.0
+                for e in range(tid, nj * SR, ST * SY):
+                    jj = e // SR
+                    u = e - jj * SR
+                    r = rows[u]
+                    rt[jj, u] = xt[(j0 + jj) * s + r] if r >= 0 else 0.0
+                cuda.syncthreads()
+                for jj in range(nj):
+                    v = tt[jj, tx]
+                    for u in range(SQ):
+                        g = rt[jj, ty + SY * u] - v
+                        dd[u] = dadd_rn(dd[u], dmul_rn(g, g))
+            for u in range(SQ):
+                dist[tx, ty + SY * u] = math.sqrt(dd[u])
+            cuda.syncthreads()
+            if ty == 0 and t < hi:
+                for u in range(SR):
+                    r = rows[u]
+                    if r >= 0 and r != t:
+                        acc += dist[tx, u]
+            cuda.syncthreads()  # the distances and the rows read before the next chunk's
+            q0 += SR
+        if ty == 0 and t < hi:
+            out[(t - lo) * nlab + lab] = acc
 
     return {"own_dist2": cuda.jit(km_own_dist2), "silhouette": cuda.jit(km_silhouette),
             "sample_sums": cuda.jit(km_sample_sums)}
@@ -160,7 +197,7 @@ def score_example_args() -> dict:
     d = lambda dt: cuda.device_array(1, dtype=dt)  # noqa: E731
     x, i32, i64 = d(np.float64), d(np.int32), d(np.int64)
     return {"own_dist2": (x, 1, 1, 1, i32, x, 1, x),
-            "silhouette": (x, 1, 1, 1, 1, i32, x, i64, x, x, x, False, x, x),
+            "silhouette": (x, 1, 1, 1, 1, i32, x, i64, x, x, x, False, x, x, x),
             "sample_sums": (x, 1, 1, i64, i64, 1, 1, 1, x)}
 
 
@@ -180,22 +217,31 @@ class DeviceScoreRows:
     kernels : dict
         ``own_dist2``, ``silhouette``, ``sample_sums`` and ``accumulate`` (the step's): (dispatcher, compiled
         kernel).
-    host : tuple of two ndarray, shape (n,), float64, optional
-        Where :meth:`silhouette` copies its two per-row arrays (page-locked memory: a copy at full speed);
-        what it returns are these arrays, valid until the next ``silhouette`` into them (the backend
-        shares them between its score passes).  Default: new arrays.
     """
 
-    def __init__(self, x, ld: int, n: int, m: int, weights, labels: np.ndarray, k: int, kernels: dict,
-                 host: tuple | None = None):
+    def __init__(self, x, ld: int, n: int, m: int, weights, labels: np.ndarray, k: int, kernels: dict):
         self.x, self.ld, self.n, self.m, self.k = x, ld, n, m, k
         self.w = weights
         self.labels = cuda.to_device(np.ascontiguousarray(labels, dtype=np.int32))
         self.kernels = kernels
-        self.host = host
 
     def _grid(self) -> int:
         return max(1, -(-self.n // NT))
+
+    def _accumulate(self, x, m: int, values, factors, sf: tuple, sums, sse) -> None:
+        """``accumulate`` over every row: per cluster, the limbs of ``w x_j`` (``m`` columns and the weights) at
+        ``factors`` into ``sums`` and of ``w values`` at ``sf`` into ``sse``."""
+        k = self.k
+        jc, copies = sum_layout(k, m, SMEM_BYTES)
+        smem = sum_shared_bytes(k, jc, copies)
+        weighted = self.w is not None
+        disp, kern = self.kernels["accumulate"]
+        allow_shared(kern, smem)
+        counters = cuda.device_array(2, dtype=np.int64)
+        launch(disp, kern, (x, self.ld, self.n, m, k, self.labels, self.labels, values,
+                            self.w if weighted else values, weighted, True, factors[0], factors[1], sf[0], sf[1], jc,
+                            copies, sums, sse, counters),
+               (max(1, -(-self.n // SUM_ROWS)), -(-(m + 1) // jc)), STEP_NT, 0, smem)
 
     def cluster_sums(self, ref: np.ndarray, scales: Scales, ref_exp: int) -> tuple:
         """Per cluster, the fixed-point sums of ``w x`` and ``w`` at ``scales``, and of ``w |x - ref_a|^2``
@@ -205,24 +251,18 @@ class DeviceScoreRows:
         reft = cuda.to_device(np.ascontiguousarray(np.asarray(ref, dtype=np.float64).T).ravel())
         disp, kern = self.kernels["own_dist2"]
         launch(disp, kern, (self.x, self.ld, self.n, m, self.labels, reft, k, d2), self._grid(), NT)
-        lay = step_layout(k, m)
-        factors = cuda.to_device(np.ascontiguousarray(scales.factors.T))  # (2, m + 1): f1 then f2
-        sf1, sf2 = scale_factors(ref_exp)
         ns = k * (m + 1) * 4
-        out = cuda.to_device(np.zeros(ns + 4 * k + 2, dtype=np.int64))
-        weighted = self.w is not None
-        disp, kern = self.kernels["accumulate"]
-        allow_shared(kern, lay.sum_smem)
-        launch(disp, kern, (self.x, self.ld, self.n, m, k, self.labels, self.labels, d2, self.w if weighted else d2,
-                            weighted, True, factors[0], factors[1], sf1, sf2, lay.jc, lay.copies, out[:ns],
-                            out[ns:ns + 4 * k], out[ns + 4 * k:]),
-               lay.sum_grid(self.n, m), STEP_NT, 0, lay.sum_smem)
+        out = cuda.to_device(np.zeros(ns + 4 * k, dtype=np.int64))
+        factors = cuda.to_device(np.ascontiguousarray(scales.factors.T))  # (2, m + 1): f1 then f2
+        self._accumulate(self.x, m, d2, factors, scale_factors(ref_exp), out[:ns], out[ns:])
         host = out.copy_to_host()
-        return host[:ns].reshape(k, m + 1, 4), host[ns:ns + 4 * k].reshape(k, 4)
+        return host[:ns].reshape(k, m + 1, 4), host[ns:].reshape(k, 4)
 
-    def silhouette(self, mt: np.ndarray, slot: np.ndarray, spread: np.ndarray, mass: np.ndarray) -> tuple:
-        """Each row's squared distance to its own cluster's mean and its squared-Euclidean silhouette:
-        ``(own (n,), sil (n,))`` host float64 arrays, the host pass's bits.
+    def silhouette_sums(self, mt: np.ndarray, slot: np.ndarray, spread: np.ndarray, mass: np.ndarray,
+                        exponents: tuple) -> np.ndarray:
+        """Per cluster, the limbs of the sums of ``w d``, ``w sqrt(d)`` and ``w s`` over its rows, ``d`` a
+        row's squared distance to its cluster's mean and ``s`` its squared-Euclidean silhouette, at the three
+        ``exponents``: the host pass's integers.
 
         Parameters
         ----------
@@ -230,19 +270,29 @@ class DeviceScoreRows:
             The non-empty clusters' means, transposed.
         slot : ndarray, shape (k,), int64
         spread, mass : ndarray, shape (p,), float64
+        exponents : tuple of three int
+
+        Returns
+        -------
+        ndarray, shape (3, k, 4), int64
         """
-        p = mt.shape[1]
-        own = cuda.device_array(max(1, self.n), dtype=np.float64)
-        sil = cuda.device_array(max(1, self.n), dtype=np.float64)
-        weighted = self.w is not None
+        k, p = self.k, mt.shape[1]
+        per_row = [cuda.device_array(max(1, self.n), dtype=np.float64) for _ in range(3)]  # d, sqrt(d), s
         dev = [cuda.to_device(np.ascontiguousarray(a, dtype=dt)) for a, dt in
                ((np.ravel(mt), np.float64), (slot, np.int64), (spread, np.float64), (mass, np.float64))]
         disp, kern = self.kernels["silhouette"]
-        launch(disp, kern, (self.x, self.ld, self.n, self.m, p, self.labels, *dev, self.w if weighted else own,
-                            weighted, own, sil), self._grid(), NT)
-        if self.host is None or self.n == 0:
-            return own.copy_to_host()[: self.n], sil.copy_to_host()[: self.n]
-        return own.copy_to_host(self.host[0]), sil.copy_to_host(self.host[1])
+        launch(disp, kern, (self.x, self.ld, self.n, self.m, p, self.labels, *dev,
+                            self.w if self.w is not None else per_row[0], self.w is not None, *per_row),
+               self._grid(), NT)
+        # each per-row value summed per cluster by the step's kernel with no column of rows (the weights'
+        # column it adds as well is not used)
+        out = cuda.to_device(np.zeros(3 * 8 * k, dtype=np.int64))
+        ones = cuda.to_device(np.ones((2, 1)))
+        for q in range(3):
+            at = 8 * k * q
+            self._accumulate(self.x, 0, per_row[q], ones, scale_factors(exponents[q]), out[at:at + 4 * k],
+                             out[at + 4 * k:at + 8 * k])
+        return out.copy_to_host().reshape(3, 2, k, 4)[:, 1]
 
     def sample_sums(self, xs: np.ndarray, lab: np.ndarray, nlab: int, lo: int, hi: int) -> np.ndarray:
         """:func:`mpikmeans.scores.sample_label_sums` on the device: the same sums, the same bits.
@@ -268,5 +318,5 @@ class DeviceScoreRows:
         dout = cuda.device_array(out.size, dtype=np.float64)
         disp, kern = self.kernels["sample_sums"]
         launch(disp, kern, (xt, s, xs.shape[1], cuda.to_device(perm), cuda.to_device(starts), lo, hi, nlab, dout),
-               (max(1, -(-(hi - lo) // NT)), nlab), NT)
+               (max(1, -(-(hi - lo) // ST)), nlab), (ST, SY))
         return dout.copy_to_host().reshape(hi - lo, nlab)
