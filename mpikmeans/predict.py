@@ -301,7 +301,12 @@ def _predict(comm, model: Model, model_path: str, data: str, cfg: PredictConfig,
     z = model.scaler.transform(x, out=x)
     centres = np.ascontiguousarray(model.centres_scaled)
     weights = local.weights
-    bounds = np.append(column_magnitudes(z), weights.max() if weights is not None and len(weights) else 0.0)
+    if match.columns is None and not local.missing:
+        # the reader's global extremes, scaled as the rows were (each scaling is monotonic): no pass over the rows
+        mags = np.abs(model.scaler.transform(np.vstack([local.mins, local.maxs]))).max(axis=0)
+    else:  # nominal columns placed, or filled values the extremes do not bound
+        mags = column_magnitudes(z)
+    bounds = np.append(mags, weights.max() if weights is not None and len(weights) else 0.0)
     bounds = comm.allreduce(bounds, "max")
     mags = bounds[:-1]
     weighted = bool(comm.allreduce(np.array([weights is not None], dtype=np.int64), "max")[0])
