@@ -16,12 +16,16 @@ labels, centres, SSE and per-iteration history to the last bit.  Two halves:
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
 
 import numpy as np
 import pytest
 
-from conftest import needs_gpu, real_gpu, run_simulated
+from conftest import HANG_GUARD_S, needs_gpu, real_gpu, run_simulated
 from mpikmeans.backends import BackendUnavailable
 
 # --------------------------------------------------------------------------------------
@@ -527,6 +531,70 @@ def test_no_gpu_is_refused_cleanly():
         G.select_device_for(0, 1, False)
     with pytest.raises(BackendUnavailable):
         G.GPUBackend()
+
+
+_TYPES_PROGRAM = textwrap.dedent(
+    r"""
+    import json
+    import numpy as np
+    import numba.cuda.dispatcher as nd
+    from numba import cuda, types
+    from numba.cuda import compiler
+
+    # no device: the example arguments are host arrays of the same types, a kernel is typed and lowered
+    # for them (Numba's front end and the CUDA target's lowering; the device compiler is not needed) and
+    # the kernel store is bypassed
+    cuda.device_array = lambda n, dtype=np.float64, **kw: np.empty(n, dtype=dtype)
+
+    class Device:
+        compute_capability = (9, 0)
+
+    nd.get_current_device = Device
+    lowered = []
+
+    class Kernel:
+        class _codelibrary:
+            get_cubin = get_cufunc = staticmethod(lambda: None)
+
+    def lower(self, argtypes):
+        compiler.compile_cuda(self.py_func, types.void, tuple(argtypes), cc=(9, 0))
+        lowered.append(self.py_func.__name__)
+        return Kernel()
+
+    nd.CUDADispatcher.compile = lower
+    from mpikmeans.backends.gpu import backend as GB, compiled as C
+    assert not GB.SIM
+    C.toolchain = lambda: ("no device",)
+
+    class Store:
+        get = staticmethod(lambda key: None)
+        put = staticmethod(lambda *a, **k: None)
+
+    C._store = Store
+    for dtype in ("float64", "float32"):
+        GB.compile_kernels(dtype)
+        for weighted in (False, True):
+            GB.initk_kernels(dtype, weighted)
+    GB.score_kernel_set()
+    print(json.dumps(sorted(set(lowered))))
+    """)
+
+
+def test_every_gpu_kernel_types_for_its_launch_arguments_without_a_gpu():
+    """Every kernel a GPU run launches (the step's of both dtypes, the initialisations', the scores', the
+    relocation's, the transpose) is typed and lowered by numba-cuda for its example arguments on this
+    machine, with no GPU: what the simulator cannot catch (it runs the kernels as Python: a shared array's
+    shape that is not a compile-time constant, a variable of two types) fails here rather than on a user's
+    GPU."""
+    pytest.importorskip("numba.cuda")
+    env = {key: v for key, v in os.environ.items() if key != "NUMBA_ENABLE_CUDASIM"}
+    r = subprocess.run([sys.executable, "-c", _TYPES_PROGRAM], capture_output=True, text=True, env=env,
+                       timeout=HANG_GUARD_S * 4)
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = set(json.loads(r.stdout.strip().splitlines()[-1]))
+    assert {"km_screen", "km_recheck", "km_accumulate", "km_keep", "km_transpose", "km_block_max", "km_gather",
+            "km_d2", "km_nearest", "km_fixed_blocks", "km_potentials", "km_own_dist2", "km_silhouette",
+            "km_sample_sums"} <= names, names
 
 
 # --------------------------------------------------------------------------------------

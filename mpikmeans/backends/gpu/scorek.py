@@ -51,6 +51,8 @@ SY = 2 if SIM else 8
 SQ = 4
 SR = SY * SQ
 SJ = 8 if SIM else 32
+#: the row stride of the chunk's distances in shared memory (one more than a chunk: no bank conflicts)
+SRP = SR + 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,7 +150,7 @@ def score_kernels() -> dict:
         t = lo + cuda.blockIdx.x * ST + tx
         tt = cuda.shared.array((SJ, ST), dtype=float64)
         rt = cuda.shared.array((SJ, SR), dtype=float64)
-        dist = cuda.shared.array((ST, SR + 1), dtype=float64)
+        dist = cuda.shared.array((ST, SRP), dtype=float64)
         rows = cuda.shared.array(SR, dtype=int64)
         dd = cuda.local.array(SQ, dtype=float64)
         acc = 0.0
