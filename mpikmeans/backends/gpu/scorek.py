@@ -15,8 +15,9 @@ Euclidean distances to each label's sample rows, in row order).
 Every squared distance adds ``(x_j - c_j)^2`` in attribute order with one
 rounding per product and per sum (no FMA), and every other operation is the host
 kernel's, in its order, so the per-row values are the host's bits and the scores
-do not depend on the backend.  The silhouette pass takes :data:`QT` means at a
-time, so each value of a row is read once for all of them.  ``sample_sums``
+do not depend on the backend.  The silhouette pass takes :data:`QR` rows a
+thread against :data:`QT` means at a time, so each value of a row is read once
+for all of those means and each mean's once for those rows.  ``sample_sums``
 measures a tile of sample rows against a chunk of one label's rows at a time,
 both staged in shared memory, many threads a tile whatever the number of
 labels; each sample row then adds its chunk's distances in row order.
@@ -42,8 +43,10 @@ if cuda is not None:
 
 #: threads per block of the two row passes
 NT = 32 if SIM else 128
-#: means the silhouette pass measures at once (each value of a row read once for all of them)
+#: the silhouette pass's register tile: ``QR`` rows a thread against ``QT`` means at a time
+QR = 2
 QT = 8
+QRT = QR * QT
 #: ``sample_sums``' tiles: ``ST`` sample rows a block (one a thread of a warp), ``SY`` threads each, every one
 #: measuring ``SQ`` of a chunk's ``SR`` label rows; ``SJ`` attributes staged in shared memory at a time
 ST = 8 if SIM else 32
@@ -65,8 +68,9 @@ def score_kernels() -> dict:
     own_dist2(x, ld, n, m, labels, reft, k, d2)
         ``reft`` float64 ``(m * k,)`` the reference points transposed (``reft[j * k + a]``);
         ``d2[i]`` the squared distance of row ``i`` to its cluster's point, 0 for label -1.
-    silhouette(x, ld, n, m, p, labels, mt, slot, spread, mass, w, weighted, own, dist, sil)
-        ``mt`` float64 ``(m * p,)`` the ``p >= 2`` non-empty clusters' means transposed;
+    silhouette(x, ld, n, m, p, pp, labels, mt, slot, spread, mass, w, weighted, own, dist, sil)
+        Grid ``ceil(n / (QR NT))``.  ``mt`` float64 ``(m * pp,)`` the ``p >= 2`` non-empty
+        clusters' means transposed, padded to ``pp`` (a multiple of :data:`QT`) with any values;
         ``slot`` int64 ``(k,)`` a cluster's column in ``mt`` (-1: empty); ``spread``, ``mass``
         float64 ``(p,)``; ``w`` the weights (any array where not ``weighted``).  Writes
         ``own[i]`` (squared distance to the own mean), ``dist[i]`` (its square root) and
@@ -89,44 +93,16 @@ def score_kernels() -> dict:
                     d = dadd_rn(d, dmul_rn(t, t))
             d2[i] = d
 
-    def km_silhouette(x, ld, n, m, p, labels, mt, slot, spread, mass, w, weighted, own, dist, sil):
-        i = cuda.grid(1)
-        if i >= n:
-            return
-        own[i] = 0.0
-        dist[i] = 0.0
-        sil[i] = 0.0
-        a = labels[i]
-        if a < 0:
-            return
-        c = slot[a]
-        if c < 0:
-            return
-        mine = 0.0
-        bi = math.inf
-        dd = cuda.local.array(QT, dtype=float64)
-        for q0 in range(0, p, QT):
-            # QT distances at once, each still summed in attribute order (loops of a constant length:
-            # unrolled, the distances in registers; the means past p are never used)
-            for r in range(QT):
-                dd[r] = 0.0
-            for j in range(m):
-                xj = float64(x[j * ld + i])
-                base = j * p + q0
-                for r in range(QT):
-                    if q0 + r < p:
-                        t = xj - mt[base + r]
-                        dd[r] = dadd_rn(dd[r], dmul_rn(t, t))
-            for r in range(QT):
-                q = q0 + r
-                if q < p:
-                    d = dd[r]
-                    if q == c:
-                        mine = d
-                    else:
-                        v = d + spread[q]
-                        if v < bi:
-                            bi = v
+    @cuda.jit(device=True)
+    def fold(d, q, c, mine, bi, spread):
+        # mean q's distance d into a row of cluster c: its own mean's distance, or the nearest other's
+        if q == c:
+            return d, bi
+        v = d + spread[q]
+        return mine, (v if v < bi else bi)
+
+    @cuda.jit(device=True)
+    def finish(i, mine, bi, c, mass, w, weighted, spread, own, dist, sil):
         own[i] = mine
         dist[i] = math.sqrt(mine)
         wi = w[i] if weighted else 1.0
@@ -137,6 +113,54 @@ def score_kernels() -> dict:
             sil[i] = 1.0 - ai / bi
         elif ai > bi:
             sil[i] = bi / ai - 1.0
+
+    def km_silhouette(x, ld, n, m, p, pp, labels, mt, slot, spread, mass, w, weighted, own, dist, sil):
+        # QR rows a thread (rows i, i + NT, ...: each load coalesced) against QT means at a time: each
+        # mean's value read once for QR rows, each row's value once for QT means (loops of a constant
+        # length: unrolled, the distances in registers); every distance summed in attribute order, and
+        # the nearest other mean is a minimum, whatever order the means come in
+        i0 = cuda.blockIdx.x * QR * NT + cuda.threadIdx.x
+        cs = cuda.local.array(QR, dtype=int64)
+        rows = cuda.local.array(QR, dtype=int64)
+        mine = cuda.local.array(QR, dtype=float64)
+        bi = cuda.local.array(QR, dtype=float64)
+        xv = cuda.local.array(QR, dtype=float64)
+        dd = cuda.local.array(QRT, dtype=float64)
+        scored = False
+        for r in range(QR):
+            i = i0 + r * NT
+            cs[r] = -1
+            rows[r] = i if i < n else n - 1  # past the end: the last row again, ignored
+            mine[r] = 0.0
+            bi[r] = math.inf
+            if i < n:
+                own[i] = 0.0
+                dist[i] = 0.0
+                sil[i] = 0.0
+                if labels[i] >= 0:
+                    cs[r] = slot[labels[i]]
+                    scored = scored or cs[r] >= 0
+        if not scored:
+            return
+        for q0 in range(0, p, QT):
+            for e in range(QRT):
+                dd[e] = 0.0
+            for j in range(m):
+                for r in range(QR):
+                    xv[r] = float64(x[j * ld + rows[r]])
+                base = j * pp + q0
+                for q in range(QT):
+                    cj = mt[base + q]  # past p: a padding mean, never used
+                    for r in range(QR):
+                        t = xv[r] - cj
+                        dd[r * QT + q] = dadd_rn(dd[r * QT + q], dmul_rn(t, t))
+            for q in range(QT):
+                if q0 + q < p:
+                    for r in range(QR):
+                        mine[r], bi[r] = fold(dd[r * QT + q], q0 + q, cs[r], mine[r], bi[r], spread)
+        for r in range(QR):
+            if cs[r] >= 0:
+                finish(i0 + r * NT, mine[r], bi[r], cs[r], mass, w, weighted, spread, own, dist, sil)
 
     def km_sample_sums(xt, s, m, perm, starts, lo, hi, nlab, out):
         # block (x, lab): sample rows t = lo + x ST + tx against label lab's rows (perm lists them in
@@ -199,7 +223,7 @@ def score_example_args() -> dict:
     d = lambda dt: cuda.device_array(1, dtype=dt)  # noqa: E731
     x, i32, i64 = d(np.float64), d(np.int32), d(np.int64)
     return {"own_dist2": (x, 1, 1, 1, i32, x, 1, x),
-            "silhouette": (x, 1, 1, 1, 1, i32, x, i64, x, x, x, False, x, x, x),
+            "silhouette": (x, 1, 1, 1, 1, 1, i32, x, i64, x, x, x, False, x, x, x),
             "sample_sums": (x, 1, 1, i64, i64, 1, 1, 1, x)}
 
 
@@ -278,14 +302,17 @@ class DeviceScoreRows:
         -------
         ndarray, shape (3, k, 4), int64
         """
-        k, p = self.k, mt.shape[1]
+        k, (m, p) = self.k, mt.shape
+        pp = -(-p // QT) * QT
+        padded = np.zeros((m, pp))
+        padded[:, :p] = mt
         per_row = [cuda.device_array(max(1, self.n), dtype=np.float64) for _ in range(3)]  # d, sqrt(d), s
         dev = [cuda.to_device(np.ascontiguousarray(a, dtype=dt)) for a, dt in
-               ((np.ravel(mt), np.float64), (slot, np.int64), (spread, np.float64), (mass, np.float64))]
+               ((padded.ravel(), np.float64), (slot, np.int64), (spread, np.float64), (mass, np.float64))]
         disp, kern = self.kernels["silhouette"]
-        launch(disp, kern, (self.x, self.ld, self.n, self.m, p, self.labels, *dev,
+        launch(disp, kern, (self.x, self.ld, self.n, self.m, p, pp, self.labels, *dev,
                             self.w if self.w is not None else per_row[0], self.w is not None, *per_row),
-               self._grid(), NT)
+               max(1, -(-self.n // (QR * NT))), NT)
         # each per-row value summed per cluster by the step's kernel with no column of rows (the weights'
         # column it adds as well is not used)
         out = cuda.to_device(np.zeros(3 * 8 * k, dtype=np.int64))
