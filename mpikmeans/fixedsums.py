@@ -330,6 +330,7 @@ def row_limbs(row: np.ndarray, w: float, scales: Scales) -> np.ndarray:
 
 @njit(parallel=True, cache=True)
 def _cluster_values(labels, values, w, weighted, f1, f2, nb, parts):  # pragma: no cover - compiled
+    # parts (nb, k, 5): each block's limbs of sum(w v) per cluster, then its rows per cluster
     n = labels.shape[0]
     for b in prange(nb):
         acc = parts[b]
@@ -342,6 +343,39 @@ def _cluster_values(labels, values, w, weighted, f1, f2, nb, parts):  # pragma: 
                 v = w[i] * v
             h, l_ = encode(v, f1, f2)
             _add(acc[a], h, l_)
+            acc[a, 4] += 1
+
+
+def cluster_sizes_and_sums(labels: np.ndarray, values: np.ndarray, weights: np.ndarray | None, k: int,
+                           exponent: int) -> np.ndarray:
+    """Per cluster, the rows with that label and the limbs of ``sum(w v)`` over them, in one pass (host threads).
+
+    Parameters
+    ----------
+    labels : ndarray, shape (n,), int32
+        -1: the row belongs to no cluster.
+    values : ndarray, shape (n,), float64
+        E.g. each row's squared distance to its centre.
+    weights : ndarray, shape (n,), float64, or None
+    k : int
+    exponent : int
+        The scale of ``w v``.
+
+    Returns
+    -------
+    ndarray, shape (5 k,), int64
+        The ``k`` row counts, then the ``(k, 4)`` limbs flattened: one buffer for one ``Allreduce``.
+    """
+    n = len(labels)
+    nb = max(1, min(n, 64))
+    parts = np.zeros((nb, k, 5), dtype=np.int64)
+    if n:
+        f1, f2 = scale_factors(exponent)
+        w = weights if weights is not None else np.ones(0)
+        _cluster_values(np.ascontiguousarray(labels, dtype=np.int32), np.ascontiguousarray(values, dtype=np.float64), w,
+                        weights is not None, f1, f2, nb, parts)
+    total = parts.sum(axis=0)
+    return np.concatenate([total[:, 4], total[:, :4].ravel()])
 
 
 def cluster_sums(labels: np.ndarray, values: np.ndarray, weights: np.ndarray | None, k: int, exponent: int) -> np.ndarray:
@@ -362,15 +396,7 @@ def cluster_sums(labels: np.ndarray, values: np.ndarray, weights: np.ndarray | N
     -------
     ndarray, shape (k, 4), int64
     """
-    n = len(labels)
-    nb = max(1, min(n, 64))
-    parts = np.zeros((nb, k, 4), dtype=np.int64)
-    if n:
-        f1, f2 = scale_factors(exponent)
-        w = weights if weights is not None else np.ones(0)
-        _cluster_values(np.ascontiguousarray(labels, dtype=np.int32), np.ascontiguousarray(values, dtype=np.float64), w,
-                        weights is not None, f1, f2, nb, parts)
-    return parts.sum(axis=0)
+    return cluster_sizes_and_sums(labels, values, weights, k, exponent)[k:].reshape(k, 4)
 
 
 @njit(parallel=True, cache=True)

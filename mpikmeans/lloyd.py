@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .faults import fault_point
-from .fixedsums import Scales, cluster_sums, decode, row_limbs
+from .fixedsums import Scales, cluster_sizes_and_sums, decode, row_limbs
 
 log = logging.getLogger("mpikmeans")
 
@@ -324,10 +324,7 @@ def lloyd(comm, backend, x: np.ndarray, row_offset: int, centres: np.ndarray, *,
     labels, dist2 = backend.assign(centres)
     k = centres.shape[0]
     sse_exponent = scales.sse_exponent(centres)
-    tail = np.empty(k + 4 * k, dtype=np.int64)
-    tail[:k] = np.bincount(labels, minlength=k)
-    tail[k:] = cluster_sums(labels, dist2, weights, k, sse_exponent).ravel()
-    tail = comm.allreduce(tail, "sum")
+    tail = comm.allreduce(cluster_sizes_and_sums(labels, dist2, weights, k, sse_exponent), "sum")
     sizes = tail[:k].copy()
     cluster_limbs = tail[k:].reshape(k, 4)
     if (sizes == 0).any():

@@ -36,7 +36,7 @@ import numpy as np
 from . import __version__
 from .backends import BackendUnavailable, make_backend
 from .errors import InputError, MpikmeansError, RunError, UsageError
-from .fixedsums import Scales, cluster_sums, column_magnitudes, decode
+from .fixedsums import Scales, cluster_sizes_and_sums, column_magnitudes, decode
 from .io.formats import ReadOptions, detect, read_header, read_local, results_dir
 from .io.output import (CLUSTERED, LABELS, RESULT_FILES, SUMMARY, ResultsDir, remove_quietly, write_parallel,
                         write_summary)
@@ -328,9 +328,7 @@ def _predict(comm, model: Model, model_path: str, data: str, cfg: PredictConfig,
         backend.close()
     k = model.k
     exponent = Scales.of(mags, float(bounds[-1]) if weighted else 1.0).sse_exponent(centres)
-    tail = np.concatenate([np.bincount(labels, minlength=k).astype(np.int64),
-                           cluster_sums(labels, dist2, weights, k, exponent).ravel()])
-    tail = comm.allreduce(tail, "sum")
+    tail = comm.allreduce(cluster_sizes_and_sums(labels, dist2, weights, k, exponent), "sum")
     sizes = [int(s) for s in tail[:k]]
     limbs = tail[k:].reshape(k, 4)
     t_assign = time.perf_counter()
