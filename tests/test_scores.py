@@ -253,7 +253,8 @@ _DEVICE_PROGRAM = textwrap.dedent("""
         be.load(x, w)
         rows = be.score_rows(labels, k)
         assert rows is not None
-        kw = dict(weights=w, centres=c, sample_size=90, seed=case == "plain")
+        # "wide": every row sampled, its pairs measured in three batches (PAIR_BYTES under the simulator)
+        kw = dict(weights=w, centres=c, sample_size=n if case == "wide" else 90, seed=case == "plain")
         dev = quality_scores(SerialComm(), x, labels, k, rows=rows, **kw)
         host = quality_scores(SerialComm(), x, labels, k, **kw)
         be.close()
@@ -282,8 +283,8 @@ _DEVICE_PROGRAM = textwrap.dedent("""
 @pytest.mark.parametrize("device", ["simulator", pytest.param("gpu", marks=[pytest.mark.gpu, needs_gpu])])
 def test_the_gpus_passes_give_the_hosts_scores_to_the_bit(device):
     """The scores' two passes on a GPU backend's resident float64 rows (its sums kernel, the distances to the
-    reference points, the silhouette eight means at a time and its per-cluster sums, the sampled silhouette's
-    sums in tiles of rows and attributes) are the host passes' integers and bits: every score and per-cluster value equal, weighted or not, with an empty
+    reference points, the silhouette two rows by eight means at a time and its per-cluster sums, the sampled
+    silhouette's pairs in batches and their sums) are the host passes' integers and bits: every score and per-cluster value equal, weighted or not, with an empty
     cluster and a row alone in its own; a float32 run's passes read a float64 copy of its rows (made once, kept
     for the next K) and give the same bits; streamed rows, or a device with no room for the copy, leave the
     passes to the host."""

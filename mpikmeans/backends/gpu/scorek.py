@@ -7,20 +7,22 @@ the sums a step already makes (the step's ``accumulate`` kernel gives those):
 * ``silhouette``: each row's squared distance to its own cluster's mean, its
   square root and its squared-Euclidean silhouette (Spark's definition,
   :mod:`mpikmeans.scores`), which ``accumulate`` then sums per cluster on the
-  device (only ``3 K`` totals cross to the host);
+  device in one pass, the first two as columns of rows and the third as a
+  squared distance (only ``3 K`` totals cross to the host);
 
-and the sampled silhouette's sums (``sample_sums``: each sample row's summed
-Euclidean distances to each label's sample rows, in row order).
+and the sampled silhouette's sums: ``sample_pairs`` measures every pair of the
+sample's rows (a batch of rows at a time, against all of them), then
+``sample_sums`` adds each row's distances to each label's rows, in row order.
 
 Every squared distance adds ``(x_j - c_j)^2`` in attribute order with one
 rounding per product and per sum (no FMA), and every other operation is the host
 kernel's, in its order, so the per-row values are the host's bits and the scores
 do not depend on the backend.  The silhouette pass takes :data:`QR` rows a
 thread against :data:`QT` means at a time, so each value of a row is read once
-for all of those means and each mean's once for those rows.  ``sample_sums``
-measures a tile of sample rows against a chunk of one label's rows at a time,
-both staged in shared memory, many threads a tile whatever the number of
-labels; each sample row then adds its chunk's distances in row order.
+for all of those means and each mean's once for those rows.  The sample's
+pairs run a thread per ``PR`` pairs, so the grid is large whatever the number
+of labels, and no kernel waits at a barrier (the CUDA simulator, which the CI
+runs them on, takes milliseconds for each).
 """
 
 from __future__ import annotations
@@ -47,15 +49,11 @@ NT = 32 if SIM else 128
 QR = 2
 QT = 8
 QRT = QR * QT
-#: ``sample_sums``' tiles: ``ST`` sample rows a block (one a thread of a warp), ``SY`` threads each, every one
-#: measuring ``SQ`` of a chunk's ``SR`` label rows; ``SJ`` attributes staged in shared memory at a time
-ST = 8 if SIM else 32
-SY = 2 if SIM else 8
-SQ = 4
-SR = SY * SQ
-SJ = 8 if SIM else 32
-#: the row stride of the chunk's distances in shared memory (one more than a chunk: no bank conflicts)
-SRP = SR + 1
+#: ``sample_pairs``: threads a block and sample rows a thread (the distances of one sample row to ``PT * PR`` others)
+PT = 2 if SIM else 128
+PR = 128 if SIM else 4
+#: bytes of one batch of the sample's pairwise distances on the device
+PAIR_BYTES = (256 << 10) if SIM else (64 << 20)
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,11 +73,14 @@ def score_kernels() -> dict:
         float64 ``(p,)``; ``w`` the weights (any array where not ``weighted``).  Writes
         ``own[i]`` (squared distance to the own mean), ``dist[i]`` (its square root) and
         ``sil[i]`` (0 for a row alone in its cluster or with no cluster).
-    sample_sums(xt, s, m, perm, starts, lo, hi, nlab, out)
-        ``xt`` float64 ``(m * s,)`` the sample transposed; ``perm`` int64 ``(s,)`` the sample's rows
-        by label, each label's in ascending order, label ``l``'s at ``starts[l] .. starts[l + 1]``;
-        grid ``(ceil((hi - lo) / ST), nlab)``, block ``(ST, SY)``; ``out[(t - lo) * nlab + l]`` for
-        ``lo <= t < hi``.
+    sample_pairs(xt, s, m, t0, tb, dist)
+        ``xt`` float64 ``(m * s,)`` the sample transposed; grid ``(ceil(s / (PT PR)), tb)``, block
+        ``PT``; ``dist[t * s + r]``: the Euclidean distance of sample rows ``t0 + t`` and ``r``.
+    sample_sums(dist, s, perm, starts, t0, tb, nlab, out)
+        ``perm`` int64 ``(s,)`` the sample's rows by label, each label's in ascending order, label
+        ``l``'s at ``starts[l] .. starts[l + 1]``; grid ``(ceil(tb / NT), nlab)``;
+        ``out[t * nlab + l]`` for ``t < tb``: row ``t0 + t``'s distances to label ``l``'s rows
+        summed, itself left out.
     """
 
     def km_own_dist2(x, ld, n, m, labels, reft, k, d2):
@@ -162,60 +163,43 @@ def score_kernels() -> dict:
             if cs[r] >= 0:
                 finish(i0 + r * NT, mine[r], bi[r], cs[r], mass, w, weighted, spread, own, dist, sil)
 
-    def km_sample_sums(xt, s, m, perm, starts, lo, hi, nlab, out):
-        # block (x, lab): sample rows t = lo + x ST + tx against label lab's rows (perm lists them in
-        # ascending order), a chunk of SR at a time: thread (tx, ty) measures its row against the
-        # chunk's rows ty, ty + SY, ... (each distance in attribute order), then the ty == 0 threads
-        # add their row's SR distances in row order, itself left out: the host's sum, bit for bit
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * ST + tx
+    def km_sample_pairs(xt, s, m, t0, tb, dist):
+        # block (x, t): sample row t0 + t against rows r = x PT PR + tid + u PT, u < PR (each load of theirs
+        # coalesced, t's value the same for the whole block); dist[t * s + r]: the Euclidean distance,
+        # its squares summed in attribute order
+        t = t0 + cuda.blockIdx.y
+        r0 = cuda.blockIdx.x * PT * PR + cuda.threadIdx.x
+        dd = cuda.local.array(PR, dtype=float64)
+        for u in range(PR):
+            dd[u] = 0.0
+        for j in range(m):
+            v = xt[j * s + t]
+            for u in range(PR):
+                r = r0 + u * PT
+                if r < s:
+                    g = xt[j * s + r] - v
+                    dd[u] = dadd_rn(dd[u], dmul_rn(g, g))
+        for u in range(PR):
+            r = r0 + u * PT
+            if r < s:
+                dist[(t - t0) * s + r] = math.sqrt(dd[u])
+
+    def km_sample_sums(dist, s, perm, starts, t0, tb, nlab, out):
+        # thread (t, lab): sample row t0 + t's distances to label lab's rows added in row order (perm lists
+        # them in ascending order), itself left out: the host's sum, bit for bit
+        t = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         lab = cuda.blockIdx.y
-        t = lo + cuda.blockIdx.x * ST + tx
-        tt = cuda.shared.array((SJ, ST), dtype=float64)
-        rt = cuda.shared.array((SJ, SR), dtype=float64)
-        dist = cuda.shared.array((ST, SRP), dtype=float64)
-        rows = cuda.shared.array(SR, dtype=int64)
-        dd = cuda.local.array(SQ, dtype=float64)
+        if t >= tb:
+            return
         acc = 0.0
-        q0 = starts[lab]
-        end = starts[lab + 1]
-        while q0 < end:
-            if tid < SR:
-                rows[tid] = perm[q0 + tid] if q0 + tid < end else -1
-            for u in range(SQ):
-                dd[u] = 0.0
-            for j0 in range(0, m, SJ):
-                cuda.syncthreads()  # the chunk's rows listed; the tiles' last values used
-                nj = min(SJ, m - j0)
-                for jj in range(ty, nj, SY):
-                    tt[jj, tx] = xt[(j0 + jj) * s + t] if t < hi else 0.0
-                for e in range(tid, nj * SR, ST * SY):
-                    jj = e // SR
-                    u = e - jj * SR
-                    r = rows[u]
-                    rt[jj, u] = xt[(j0 + jj) * s + r] if r >= 0 else 0.0
-                cuda.syncthreads()
-                for jj in range(nj):
-                    v = tt[jj, tx]
-                    for u in range(SQ):
-                        g = rt[jj, ty + SY * u] - v
-                        dd[u] = dadd_rn(dd[u], dmul_rn(g, g))
-            for u in range(SQ):
-                dist[tx, ty + SY * u] = math.sqrt(dd[u])
-            cuda.syncthreads()
-            if ty == 0 and t < hi:
-                for u in range(SR):
-                    r = rows[u]
-                    if r >= 0 and r != t:
-                        acc += dist[tx, u]
-            cuda.syncthreads()  # the distances and the rows read before the next chunk's
-            q0 += SR
-        if ty == 0 and t < hi:
-            out[(t - lo) * nlab + lab] = acc
+        for q in range(starts[lab], starts[lab + 1]):
+            r = perm[q]
+            if r != t0 + t:
+                acc += dist[t * s + r]
+        out[t * nlab + lab] = acc
 
     return {"own_dist2": cuda.jit(km_own_dist2), "silhouette": cuda.jit(km_silhouette),
-            "sample_sums": cuda.jit(km_sample_sums)}
+            "sample_pairs": cuda.jit(km_sample_pairs), "sample_sums": cuda.jit(km_sample_sums)}
 
 
 def score_example_args() -> dict:
@@ -224,7 +208,8 @@ def score_example_args() -> dict:
     x, i32, i64 = d(np.float64), d(np.int32), d(np.int64)
     return {"own_dist2": (x, 1, 1, 1, i32, x, 1, x),
             "silhouette": (x, 1, 1, 1, 1, 1, i32, x, i64, x, x, x, False, x, x, x),
-            "sample_sums": (x, 1, 1, i64, i64, 1, 1, 1, x)}
+            "sample_pairs": (x, 1, 1, 1, 1, x),
+            "sample_sums": (x, 1, i64, i64, 1, 1, 1, x)}
 
 
 class DeviceScoreRows:
@@ -306,22 +291,24 @@ class DeviceScoreRows:
         pp = -(-p // QT) * QT
         padded = np.zeros((m, pp))
         padded[:, :p] = mt
-        per_row = [cuda.device_array(max(1, self.n), dtype=np.float64) for _ in range(3)]  # d, sqrt(d), s
+        # d and sqrt(d) as two columns of rows (stride ld), s beside them: the step's accumulate kernel then
+        # sums them per cluster as it sums a row's columns and its squared distance, in one pass
+        cols = cuda.device_array(2 * self.ld, dtype=np.float64)
+        sil = cuda.device_array(max(1, self.n), dtype=np.float64)
         dev = [cuda.to_device(np.ascontiguousarray(a, dtype=dt)) for a, dt in
                ((padded.ravel(), np.float64), (slot, np.int64), (spread, np.float64), (mass, np.float64))]
         disp, kern = self.kernels["silhouette"]
         launch(disp, kern, (self.x, self.ld, self.n, self.m, p, pp, self.labels, *dev,
-                            self.w if self.w is not None else per_row[0], self.w is not None, *per_row),
+                            self.w if self.w is not None else sil, self.w is not None, cols[:self.ld],
+                            cols[self.ld:], sil),
                max(1, -(-self.n // (QR * NT))), NT)
-        # each per-row value summed per cluster by the step's kernel with no column of rows (the weights'
-        # column it adds as well is not used)
-        out = cuda.to_device(np.zeros(3 * 8 * k, dtype=np.int64))
-        ones = cuda.to_device(np.ones((2, 1)))
-        for q in range(3):
-            at = 8 * k * q
-            self._accumulate(self.x, 0, per_row[q], ones, scale_factors(exponents[q]), out[at:at + 4 * k],
-                             out[at + 4 * k:at + 8 * k])
-        return out.copy_to_host().reshape(3, 2, k, 4)[:, 1]
+        f1, f2 = zip(*(scale_factors(e) for e in exponents))
+        factors = cuda.to_device(np.array([[f1[0], f1[1], 1.0], [f2[0], f2[1], 1.0]]))  # the weights' column unused
+        out = cuda.to_device(np.zeros(3 * 4 * k + 4 * k, dtype=np.int64))
+        self._accumulate(cols, 2, sil, factors, (f1[2], f2[2]), out[:12 * k], out[12 * k:])
+        host = out.copy_to_host()
+        sums = host[:12 * k].reshape(k, 3, 4)
+        return np.stack([sums[:, 0], sums[:, 1], host[12 * k:].reshape(k, 4)])
 
     def sample_sums(self, xs: np.ndarray, lab: np.ndarray, nlab: int, lo: int, hi: int) -> np.ndarray:
         """:func:`mpikmeans.scores.sample_label_sums` on the device: the same sums, the same bits.
@@ -341,11 +328,19 @@ class DeviceScoreRows:
         if hi <= lo:
             return out
         lab = np.asarray(lab, dtype=np.int64)
-        perm = np.argsort(lab, kind="stable").astype(np.int64)
-        starts = np.searchsorted(lab[perm], np.arange(nlab + 1)).astype(np.int64)
+        order = np.argsort(lab, kind="stable").astype(np.int64)
+        perm = cuda.to_device(order)
+        starts = cuda.to_device(np.searchsorted(lab[order], np.arange(nlab + 1)).astype(np.int64))
         xt = cuda.to_device(np.ascontiguousarray(np.asarray(xs, dtype=np.float64).T).ravel())
-        dout = cuda.device_array(out.size, dtype=np.float64)
-        disp, kern = self.kernels["sample_sums"]
-        launch(disp, kern, (xt, s, xs.shape[1], cuda.to_device(perm), cuda.to_device(starts), lo, hi, nlab, dout),
-               (max(1, -(-(hi - lo) // ST)), nlab), (ST, SY))
-        return dout.copy_to_host().reshape(hi - lo, nlab)
+        # a batch of rows' distances to every row at a time, in PAIR_BYTES of device memory
+        batch = max(1, min(hi - lo, PAIR_BYTES // (8 * s)))
+        dist = cuda.device_array(batch * s, dtype=np.float64)
+        dout = cuda.device_array(batch * nlab, dtype=np.float64)
+        pairs, pairs_k = self.kernels["sample_pairs"]
+        sums, sums_k = self.kernels["sample_sums"]
+        for t0 in range(lo, hi, batch):
+            tb = min(batch, hi - t0)
+            launch(pairs, pairs_k, (xt, s, xs.shape[1], t0, tb, dist), (-(-s // (PT * PR)), tb), PT)
+            launch(sums, sums_k, (dist, s, perm, starts, t0, tb, nlab, dout), (-(-tb // NT), nlab), NT)
+            out[t0 - lo:t0 - lo + tb] = dout.copy_to_host()[: tb * nlab].reshape(tb, nlab)
+        return out
