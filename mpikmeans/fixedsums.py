@@ -379,18 +379,8 @@ def cluster_sizes_and_sums(labels: np.ndarray, values: np.ndarray, weights: np.n
 
 
 def cluster_sums(labels: np.ndarray, values: np.ndarray, weights: np.ndarray | None, k: int, exponent: int) -> np.ndarray:
-    """Per cluster, the limbs of ``sum(w v)`` over the rows with that label (host threads).
-
-    Parameters
-    ----------
-    labels : ndarray, shape (n,), int32
-        -1: the row belongs to no cluster.
-    values : ndarray, shape (n,), float64
-        E.g. each row's squared distance to its centre.
-    weights : ndarray, shape (n,), float64, or None
-    k : int
-    exponent : int
-        The scale of ``w v``.
+    """Per cluster, the limbs of ``sum(w v)`` over the rows with that label: :func:`cluster_sizes_and_sums`
+    (the same parameters) without the counts.
 
     Returns
     -------
