@@ -9,7 +9,6 @@ the kernels on.
 
 from __future__ import annotations
 
-import sys
 import warnings
 
 from ..base import BackendUnavailable, device_for_rank
@@ -38,11 +37,6 @@ def _simulating() -> bool:
 
 #: numba-cuda's simulator is on: kernels run as Python threads, one fake device.
 SIM = _simulating()
-if SIM:
-    # the simulator runs a block's threads as Python threads whose barriers and atomics wait for the
-    # interpreter's thread switches (every 5 ms by default): a launch of the sums' kernel then takes from
-    # one second to a minute; switching often makes it a few seconds every time
-    sys.setswitchinterval(1e-4)
 
 
 def gpu_available() -> bool:
