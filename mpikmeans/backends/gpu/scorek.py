@@ -36,9 +36,8 @@ from ...fixedsums import Scales, scale_factors
 from .device import SIM, cuda
 from .intrinsics import dadd_rn, dmul_rn
 from .launch import allow_shared, launch
-from .policy import SMEM_BYTES
+from .policy import step_layout
 from .stepk import NT as STEP_NT
-from .stepk import SUM_ROWS, sum_layout, sum_shared_bytes
 
 if cuda is not None:
     from numba import float64, int64
@@ -73,9 +72,10 @@ def score_kernels() -> dict:
         float64 ``(p,)``; ``w`` the weights (any array where not ``weighted``).  Writes
         ``own[i]`` (squared distance to the own mean), ``dist[i]`` (its square root) and
         ``sil[i]`` (0 for a row alone in its cluster or with no cluster).
-    sample_pairs(xt, s, m, t0, tb, dist)
-        ``xt`` float64 ``(m * s,)`` the sample transposed; grid ``(ceil(s / (PT PR)), tb)``, block
-        ``PT``; ``dist[t * s + r]``: the Euclidean distance of sample rows ``t0 + t`` and ``r``.
+    sample_pairs(xt, s, m, t0, dist)
+        ``xt`` float64 ``(m * s,)`` the sample transposed; grid ``(ceil(s / (PT PR)), tb)`` for ``tb``
+        rows from ``t0``, block ``PT``; ``dist[t * s + r]``: the Euclidean distance of sample rows
+        ``t0 + t`` and ``r``.
     sample_sums(dist, s, perm, starts, t0, tb, nlab, out)
         ``perm`` int64 ``(s,)`` the sample's rows by label, each label's in ascending order, label
         ``l``'s at ``starts[l] .. starts[l + 1]``; grid ``(ceil(tb / NT), nlab)``;
@@ -163,7 +163,7 @@ def score_kernels() -> dict:
             if cs[r] >= 0:
                 finish(i0 + r * NT, mine[r], bi[r], cs[r], mass, w, weighted, spread, own, dist, sil)
 
-    def km_sample_pairs(xt, s, m, t0, tb, dist):
+    def km_sample_pairs(xt, s, m, t0, dist):
         # block (x, t): sample row t0 + t against rows r = x PT PR + tid + u PT, u < PR (each load of theirs
         # coalesced, t's value the same for the whole block); dist[t * s + r]: the Euclidean distance,
         # its squares summed in attribute order
@@ -203,12 +203,12 @@ def score_kernels() -> dict:
 
 
 def score_example_args() -> dict:
-    """Arguments of the two kernels' types, for compiling them before any data is there."""
+    """Arguments of the scores' kernels' types, for compiling them before any data is there."""
     d = lambda dt: cuda.device_array(1, dtype=dt)  # noqa: E731
     x, i32, i64 = d(np.float64), d(np.int32), d(np.int64)
     return {"own_dist2": (x, 1, 1, 1, i32, x, 1, x),
             "silhouette": (x, 1, 1, 1, 1, 1, i32, x, i64, x, x, x, False, x, x, x),
-            "sample_pairs": (x, 1, 1, 1, 1, x),
+            "sample_pairs": (x, 1, 1, 1, x),
             "sample_sums": (x, 1, i64, i64, 1, 1, 1, x)}
 
 
@@ -243,16 +243,15 @@ class DeviceScoreRows:
         """``accumulate`` over every row: per cluster, the limbs of ``w x_j`` (``m`` columns and the weights) at
         ``factors`` into ``sums`` and of ``w values`` at ``sf`` into ``sse``."""
         k = self.k
-        jc, copies = sum_layout(k, m, SMEM_BYTES)
-        smem = sum_shared_bytes(k, jc, copies)
+        lay = step_layout(k, m)
         weighted = self.w is not None
         disp, kern = self.kernels["accumulate"]
-        allow_shared(kern, smem)
+        allow_shared(kern, lay.sum_smem)
         counters = cuda.device_array(2, dtype=np.int64)
         launch(disp, kern, (x, self.ld, self.n, m, k, self.labels, self.labels, values,
-                            self.w if weighted else values, weighted, True, factors[0], factors[1], sf[0], sf[1], jc,
-                            copies, sums, sse, counters),
-               (max(1, -(-self.n // SUM_ROWS)), -(-(m + 1) // jc)), STEP_NT, 0, smem)
+                            self.w if weighted else values, weighted, True, factors[0], factors[1], sf[0], sf[1], lay.jc,
+                            lay.copies, sums, sse, counters),
+               lay.sum_grid(self.n, m), STEP_NT, 0, lay.sum_smem)
 
     def cluster_sums(self, ref: np.ndarray, scales: Scales, ref_exp: int) -> tuple:
         """Per cluster, the fixed-point sums of ``w x`` and ``w`` at ``scales``, and of ``w |x - ref_a|^2``
@@ -340,7 +339,7 @@ class DeviceScoreRows:
         sums, sums_k = self.kernels["sample_sums"]
         for t0 in range(lo, hi, batch):
             tb = min(batch, hi - t0)
-            launch(pairs, pairs_k, (xt, s, xs.shape[1], t0, tb, dist), (-(-s // (PT * PR)), tb), PT)
+            launch(pairs, pairs_k, (xt, s, xs.shape[1], t0, dist), (-(-s // (PT * PR)), tb), PT)
             launch(sums, sums_k, (dist, s, perm, starts, t0, tb, nlab, dout), (-(-tb // NT), nlab), NT)
             out[t0 - lo:t0 - lo + tb] = dout.copy_to_host()[: tb * nlab].reshape(tb, nlab)
         return out
