@@ -23,9 +23,9 @@ weights (the means), of each row's squared distance to a reference point (the
 spread ``V``), of its squared and plain distance to its cluster's mean and of
 its silhouette.  Every per-row value depends on the row and on these global
 totals only, so the scores are the same bits at ``-np 1`` and ``-np 7``.  The
-sample is gathered on every rank; each rank sums the distances of its share of
-the sample's rows (a row's sums do not depend on who computes them), and the
-shares are gathered in row order.
+sample is gathered on every rank; each rank takes a share of the sample's rows
+and gives each row's silhouette (its sums, and so its value, do not depend on
+who computes them); the values are gathered in row order and averaged.
 
 **Passes.**  One pass of ``O(N M)`` for the means and spreads, one of ``O(N K M)``
 that gives each row's silhouette and, on the way, its distance to its
@@ -305,9 +305,15 @@ class HostScoreRows:
         return np.stack([cluster_sums(self.labels, v, w, self.k, e)
                          for v, e in zip((own, np.sqrt(own), sil), exponents)])
 
-    def sample_sums(self, xs: np.ndarray, lab: np.ndarray, nlab: int, lo: int, hi: int) -> np.ndarray:
-        """:func:`sample_label_sums` (the sample's rows are given: they are every rank's)."""
-        return sample_label_sums(xs, lab, nlab, lo, hi)
+    def sample_silhouettes(self, xs: np.ndarray, lab: np.ndarray, nlab: int, lo: int, hi: int) -> np.ndarray:
+        """:func:`row_silhouettes` of the sample's rows ``lo .. hi-1`` (the sample's rows are given: they are
+        every rank's).
+
+        Returns
+        -------
+        ndarray, shape (hi - lo,), float64
+        """
+        return row_silhouettes(sample_label_sums(xs, lab, nlab, lo, hi), lab, nlab, lo)
 
 
 # ======================================================================== the scores
@@ -367,30 +373,35 @@ def sample_label_sums(xs: np.ndarray, lab: np.ndarray, nlab: int, lo: int, hi: i
     return out
 
 
-def silhouette_from_sums(sums: np.ndarray, lab: np.ndarray, nlab: int) -> float:
-    """scikit-learn's silhouette score from every sample row's :func:`sample_label_sums`.
+def row_silhouettes(sums: np.ndarray, lab: np.ndarray, nlab: int, lo: int = 0) -> np.ndarray:
+    """scikit-learn's silhouette of the sample's rows ``lo .. lo + len(sums) - 1`` from their
+    :func:`sample_label_sums`.
 
     Parameters
     ----------
-    sums : ndarray, shape (s, nlab), float64
+    sums : ndarray, shape (h, nlab), float64
     lab : ndarray, shape (s,), int64
+        The whole sample's labels (each label's size counts every row).
     nlab : int
+    lo : int
+        The sample row of ``sums[0]``.
 
     Returns
     -------
-    float
-        The mean of ``(b - a) / max(a, b)``, 0 for a row alone in its label.
+    ndarray, shape (h,), float64
+        ``(b - a) / max(a, b)`` of each row, 0 for a row alone in its label.
     """
-    s = len(lab)
+    h = len(sums)
     freqs = np.bincount(lab, minlength=nlab).astype(np.float64)
-    rows = np.arange(s)
+    own = lab[lo:lo + h]
+    rows = np.arange(h)
     with np.errstate(divide="ignore", invalid="ignore"):
-        intra = sums[rows, lab] / (freqs[lab] - 1.0)  # 0/0 for a label of one row: 0 below
+        intra = sums[rows, own] / (freqs[own] - 1.0)  # 0/0 for a label of one row: 0 below
         others = sums / freqs
-        others[rows, lab] = np.inf
+        others[rows, own] = np.inf
         inter = others.min(axis=1)
         sil = (inter - intra) / np.maximum(intra, inter)
-    return float(np.mean(np.nan_to_num(sil)))
+    return np.nan_to_num(sil)
 
 
 def sampled_silhouette(xs: np.ndarray, labels: np.ndarray) -> float | None:
@@ -410,7 +421,7 @@ def sampled_silhouette(xs: np.ndarray, labels: np.ndarray) -> float | None:
     nlab = len(present)
     if not 1 < nlab < len(lab):
         return None
-    return silhouette_from_sums(sample_label_sums(xs, lab, nlab, 0, len(lab)), lab, nlab)
+    return float(np.mean(row_silhouettes(sample_label_sums(xs, lab, nlab, 0, len(lab)), lab, nlab)))
 
 
 def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: np.ndarray | None = None,
@@ -451,8 +462,8 @@ def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: 
         Host threads of the fixed-point sums.
     rows : object, optional
         The two passes over the rows where the rows are (a backend's
-        :meth:`~mpikmeans.backends.base.Backend.score_rows` for these labels):
-        and the sampled silhouette's sums: the same integers and bits as
+        :meth:`~mpikmeans.backends.base.Backend.score_rows` for these labels)
+        and the sampled silhouette's per-row values: the same integers and bits as
         :class:`HostScoreRows`, which reads ``x`` when omitted.  The sample's
         rows are always gathered from ``x``.
 
@@ -568,10 +579,9 @@ def quality_scores(comm, x: np.ndarray, labels: np.ndarray, k: int, *, weights: 
         present_s, lab = np.unique(np.concatenate([lp for _, lp in pieces]), return_inverse=True)
         taken, nlab = len(lab), len(present_s)
         if 1 < nlab < taken:
-            # every rank its share of the sample's rows; their sums gathered in row order
+            # every rank its share of the sample's rows; their silhouettes gathered in row order
             lo, hi = taken * comm.rank // comm.size, taken * (comm.rank + 1) // comm.size
-            sums = np.vstack(comm.allgather(passes.sample_sums(xs, lab, nlab, lo, hi)))
-            sample = silhouette_from_sums(sums, lab, nlab)
+            sample = float(np.mean(np.concatenate(comm.allgather(passes.sample_silhouettes(xs, lab, nlab, lo, hi)))))
         if sample is None and undefined is None:
             undefined = "the sample has fewer than 2 clusters, or one row per cluster: no sampled silhouette"
 
@@ -611,4 +621,4 @@ def _davies_bouldin(means: np.ndarray, mean_dist: np.ndarray) -> float:
 
 __all__ = ["DEFAULT_SAMPLE", "HostScoreRows", "SCORE_CHOICES", "SCORE_NAMES", "all_dist2", "quality_scores",
            "sample_indices",
-           "sample_label_sums", "sampled_silhouette", "silhouette_from_sums"]
+           "row_silhouettes", "sample_label_sums", "sampled_silhouette"]

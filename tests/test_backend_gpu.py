@@ -594,7 +594,7 @@ def test_every_gpu_kernel_types_for_its_launch_arguments_without_a_gpu():
     names = set(json.loads(r.stdout.strip().splitlines()[-1]))
     assert {"km_screen", "km_recheck", "km_accumulate", "km_keep", "km_transpose", "km_block_max", "km_gather",
             "km_d2", "km_nearest", "km_fixed_blocks", "km_potentials", "km_own_dist2", "km_silhouette",
-            "km_sample_pairs", "km_sample_sums"} <= names, names
+            "km_sample_pairs", "km_sample_sums", "km_sample_rows"} <= names, names
 
 
 # --------------------------------------------------------------------------------------

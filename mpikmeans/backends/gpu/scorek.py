@@ -10,9 +10,11 @@ the sums a step already makes (the step's ``accumulate`` kernel gives those):
   device in one pass, the first two as columns of rows and the third as a
   squared distance (only ``3 K`` totals cross to the host);
 
-and the sampled silhouette's sums: ``sample_pairs`` measures every pair of the
-sample's rows (a batch of rows at a time, against all of them), then
-``sample_sums`` adds each row's distances to each label's rows, in row order.
+and the sampled silhouette: ``sample_pairs`` measures every pair of the
+sample's rows (a batch of rows at a time, against all of them),
+``sample_sums`` adds each row's distances to each label's rows, in row order,
+and ``sample_rows`` turns each row's sums into its silhouette, so only one
+value a row crosses to the host.
 
 Every squared distance adds ``(x_j - c_j)^2`` in attribute order with one
 rounding per product and per sum (no FMA), and every other operation is the host
@@ -57,8 +59,8 @@ PAIR_BYTES = (256 << 10) if SIM else (64 << 20)
 
 @functools.lru_cache(maxsize=None)
 def score_kernels() -> dict:
-    """The two passes and the sample's sums, for rows stored as float64 (the scores read the rows the run
-    clustered).
+    """The two passes and the sampled silhouette's three kernels, for rows stored as float64 (the scores read
+    the rows the run clustered).
 
     Kernel arguments (arrays 1-D on the device; ``x[j * ld + i]``; grid: one thread a row)
     -------------------------------------------------------------------------------------
@@ -81,6 +83,10 @@ def score_kernels() -> dict:
         ``l``'s at ``starts[l] .. starts[l + 1]``; grid ``(ceil(tb / NT), nlab)``;
         ``out[t * nlab + l]`` for ``t < tb``: row ``t0 + t``'s distances to label ``l``'s rows
         summed, itself left out.
+    sample_rows(sums, t0, tb, nlab, lab, starts, lo, out)
+        ``sums`` ``sample_sums``' ``out``; ``lab`` int64 ``(s,)`` the sample's labels; grid
+        ``ceil(tb / NT)``; ``out[t0 - lo + t]``: row ``t0 + t``'s silhouette
+        (:func:`mpikmeans.scores.row_silhouettes`).
     """
 
     def km_own_dist2(x, ld, n, m, labels, reft, k, d2):
@@ -198,8 +204,30 @@ def score_kernels() -> dict:
                 acc += dist[t * s + r]
         out[t * nlab + lab] = acc
 
+    def km_sample_rows(sums, t0, tb, nlab, lab, starts, lo, out):
+        # thread t: sample row t0 + t's silhouette from its sums, scores.row_silhouettes' operations in its
+        # order (a label's size from starts); 0 for a row alone in its label (0/0) or where a = b = 0
+        t = cuda.grid(1)
+        if t >= tb:
+            return
+        own = lab[t0 + t]
+        a = sums[t * nlab + own] / (float64(starts[own + 1] - starts[own]) - 1.0)
+        b = math.inf
+        for q in range(nlab):
+            if q != own:
+                v = sums[t * nlab + q] / float64(starts[q + 1] - starts[q])
+                if v < b:
+                    b = v
+        value = 0.0
+        if a == a:
+            top = a if a > b else b
+            if top > 0.0:
+                value = (b - a) / top
+        out[t0 - lo + t] = value
+
     return {"own_dist2": cuda.jit(km_own_dist2), "silhouette": cuda.jit(km_silhouette),
-            "sample_pairs": cuda.jit(km_sample_pairs), "sample_sums": cuda.jit(km_sample_sums)}
+            "sample_pairs": cuda.jit(km_sample_pairs), "sample_sums": cuda.jit(km_sample_sums),
+            "sample_rows": cuda.jit(km_sample_rows)}
 
 
 def score_example_args() -> dict:
@@ -209,7 +237,8 @@ def score_example_args() -> dict:
     return {"own_dist2": (x, 1, 1, 1, i32, x, 1, x),
             "silhouette": (x, 1, 1, 1, 1, 1, i32, x, i64, x, x, x, False, x, x, x),
             "sample_pairs": (x, 1, 1, 1, x),
-            "sample_sums": (x, 1, i64, i64, 1, 1, 1, x)}
+            "sample_sums": (x, 1, i64, i64, 1, 1, 1, x),
+            "sample_rows": (x, 1, 1, 1, i64, i64, 1, x)}
 
 
 class DeviceScoreRows:
@@ -226,8 +255,8 @@ class DeviceScoreRows:
         Every row's cluster, ``0 .. k-1``.
     k : int
     kernels : dict
-        ``own_dist2``, ``silhouette``, ``sample_sums`` and ``accumulate`` (the step's): (dispatcher, compiled
-        kernel).
+        ``own_dist2``, ``silhouette``, ``sample_pairs``, ``sample_sums``, ``sample_rows`` and ``accumulate``
+        (the step's): (dispatcher, compiled kernel).
     """
 
     def __init__(self, x, ld: int, n: int, m: int, weights, labels: np.ndarray, k: int, kernels: dict):
@@ -309,8 +338,9 @@ class DeviceScoreRows:
         sums = host[:12 * k].reshape(k, 3, 4)
         return np.stack([sums[:, 0], sums[:, 1], host[12 * k:].reshape(k, 4)])
 
-    def sample_sums(self, xs: np.ndarray, lab: np.ndarray, nlab: int, lo: int, hi: int) -> np.ndarray:
-        """:func:`mpikmeans.scores.sample_label_sums` on the device: the same sums, the same bits.
+    def sample_silhouettes(self, xs: np.ndarray, lab: np.ndarray, nlab: int, lo: int, hi: int) -> np.ndarray:
+        """:func:`mpikmeans.scores.row_silhouettes` of the sample's rows ``lo .. hi-1`` on the device: the
+        host's sums and values, the same bits; only the values cross to the host.
 
         Parameters
         ----------
@@ -320,26 +350,27 @@ class DeviceScoreRows:
 
         Returns
         -------
-        ndarray, shape (hi - lo, nlab), float64
+        ndarray, shape (hi - lo,), float64
         """
         s = len(lab)
-        out = np.empty((hi - lo, nlab))
         if hi <= lo:
-            return out
+            return np.empty(0)
         lab = np.asarray(lab, dtype=np.int64)
         order = np.argsort(lab, kind="stable").astype(np.int64)
         perm = cuda.to_device(order)
         starts = cuda.to_device(np.searchsorted(lab[order], np.arange(nlab + 1)).astype(np.int64))
+        dlab = cuda.to_device(lab)
         xt = cuda.to_device(np.ascontiguousarray(np.asarray(xs, dtype=np.float64).T).ravel())
         # a batch of rows' distances to every row at a time, in PAIR_BYTES of device memory
         batch = max(1, min(hi - lo, PAIR_BYTES // (8 * s)))
         dist = cuda.device_array(batch * s, dtype=np.float64)
-        dout = cuda.device_array(batch * nlab, dtype=np.float64)
-        pairs, pairs_k = self.kernels["sample_pairs"]
-        sums, sums_k = self.kernels["sample_sums"]
+        sums = cuda.device_array(batch * nlab, dtype=np.float64)
+        out = cuda.device_array(hi - lo, dtype=np.float64)
+        (pairs, pairs_k), (add, add_k), (rows, rows_k) = (self.kernels[name] for name in
+                                                         ("sample_pairs", "sample_sums", "sample_rows"))
         for t0 in range(lo, hi, batch):
             tb = min(batch, hi - t0)
             launch(pairs, pairs_k, (xt, s, xs.shape[1], t0, dist), (-(-s // (PT * PR)), tb), PT)
-            launch(sums, sums_k, (dist, s, perm, starts, t0, tb, nlab, dout), (-(-tb // NT), nlab), NT)
-            out[t0 - lo:t0 - lo + tb] = dout.copy_to_host()[: tb * nlab].reshape(tb, nlab)
-        return out
+            launch(add, add_k, (dist, s, perm, starts, t0, tb, nlab, sums), (-(-tb // NT), nlab), NT)
+            launch(rows, rows_k, (sums, t0, tb, nlab, dlab, starts, lo, out), -(-tb // NT), NT)
+        return out.copy_to_host()
