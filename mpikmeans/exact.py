@@ -197,6 +197,30 @@ def column_limb_sums(x: np.ndarray, scales: np.ndarray, center: np.ndarray | Non
     return hi.sum(axis=0), lo.sum(axis=0)
 
 
+def first_above(hi_c: np.ndarray, lo_c: np.ndarray, t: int) -> int:
+    """The first index whose exact prefix ``hi_c * 2**27 + lo_c`` exceeds ``t``.
+
+    Parameters
+    ----------
+    hi_c, lo_c : ndarray, shape (p,), int64
+        Cumulative limb sums (:func:`limb_sums` of consecutive parts, accumulated): non-decreasing
+        prefixes whose last exceeds ``t``.
+    t : int
+
+    Returns
+    -------
+    int
+    """
+    lo, hi = 0, len(hi_c) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if limbs_to_int(hi_c[mid], lo_c[mid]) > t:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 class HostFixed:
     """Fixed-point weights of this rank's rows held in host memory: exact total and prefix search.
 
@@ -220,15 +244,7 @@ class HostFixed:
         """The first local row whose exact inclusive prefix sum exceeds ``t`` (``0 <= t < total``)."""
         if self._prefix is None:
             self._prefix = (np.cumsum(self.q >> LIMB, dtype=np.int64), np.cumsum(self.q & LIMB_MASK, dtype=np.int64))
-        hi_c, lo_c = self._prefix
-        lo, hi = 0, len(hi_c) - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if limbs_to_int(hi_c[mid], lo_c[mid]) > t:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        return first_above(*self._prefix, t)
 
 
 class BlockFixed:
@@ -237,7 +253,8 @@ class BlockFixed:
     A backend sums each block's ``to_fixed(w * D², s)`` where the rows live (threads,
     a GPU); a draw finds its block by the blocks' exact prefix sums, then asks for
     that block's ``w * D²`` alone and finds the row there with the same integers
-    (:class:`HostFixed`): no prefix sums over all rows.
+    (:class:`HostFixed`): no prefix sums over all rows.  Any number of blocks finds
+    the same rows; more, smaller blocks make a draw's share cheaper.
 
     Parameters
     ----------
@@ -247,20 +264,29 @@ class BlockFixed:
         The fixed-point scale.
     n, nb : int
         Rows and blocks; block ``b`` is rows ``n b / nb`` to ``n (b + 1) / nb``.
-    block_totals : list of int
-        Each block's exact total.
+    hi, lo : ndarray, shape (nb,), int64
+        Each block's exact total as its two limbs (:func:`limb_sums`).
+
+    Attributes
+    ----------
+    total : int
+        The exact sum over every block.
+    hi_c, lo_c : ndarray, shape (nb,), int64
+        The blocks' cumulative limbs: block ``b`` ends at ``hi_c[b] * 2**27 + lo_c[b]``.
     """
 
-    def __init__(self, block_values, s: int, n: int, nb: int, block_totals: list):
+    def __init__(self, block_values, s: int, n: int, nb: int, hi: np.ndarray, lo: np.ndarray):
         self.block_values, self.s, self.n, self.nb = block_values, s, n, nb
-        self.ends = list(itertools.accumulate(block_totals))
-        self.total = self.ends[-1] if self.ends else 0
+        self.hi_c = np.cumsum(hi, dtype=np.int64)
+        self.lo_c = np.cumsum(lo, dtype=np.int64)
+        self.total = limbs_to_int(self.hi_c[-1], self.lo_c[-1]) if nb else 0
 
     def find(self, t: int) -> int:
         """The first local row whose exact inclusive prefix sum exceeds ``t`` (``0 <= t < total``)."""
-        b = bisect.bisect_right(self.ends, t)
+        b = first_above(self.hi_c, self.lo_c, t)
+        before = limbs_to_int(self.hi_c[b - 1], self.lo_c[b - 1]) if b else 0
         a, z = self.n * b // self.nb, self.n * (b + 1) // self.nb
-        return a + HostFixed(to_fixed(self.block_values(a, z), self.s)).find(t - (self.ends[b - 1] if b else 0))
+        return a + HostFixed(to_fixed(self.block_values(a, z), self.s)).find(t - before)
 
 
 def draw_rows(comm, x: np.ndarray, row_offset: int, q, r53) -> tuple[np.ndarray, np.ndarray]:

@@ -86,8 +86,9 @@ def test_prefix_searches_find_every_rows_first_and_last_target(nb):
     n = len(q)
     ends = list(itertools.accumulate(int(v) for v in q))
     blocks = [q[n * b // nb:n * (b + 1) // nb] for b in range(nb)]
-    totals = [sum(int(v) for v in block) for block in blocks]
-    searches = [HostFixed(q), BlockFixed(lambda a, z: q[a:z].astype(np.float64), 0, n, nb, totals)]
+    hi = np.array([int((block >> 27).sum()) for block in blocks], dtype=np.int64)
+    lo = np.array([int((block & (2**27 - 1)).sum()) for block in blocks], dtype=np.int64)
+    searches = [HostFixed(q), BlockFixed(lambda a, z: q[a:z].astype(np.float64), 0, n, nb, hi, lo)]
     for fixed in searches:
         assert fixed.total == ends[-1]
     for i in np.flatnonzero(q):

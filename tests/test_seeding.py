@@ -33,7 +33,7 @@ from mpikmeans.backends.cpu.seeding import (  # noqa: E402
 )
 from mpikmeans.backends.cpu.tiles import _tile_rows  # noqa: E402
 from mpikmeans.comm import SerialComm  # noqa: E402
-from mpikmeans.exact import fixed_scale, scale_factors  # noqa: E402
+from mpikmeans.exact import fixed_scale, limbs_to_int, scale_factors  # noqa: E402
 from mpikmeans.fixedsums import Scales  # noqa: E402
 from mpikmeans.init import init_kmeanspp  # noqa: E402
 
@@ -223,7 +223,8 @@ def test_block_totals_draw_the_rows_a_full_prefix_sum_draws(weighted, n):
     assert isinstance(ref, HostFixed) and ours.total == ref.total
     if ref.total:
         targets = set(rng.integers(0, ref.total, size=200).tolist()) | {0, ref.total - 1}
-        targets |= {e for e in ours.ends if e < ref.total} | {e - 1 for e in ours.ends if 0 < e <= ref.total}
+        ends = [limbs_to_int(h, lo) for h, lo in zip(ours.hi_c, ours.lo_c)]
+        targets |= {e for e in ends if e < ref.total} | {e - 1 for e in ends if 0 < e <= ref.total}
         for t in sorted(targets):
             assert ours.find(t) == ref.find(t), t
 

@@ -258,7 +258,7 @@ class CPUBackend(Backend):
         def block_values(a: int, z: int) -> np.ndarray:
             return d2[a:z] if weights is None else d2[a:z] * weights[a:z]
 
-        return BlockFixed(block_values, s, n, nb, [limbs_to_int(*p) for p in zip(hi, lo)])
+        return BlockFixed(block_values, s, n, nb, hi, lo)
 
     def potentials(self, d2: np.ndarray, cands: np.ndarray, weights: np.ndarray | None, s: int) -> list:
         """Every candidate's exact potential in one threaded pass over the rows (see :meth:`Backend.potentials`).

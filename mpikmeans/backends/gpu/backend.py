@@ -492,7 +492,9 @@ class GPUBackend(Backend):
 
     def _fixed_blocks(self, d2, weights, s: int):
         """Exact limb sums and the largest ``w * D²`` of consecutive row blocks, on the host."""
-        nb = max(1, min(256, -(-self.n // initk.NT)))  # at most 256, as the CPU: few to add on the host a draw
+        # blocks of about DRAW_ROWS rows: a draw copies one block's D² to the host and searches it there,
+        # and the blocks' totals (3 words each) cross once a centre
+        nb = max(1, min(initk.MAX_DRAW_BLOCKS, -(-self.n // initk.DRAW_ROWS)))
         buf, limbs, vmax = self._small("fixed_blocks", 2 * nb, nb)
         f1, f2 = scale_factors(s)
         weighted = weights is not None
@@ -511,7 +513,7 @@ class GPUBackend(Backend):
         if not self._on_device(d2):
             return super().d2_fixed(d2, weights, s)
         nb, hi, lo, _ = self._fixed_blocks(d2, weights, s)
-        return BlockFixed(initk.device_values(d2, weights), s, self.n, nb, [limbs_to_int(*p) for p in zip(hi, lo)])
+        return BlockFixed(initk.device_values(d2, weights), s, self.n, nb, hi, lo)
 
     def _kept_buffer(self):
         """MAX_TRIALS x n float64 for the candidates' lowered D² (kept from pass to pass), where it needs at most

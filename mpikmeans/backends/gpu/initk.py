@@ -25,6 +25,9 @@ if cuda is not None:
 
 #: threads per block of every kernel here
 NT = 32 if SIM else 256
+#: rows of a block of the draws' exact totals (:func:`fixed_blocks_kernel`), and the most blocks
+DRAW_ROWS = 64 if SIM else 2048
+MAX_DRAW_BLOCKS = 1 << 14
 _LIMB_MASK = (1 << 27) - 1
 
 
@@ -80,6 +83,30 @@ def potentials_kernel(weighted: bool):
     assert T == 8, "the pass names its eight candidates' distances"
     WEIGHTED = weighted
 
+    @cuda.jit(device=True)
+    def attribute(xj, cands, base, d0, d1, d2_, d3, d4, d5, d6, d7):
+        # one attribute's term added to the eight candidates' distances; their values of it: two vector
+        # loads, no index arithmetic a candidate
+        c0, c1, c2, c3 = ld4(cands, base)
+        c4, c5, c6, c7 = ld4(cands, base + 4)
+        e = xj - c0
+        d0 = dadd_rn(d0, dmul_rn(e, e))
+        e = xj - c1
+        d1 = dadd_rn(d1, dmul_rn(e, e))
+        e = xj - c2
+        d2_ = dadd_rn(d2_, dmul_rn(e, e))
+        e = xj - c3
+        d3 = dadd_rn(d3, dmul_rn(e, e))
+        e = xj - c4
+        d4 = dadd_rn(d4, dmul_rn(e, e))
+        e = xj - c5
+        d5 = dadd_rn(d5, dmul_rn(e, e))
+        e = xj - c6
+        d6 = dadd_rn(d6, dmul_rn(e, e))
+        e = xj - c7
+        d7 = dadd_rn(d7, dmul_rn(e, e))
+        return d0, d1, d2_, d3, d4, d5, d6, d7
+
     def km_potentials(x, n, ld, m, cands, t, d2, w, f1, f2, acc, vmax, keep, kept):
         s_hi = cuda.shared.array(T, dtype=int64)
         s_lo = cuda.shared.array(T, dtype=int64)
@@ -100,27 +127,22 @@ def potentials_kernel(weighted: bool):
             a_vm[q] = 0.0
         for i in range(cuda.grid(1), n, cuda.gridsize(1)):
             d0 = d1 = d2_ = d3 = d4 = d5 = d6 = d7 = 0.0
-            for j in range(m):
-                xj = float64(x[j * ld + i])
-                # the 8 candidates' values of attribute j: two vector loads, no index arithmetic a candidate
-                c0, c1, c2, c3 = ld4(cands, j * T)
-                c4, c5, c6, c7 = ld4(cands, j * T + 4)
-                e = xj - c0
-                d0 = dadd_rn(d0, dmul_rn(e, e))
-                e = xj - c1
-                d1 = dadd_rn(d1, dmul_rn(e, e))
-                e = xj - c2
-                d2_ = dadd_rn(d2_, dmul_rn(e, e))
-                e = xj - c3
-                d3 = dadd_rn(d3, dmul_rn(e, e))
-                e = xj - c4
-                d4 = dadd_rn(d4, dmul_rn(e, e))
-                e = xj - c5
-                d5 = dadd_rn(d5, dmul_rn(e, e))
-                e = xj - c6
-                d6 = dadd_rn(d6, dmul_rn(e, e))
-                e = xj - c7
-                d7 = dadd_rn(d7, dmul_rn(e, e))
+            # four attributes' values requested before any is used: four loads in flight a thread
+            j = 0
+            while j + 4 <= m:
+                xa = float64(x[j * ld + i])
+                xb = float64(x[(j + 1) * ld + i])
+                xc = float64(x[(j + 2) * ld + i])
+                xd = float64(x[(j + 3) * ld + i])
+                d0, d1, d2_, d3, d4, d5, d6, d7 = attribute(xa, cands, j * T, d0, d1, d2_, d3, d4, d5, d6, d7)
+                d0, d1, d2_, d3, d4, d5, d6, d7 = attribute(xb, cands, (j + 1) * T, d0, d1, d2_, d3, d4, d5, d6, d7)
+                d0, d1, d2_, d3, d4, d5, d6, d7 = attribute(xc, cands, (j + 2) * T, d0, d1, d2_, d3, d4, d5, d6, d7)
+                d0, d1, d2_, d3, d4, d5, d6, d7 = attribute(xd, cands, (j + 3) * T, d0, d1, d2_, d3, d4, d5, d6, d7)
+                j += 4
+            while j < m:
+                d0, d1, d2_, d3, d4, d5, d6, d7 = attribute(float64(x[j * ld + i]), cands, j * T,
+                                                            d0, d1, d2_, d3, d4, d5, d6, d7)
+                j += 1
             dd[0] = d0
             dd[1] = d1
             dd[2] = d2_
@@ -230,7 +252,7 @@ def nearest_kernel():
 
 def device_values(d2, weights):
     """For :class:`mpikmeans.exact.BlockFixed`: rows ``a .. z-1``' ``w * D²`` from D² on the device
-    (one block's values, n / 256 of them, copied to the host for each draw)."""
+    (one block's values, about :data:`DRAW_ROWS` of them, copied to the host for each draw)."""
     def block_values(a: int, z: int):
         v = d2[a:z].copy_to_host()
         return v if weights is None else v * weights[a:z]
