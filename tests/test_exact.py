@@ -86,8 +86,7 @@ def test_prefix_searches_find_every_rows_first_and_last_target(nb):
     n = len(q)
     ends = list(itertools.accumulate(int(v) for v in q))
     blocks = [q[n * b // nb:n * (b + 1) // nb] for b in range(nb)]
-    hi = np.array([int((block >> 27).sum()) for block in blocks], dtype=np.int64)
-    lo = np.array([int((block & (2**27 - 1)).sum()) for block in blocks], dtype=np.int64)
+    hi, lo = np.array([limb_sums(block) for block in blocks], dtype=np.int64).T
     searches = [HostFixed(q), BlockFixed(lambda a, z: q[a:z].astype(np.float64), 0, n, nb, hi, lo)]
     for fixed in searches:
         assert fixed.total == ends[-1]
