@@ -29,7 +29,7 @@ import io
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -37,13 +37,13 @@ from . import __version__
 from .backends import BackendUnavailable, make_backend
 from .errors import InputError, MpikmeansError, RunError, UsageError
 from .fixedsums import Scales, cluster_sizes_and_sums, column_magnitudes, decode
-from .io.formats import ReadOptions, detect, read_header, read_local, results_dir
+from .io.formats import ReadOptions, detect, read_header, read_local, results_dir, shape
 from .io.output import (CLUSTERED, LABELS, RESULT_FILES, SUMMARY, ResultsDir, remove_quietly, write_parallel,
                         write_summary)
 from .io.textfmt import format_fixed
 from .io.wekaout import write_clustered_arff
 from .model import HeaderMatch, Model, load_model, match_header, match_names
-from .startup import DevicePreparation, prepare_read, rank_threads, start_driver
+from .startup import DevicePreparation, gpu_possible, prepare_read, rank_threads, start_driver
 from .scores import all_dist2
 
 log = logging.getLogger("mpikmeans")
@@ -54,6 +54,64 @@ DISTANCES = "distances.txt"
 TRANSFORM = "transform.npy"
 #: What predict writes beyond the files a run writes (:data:`mpikmeans.io.output.RESULT_FILES`)
 EXTRA_FILES = (DISTANCES, TRANSFORM)
+
+
+#: multiply-adds a second that one CPU thread's assignment sustains at least (its certified screen and
+#: exact recheck, on x86 cores with FMA): the cost model's CPU rate
+CPU_MADDS_PER_THREAD = 7.0e9
+#: bytes a second a rank's rows move from host memory to its GPU (pageable memory): the model's copy rate
+GPU_COPY_BYTES = 16.0e9
+#: seconds of a GPU's start the read does not hide (the device's context, the backend's set-up)
+GPU_START_S = 0.25
+
+
+def assignment_backend(requested: str, gpu_possible: bool, rank_rows: int, k: int, columns: int, itemsize: int,
+                       threads: int) -> str:
+    """The backend of one prediction: one assignment of every row, so a GPU pays only where the arithmetic
+    outweighs moving the rows there.
+
+    ==================================================  =========  ==================================
+    case                                                backend    why
+    ==================================================  =========  ==================================
+    ``--backend cpu`` or ``gpu``                        as asked
+    ``auto``, no GPU on the node                        ``cpu``
+    ``auto``, CPU estimate <= GPU estimate              ``cpu``    the copy to the device costs more
+                                                                   than the CPU's whole assignment
+    ``auto``, otherwise                                 ``gpu``
+    ==================================================  =========  ==================================
+
+    The estimates, per rank: the CPU's ``rows K M / (threads CPU_MADDS_PER_THREAD)``;
+    the GPU's ``rows M itemsize / GPU_COPY_BYTES + GPU_START_S`` (its arithmetic is
+    small beside the copy).  Both backends give the same labels to the bit, so the
+    choice changes only the time.  A run (many passes over rows that stay on the
+    device) does not ask this.
+
+    Parameters
+    ----------
+    requested : {"auto", "cpu", "gpu"}
+    gpu_possible : bool
+        The node has NVIDIA devices (:func:`mpikmeans.startup.gpu_possible`).
+    rank_rows : int
+        Rows of the largest rank's share (estimated for a text file).
+    k, columns : int
+        The model's centres and columns.
+    itemsize : int
+        Bytes of a value on the device (8 float64, 4 float32).
+    threads : int
+        CPU threads of a rank.
+
+    Returns
+    -------
+    str
+        ``"cpu"`` or ``"gpu"`` (``requested`` where it is not ``auto``).
+    """
+    if requested != "auto":
+        return requested
+    if not gpu_possible:
+        return "cpu"
+    cpu_s = rank_rows * k * columns / (max(1, threads) * CPU_MADDS_PER_THREAD)
+    gpu_s = rank_rows * columns * itemsize / GPU_COPY_BYTES + GPU_START_S
+    return "cpu" if cpu_s <= gpu_s else "gpu"
 
 
 @dataclass(frozen=True)
@@ -258,8 +316,15 @@ def predict_job(comm, model_path: str, data: str, cfg: PredictConfig,
 
 
 def _predict(comm, model: Model, model_path: str, data: str, cfg: PredictConfig, results, launched_at, t0: float):
-    start_driver(comm, cfg)  # the CUDA driver's part of a GPU's start, beside everything below
     threads = rank_threads(comm, cfg.threads)
+    if cfg.backend == "auto" and gpu_possible():
+        rank_rows = comm.from_root(lambda: shape(data, comm.size).rank_rows)
+        itemsize = np.dtype(cfg.dtype or model.dtype).itemsize
+        cfg = replace(cfg, backend=assignment_backend("auto", True, rank_rows, model.k, model.layout.columns,
+                                                      itemsize, threads))
+        if cfg.backend == "cpu":
+            log.info("--backend auto: the CPU assigns these rows sooner than they would move to the GPU")
+    start_driver(comm, cfg)  # the CUDA driver's part of a GPU's start, beside everything below
     prepare_read(comm, data, threads)
     t_ready = time.perf_counter()
     header = comm.from_root(lambda: _text_header(data))
@@ -392,5 +457,5 @@ def _predict(comm, model: Model, model_path: str, data: str, cfg: PredictConfig,
     return PredictOutcome(summary, results.path)
 
 
-__all__ = ["DISTANCES", "EXTRA_FILES", "TRANSFORM", "PredictConfig", "PredictOutcome", "PredictionDir",
+__all__ = ["DISTANCES", "assignment_backend", "EXTRA_FILES", "TRANSFORM", "PredictConfig", "PredictOutcome", "PredictionDir",
            "check_paths", "default_prediction_dir", "predict_job"]

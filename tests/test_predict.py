@@ -26,7 +26,7 @@ from mpikmeans.comm import SerialComm  # noqa: E402
 from mpikmeans.config import build_config  # noqa: E402
 from mpikmeans.model import load_model, save_model  # noqa: E402
 from mpikmeans.nominal import ONE  # noqa: E402
-from mpikmeans.predict import default_prediction_dir  # noqa: E402
+from mpikmeans.predict import assignment_backend, default_prediction_dir  # noqa: E402
 from mpikmeans.startup import read_input  # noqa: E402
 from mpikmeans.scores import all_dist2  # noqa: E402
 
@@ -313,3 +313,38 @@ def test_a_mean_model_without_fill_refuses_data_with_missing_values(mean_model, 
     r = cli([path, full, "-o", tmp_path / "new_out", "-q"])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "old_out" / "labels.txt").read_bytes() == (tmp_path / "new_out" / "labels.txt").read_bytes()
+
+
+@pytest.mark.parametrize("requested, possible, rows, k, columns, itemsize, threads, expected", [
+    ("cpu", True, 10**9, 1000, 100, 8, 1, "cpu"),      # asked: as asked, however large
+    ("gpu", True, 10, 2, 2, 8, 64, "gpu"),
+    ("auto", False, 10**9, 1000, 100, 8, 1, "cpu"),   # no GPU on the node
+    ("auto", True, 5 * 10**6, 50, 100, 8, 16, "cpu"),  # the specification's example, 16 threads: the copy costs more
+    ("auto", True, 5 * 10**6, 50, 100, 8, 2, "gpu"),   # the same on 2 threads: the arithmetic does
+    ("auto", True, 3 * 10**5, 1000, 257, 8, 16, "gpu"),  # many centres
+    ("auto", True, 1000, 1000, 257, 8, 16, "cpu"),     # too few rows to pay for the GPU's start
+    ("auto", True, 10**7, 64, 100, 4, 16, "gpu"),      # float32 halves the copy
+])
+def test_the_prediction_backend_follows_its_table(requested, possible, rows, k, columns, itemsize, threads, expected):
+    assert assignment_backend(requested, possible, rows, k, columns, itemsize, threads) == expected
+
+
+def test_auto_predicts_on_the_cpu_where_the_copy_would_cost_more(blobs, trained, tmp_path, cli, monkeypatch):
+    """A node with a GPU, a model of few centres: ``auto`` assigns on the CPU, and no GPU is started."""
+    import mpikmeans.predict as predict_module
+
+    asked = []
+    real = predict_module.DevicePreparation
+
+    def preparation(comm, cfg):
+        asked.append(cfg.backend)
+        return real(comm, cfg)
+
+    monkeypatch.setattr(predict_module, "gpu_possible", lambda: True)
+    monkeypatch.setattr(predict_module, "DevicePreparation", preparation)
+    model, _ = trained
+    r = cli([model, blobs, "-o", tmp_path / "p", "-q"])
+    assert r.exit_code == 0, r.output
+    assert asked == ["cpu"]  # the GPU's start is never begun
+    summary = json.loads((tmp_path / "p" / "summary.json").read_text())
+    assert summary["backend"] == "cpu"

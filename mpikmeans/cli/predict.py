@@ -18,7 +18,9 @@ from .app import _guarded, main
               help="Also write transform.npy: each row's distance to every centre (rows x K, float64).")
 @click.option("--write-arff", is_flag=True,
               help="Also write clustered.arff: the rows with a nominal cluster attribute (Weka's AddCluster).")
-@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+              help="auto: the GPU where one is there and the assignment outweighs moving the rows to it, else the CPU "
+              "(the same labels either way).")
 @click.option("--dtype", type=click.Choice(DTYPES), help="Precision of the rows on a GPU  [default: the model's]")
 @click.option("--ignore", help="More of DATA's attributes to leave out (names, first, last, 1-based indices, "
               "ranges); those the model left out are left out anyway.")
