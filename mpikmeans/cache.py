@@ -47,8 +47,9 @@ _KERNEL_MARKERS = (b"njit", b"numba.jit")
 
 #: Modules whose code is compiled into the GPU kernels (their store's keys hold these sources' hash).
 GPU_SOURCES = tuple(os.path.join(_PACKAGE, *f.split("/"))
-                    for f in ("backends/gpu/intrinsics.py", "backends/gpu/stepk.py", "backends/gpu/rows.py",
-                              "backends/gpu/initk.py", "backends/gpu/scorek.py", "fixedsums.py"))
+                    for f in ("backends/gpu/intrinsics.py", "backends/gpu/stepk.py", "backends/gpu/gemmk.py",
+                              "backends/gpu/rows.py", "backends/gpu/initk.py", "backends/gpu/scorek.py",
+                              "fixedsums.py"))
 
 
 def cache_root() -> str:

@@ -61,7 +61,7 @@ _SIM_PROGRAM = textwrap.dedent(
 
     def layout(k, m):
         lay = _layout(k, m)
-        SEEN["layouts"].add((lay.tile[1], lay.chunk < lay.ntiles, lay.copies, -(-(m + 1) // lay.jc)))
+        SEEN["layouts"].add((lay.tile[1], lay.chunk < lay.ntiles, lay.copies, -(-(m + 1) // lay.jc), lay.screen))
         return lay
 
     def base_farthest(self, centres, count):
@@ -104,9 +104,13 @@ _SIM_PROGRAM = textwrap.dedent(
         OUT[fn.__name__] = out
         return fn
 
-    def both(x, start, dtype="float64", chunk=None, weights=None, smem=None, **kw):
-        # the same run on the CPU and on the GPU backend; smem: the policy's shared-memory budget
+    GEMM_MIN_K = P.GEMM_MIN_K
+
+    def both(x, start, dtype="float64", chunk=None, weights=None, smem=None, gemm_from=None, **kw):
+        # the same run on the CPU and on the GPU backend; smem: the policy's shared-memory budget; gemm_from:
+        # the GEMM screen from this K (tiny shapes reach it)
         P.SMEM_BYTES = smem or SMEM
+        P.GEMM_MIN_K = GEMM_MIN_K if gemm_from is None else gemm_from - 1
         try:
             out = {}
             for name in ("cpu", "gpu"):
@@ -122,6 +126,7 @@ _SIM_PROGRAM = textwrap.dedent(
             return out
         finally:
             P.SMEM_BYTES = SMEM
+            P.GEMM_MIN_K = GEMM_MIN_K
 
     # rows as starting centres: labels change for several steps (delta steps after the first)
     X8, _ = blobs(300, 6, 8, 1)
@@ -161,6 +166,31 @@ _SIM_PROGRAM = textwrap.dedent(
         # 4 KB a block: the 21 summed columns in two chunks (grid y), one copy of the sums
         x, _ = blobs(200, 20, 8, 5)
         return both(x, x[:8].copy(), smem=4096)
+
+    @scenario
+    def gemm_screen():
+        # the GEMM screen on one tile of centres, the last of them padding
+        x, _ = blobs(400, 5, 40, 2)
+        return both(x, x[:40].copy(), gemm_from=17)
+
+    @scenario
+    def gemm_many_centres():
+        # more centres than the register screen takes: several tiles of centres
+        x, _ = blobs(330, 3, G.policy.GEMM_MIN_K + 22, 12)
+        return both(x, x[:G.policy.GEMM_MIN_K + 22].copy())
+
+    @scenario
+    def gemm_streamed_weighted():
+        # more attributes than a slice (three slices), few centres (a wide layout padded), rows streamed
+        x, _ = blobs(260, 20, 6, 3)
+        w = np.random.default_rng(6).uniform(0.5, 2.0, len(x))
+        return both(x, x[:6].copy(), chunk=100, weights=w, gemm_from=2)
+
+    @scenario
+    def gemm_offset_float32():
+        # far from the origin, float32 rows: the shift and the certificate as in the register screen
+        x, _ = blobs(300, 6, 8, 10, offset=1.0e4, noise=0.3)
+        return both(x.astype(np.float32).astype(np.float64), x[:20].copy(), dtype="float32", gemm_from=2)
 
     def far_start(*which):
         start = X8[:8].copy()
@@ -380,6 +410,10 @@ LLOYD = {
     "dropped": dict(tile="small", staged=False, sums="copies", streaming=False, dropped=2),
     "ties": dict(tile="small", staged=False, sums="copies", streaming=False, relocated=1),
     "offset": dict(tile="small", staged=False, sums="copies", streaming=False),
+    "gemm_screen": dict(tile="wide", staged=False, sums="copies", streaming=False, screen="gemm"),
+    "gemm_many_centres": dict(tile="wide", staged=False, sums="copies", streaming=False, screen="gemm"),
+    "gemm_streamed_weighted": dict(tile="wide", staged=False, sums="copies", streaming=True, screen="gemm"),
+    "gemm_offset_float32": dict(tile="wide", staged=False, sums="copies", streaming=False, screen="gemm"),
 }
 
 
@@ -405,8 +439,9 @@ def test_sim_lloyd_scenarios_take_their_path(sim, name):
             "global": lambda copies, chunks: copies == 0}[want["sums"]]
     layouts = rec["seen"]["layouts"]
     assert len(layouts) == 1, layouts
-    tc, staged, copies, chunks = layouts[0]
+    tc, staged, copies, chunks, screen = layouts[0]
     assert tc == (small if want["tile"] == "small" else wide), layouts
+    assert screen == want.get("screen", "register"), layouts
     assert staged == want["staged"] and sums(copies, chunks), layouts
     assert rec["streaming"] == want["streaming"]
     kinds = rec["seen"]["kinds"]
@@ -592,7 +627,8 @@ def test_every_gpu_kernel_types_for_its_launch_arguments_without_a_gpu():
                        timeout=HANG_GUARD_S * 4)
     assert r.returncode == 0, r.stderr[-3000:]
     names = set(json.loads(r.stdout.strip().splitlines()[-1]))
-    assert {"km_screen", "km_recheck", "km_accumulate", "km_keep", "km_transpose", "km_block_max", "km_gather",
+    assert {"km_screen", "km_gemm_screen", "km_recheck", "km_accumulate", "km_keep", "km_transpose", "km_block_max",
+            "km_gather",
             "km_d2", "km_nearest", "km_fixed_blocks", "km_potentials", "km_own_dist2", "km_silhouette",
             "km_sample_pairs", "km_sample_sums", "km_sample_rows"} <= names, names
 
@@ -628,7 +664,8 @@ def _lloyd_record(backend, x, start, weights=None, **kw):
 @pytest.mark.parametrize("n,m,k,chunk,weighted,smem", [
     (200_000, 20, 8, None, False, None),       # the small tile
     (200_000, 50, 50, None, False, None),      # the wide tile, every column in shared memory
-    (100_000, 7, 300, None, False, None),      # many tiles of centres
+    (100_000, 7, 300, None, False, None),      # many tiles of centres: the GEMM screen
+    (120_000, 20, 160, 30_000, True, None),    # the GEMM screen, streamed and weighted
     (150_000, 30, 40, 40_000, False, None),    # streamed in chunks
     (150_000, 12, 20, 35_000, True, None),     # weighted and streamed
     (100_000, 16, 200, None, True, 4096),      # centres staged in chunks, sums in the global limbs
@@ -669,7 +706,7 @@ def test_gpu_empty_clusters_relocated_and_dropped_as_the_cpu():
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("k", [16, 64])
+@pytest.mark.parametrize("k", [16, 64, 200])
 def test_gpu_float32_storage_is_the_cpus_run_on_the_float32_rows(k):
     """float32 storage rounds the rows once; everything after is exact: the run is the CPU's on the rounded
     rows, to the bit (centres started inside blobs split them, so rows near those boundaries take other

@@ -468,8 +468,8 @@ def test_every_gpu_kernel_source_is_in_the_gpu_hash(machine, monkeypatch, tmp_pa
     warm markers hold the hash of :data:`GPU_SOURCES`: an edit of any of them must change it, or a kernel
     compiled from the old source is loaded after the edit.  Copies of the real sources, each edited in turn."""
     copies = _gpu_source_copies(tmp_path)
-    assert sorted(c.name for c in copies) == ["fixedsums.py", "initk.py", "intrinsics.py", "rows.py", "scorek.py",
-                                             "stepk.py"]
+    assert sorted(c.name for c in copies) == ["fixedsums.py", "gemmk.py", "initk.py", "intrinsics.py", "rows.py",
+                                             "scorek.py", "stepk.py"]
     # every module of the GPU package that compiles a kernel is among them
     gpu_dir = Path(C.__file__).parent / "backends" / "gpu"
     kernels = {f.name for f in gpu_dir.glob("*.py") if "cuda.jit(" in f.read_text()}

@@ -20,6 +20,7 @@ import pytest
 
 pytest.importorskip("numba")
 
+from mpikmeans.backends.gpu import gemmk as G  # noqa: E402
 from mpikmeans.backends.gpu import policy as P  # noqa: E402
 from mpikmeans.backends.gpu import stepk as S  # noqa: E402
 from mpikmeans.fixedsums import VBITS  # noqa: E402
@@ -80,7 +81,7 @@ def _doc_tables() -> tuple:
 def test_the_docstring_has_both_tables_with_every_row():
     kind_rows, layout_rows = _doc_tables()
     assert len(kind_rows) == 3 and all(len(r) == 3 for r in kind_rows), kind_rows
-    assert len(layout_rows) == 7 and all(len(r) == 2 for r in layout_rows), layout_rows
+    assert len(layout_rows) == 8 and all(len(r) == 2 for r in layout_rows), layout_rows
 
 
 def test_step_kind_table_is_the_function():
@@ -152,15 +153,18 @@ def _predicates(rows: list) -> list:
 def _claims(layout_text: str):
     """What a row's layout cell says, as a check on a :class:`~mpikmeans.backends.gpu.policy.StepLayout`."""
     t = layout_text
+    if "GEMM screen" in t:
+        return "gemm screen", lambda lay, m: lay.screen == P.GEMM
     tile = re.search(r"(\d+) rows x (\d+) centres", t)
     if tile:
         want = (int(tile.group(1)), int(tile.group(2)))
         return "tile", lambda lay, m: lay.tile == want
+    # the register screen's staging; the GEMM screen stages its own tiles (no dynamic shared memory)
     if "every centre once" in t:
-        return "resident centres", lambda lay, m: lay.chunk >= lay.ntiles
+        return "resident centres", lambda lay, m: lay.screen == P.GEMM or lay.chunk >= lay.ntiles
     if "a chunk of tiles at a time" in t:
         # one tile larger than the budget is a chunk of one (the kernel opts in to it: step_layout's docstring)
-        return "staged centres", lambda lay, m: lay.chunk < lay.ntiles or lay.chunk == 1
+        return "staged centres", lambda lay, m: lay.screen == P.GEMM or lay.chunk < lay.ntiles or lay.chunk == 1
     copies = re.search(r"every column, in up to (\d+) copies", t)
     if copies:
         top = int(copies.group(1))
@@ -203,6 +207,19 @@ def test_step_layout_table_is_the_function(monkeypatch):
                             wrong.append((rows[r][0], name, k, m, smem, lay))
     assert not wrong, "the table says otherwise than step_layout:\n" + "\n".join(map(str, wrong[:10]))
     assert all(hit), [rows[r][0] for r, h in enumerate(hit) if not h]
+
+
+def test_the_gemm_screen_takes_the_shapes_its_row_names_and_no_other():
+    """The table's ``K > N`` row of the GEMM screen names :data:`GEMM_MIN_K`; fewer centres take the register
+    screen (the table test checks the rows that hold; this checks the row that does not)."""
+    _, rows = _doc_tables()
+    (shape,) = [shape for shape, layout in rows if "GEMM screen" in layout]
+    assert re.fullmatch(r"K > (\d+)", shape.strip()).group(1) == str(P.GEMM_MIN_K)
+    for k in KS:
+        for m in MS:
+            lay = P.step_layout(k, m)
+            assert (lay.screen == P.GEMM) == (k > P.GEMM_MIN_K), (k, m, lay)
+            assert lay.screen_threads == (G.NT if lay.screen == P.GEMM else S.NT)
 
 
 def test_the_tables_tiles_are_the_kernels_tiles():
@@ -254,8 +271,10 @@ def test_step_layout_shared_memory_stays_in_the_budget(monkeypatch):
                 assert lay.sum_smem == S.sum_shared_bytes(k, lay.jc, lay.copies) <= smem - S.SUM_STATIC_BYTES, \
                     (k, m, smem, lay)
                 tile_bytes = m * lay.tile[1] * 4
-                # the screen takes one tile at least (the kernel opts in past the default where that is more)
-                assert lay.screen_smem == lay.chunk * tile_bytes <= max(smem, tile_bytes), (k, m, smem, lay)
+                # the register screen takes one tile at least (the kernel opts in past the default where that
+                # is more); the GEMM screen's shared memory is static
+                want = 0 if lay.screen == P.GEMM else lay.chunk * tile_bytes
+                assert lay.screen_smem == want <= max(smem, tile_bytes), (k, m, smem, lay)
                 assert lay.ntiles * lay.tile[1] >= k > (lay.ntiles - 1) * lay.tile[1]
                 assert 1 <= lay.chunk <= lay.ntiles
 
@@ -281,7 +300,8 @@ def test_the_grids_cover_every_row_and_column(n):
         assert (gx - 1) * S.SUM_ROWS < n <= gx * S.SUM_ROWS
         assert (gy - 1) * lay.jc < m + 1 <= gy * lay.jc
         blocks = lay.screen_grid(n, 132)
-        assert 1 <= blocks <= max(1, -(-n // (S.NT * lay.tile[0]))) and blocks <= 8 * 132
+        rows_a_block = G.BM if lay.screen == P.GEMM else S.NT * lay.tile[0]
+        assert 1 <= blocks <= max(1, -(-n // rows_a_block)) and blocks <= 8 * 132
 
 
 def test_int32_limb_headroom():

@@ -7,8 +7,9 @@ are resident, each chunk when they stream):
    pinned buffer and copied to the device in one copy;
 2. ``keep`` (``bounded`` steps): the rows whose lower bounds prove their label
    keep it; the others are listed;
-3. ``screen``: certified float32 nearest centre (:mod:`.stepk`) of every row, or
-   of the listed ones;
+3. ``screen``: certified float32 nearest centre of every row, or of the listed
+   ones (:mod:`.stepk`'s register screen, or for many centres :mod:`.gemmk`'s GEMM,
+   as :func:`.policy.step_layout` chooses);
 4. ``recheck``: exact float64 labels of the rows the screen could not certify;
 5. ``accumulate``: every row's exact SSE and the fixed-point sums of the rows
    that changed label (``delta``, ``bounded``) or of every row (``full``), as
@@ -34,7 +35,9 @@ from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
 from .hostk import fill_centres
 from .launch import allow_shared, launch, pinned
-from .policy import BOUNDED, FULL, step_kind, step_layout
+from . import gemmk
+from .gemmk import gemm_screen
+from .policy import BOUNDED, FULL, GEMM, step_kind, step_layout
 from .rows import DeviceRows, transpose_args, transpose_kernel, upload_soa
 from .scorek import NT as SCORE_NT
 from .scorek import DeviceScoreRows, score_example_args, score_kernels
@@ -78,8 +81,8 @@ def compile_kernels(dtype: str) -> dict:
     Returns
     -------
     dict
-        ``(name, tile)`` (the screen's register tile; None for the others) -> (dispatcher, compiled kernel or
-        None under the simulator)
+        ``(name, tile)`` (the register screen's tile, ``"gemm"`` for the GEMM screen; None for the others) ->
+        (dispatcher, compiled kernel or None under the simulator)
     """
     args = example_args(dtype)
     out = {}
@@ -89,6 +92,8 @@ def compile_kernels(dtype: str) -> dict:
             if name == "screen" or tile == SCREEN_TILES[0]:
                 key = (name, tile if name == "screen" else None)
                 out[key] = (disp[name], compiled(name, (dtype, tile, *_SPEC), disp[name], args[name]))
+    gk = gemm_screen(dtype)
+    out[("screen", GEMM)] = (gk, compiled("gemm_screen", (dtype, gemmk.TXN, gemmk.TYN, gemmk.BK), gk, args["screen"]))
     tk = transpose_kernel(dtype)
     out[("transpose", None)] = (tk, compiled("transpose", (dtype,), tk, transpose_args(dtype)))
     f64, i32, i64 = (cuda.device_array(1, dtype=t) for t in (np.float64, np.int32, np.int64))
@@ -284,12 +289,12 @@ class GPUBackend(Backend):
         c = self._centres.d
         tolf, tiny, big = certificate(self.m)
         _memset(counters[:1], stream)
-        disp, kern = ks[("screen", lay.tile)]
+        disp, kern = ks[("screen", GEMM if lay.screen == GEMM else lay.tile)]
         allow_shared(kern, lay.screen_smem)
         idx = self._idx if listed else flags
         launch(disp, kern, (x, ld, b - a, self.m, k, lay.ntiles, lay.chunk, c["cm"], c["cc"], c["sh"], c["zl"], tolf,
                             tiny, big, c["ct"], labels, d2, flags, counters, listed, idx, lb),
-               lay.screen_grid(b - a, self.limits.sm_count), NT, stream, lay.screen_smem)
+               lay.screen_grid(b - a, self.limits.sm_count), lay.screen_threads, stream, lay.screen_smem)
         disp, kern = ks[("recheck", None)]
         launch(disp, kern, (x, ld, self.m, k, c["ct"], flags, counters, labels, d2, lb),
                1 if SIM else 4 * self.limits.sm_count, RC_NT, stream)

@@ -35,10 +35,12 @@ the same kernels; an assignment without a step
 ==========================================  ===============================================================
 shape                                       layout
 ==========================================  ===============================================================
-K <= 16                                     the screen's small register tile: 4 rows x 8 centres a thread
+K <= 16                                     the register screen's small tile: 4 rows x 8 centres a thread
 K > 16                                      the wide tile: 4 rows x 16 centres (a row read once per 16)
-``ceil(K / TC) * M * TC * 4`` bytes fit     the screen stages every centre once per block
-otherwise                                   the screen stages its centres a chunk of tiles at a time
+K > 128                                     the GEMM screen (:mod:`.gemmk`, :data:`GEMM_MIN_K`) instead,
+                                            on the wide tiles' centres: a row read once per 128 centres
+``ceil(K / TC) * M * TC * 4`` bytes fit     the register screen stages every centre once per block
+otherwise                                   the register screen stages its centres a chunk of tiles at a time
 ``24 K (M + 2) + 16`` bytes fit             the sums take every column, in up to 8 copies (one per warp)
 otherwise, while ``48 K + 16`` bytes fit    the sums take a chunk of columns per block (grid y)
 larger K                                    the sums go straight into the global limbs with atomics
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import gemmk
 from .stepk import NT, SCREEN_TILES, SUM_ROWS, sum_layout, sum_shared_bytes
 
 FULL = "full"
@@ -64,6 +67,13 @@ SMEM_BYTES = 48 * 1024
 
 #: the largest share of labels the last step may have changed for a ``bounded`` step
 BOUNDED_CHANGED = 0.25
+
+#: the most centres the register screen takes; more go to the GEMM screen, which reads a row once per 128
+#: centres rather than once per 16 (below, its tiles of 128 centres would be mostly padding)
+GEMM_MIN_K = 128
+
+REGISTER = "register"
+GEMM = "gemm"
 
 
 def step_kind(sums_kept: bool, bounds_kept: bool = False, changed: float = 0.0) -> str:
@@ -89,8 +99,11 @@ class StepLayout:
 
     Attributes
     ----------
+    screen : {"register", "gemm"}
+        Which screen runs (:data:`REGISTER`: :func:`.stepk.step_kernels`'s; :data:`GEMM`: :mod:`.gemmk`'s).
     tile : tuple
-        The screen's register tile ``(rows, centres)`` a thread (one of :data:`.stepk.SCREEN_TILES`).
+        The register screen's tile ``(rows, centres)`` a thread (one of :data:`.stepk.SCREEN_TILES`); the
+        centres' layout either screen reads is by tiles of ``tile[1]``.
     ntiles : int
         Register tiles of centres (the last one padded).
     chunk : int
@@ -103,6 +116,7 @@ class StepLayout:
         The accumulation's dynamic shared memory, bytes.
     """
 
+    screen: str
     tile: tuple
     ntiles: int
     chunk: int
@@ -117,7 +131,14 @@ class StepLayout:
 
     def screen_grid(self, n: int, sm_count: int) -> int:
         """Blocks of the screen: every multiprocessor several times over, at most one per tile of rows."""
+        if self.screen == GEMM:
+            return gemmk.gemm_grid(n, sm_count)
         return max(1, min(-(-n // (NT * self.tile[0])), 8 * sm_count))
+
+    @property
+    def screen_threads(self) -> int:
+        """Threads per block of the screen."""
+        return gemmk.NT if self.screen == GEMM else NT
 
 
 def step_layout(k: int, m: int) -> StepLayout:
@@ -128,11 +149,14 @@ def step_layout(k: int, m: int) -> StepLayout:
     ----------
     k, m : int
     """
-    tile = SCREEN_TILES[0] if k <= 16 else SCREEN_TILES[1]
+    gemm = k > GEMM_MIN_K
+    tile = SCREEN_TILES[1] if gemm or k > 16 else SCREEN_TILES[0]  # the GEMM screen reads the wide tiles' layout
     tc = tile[1]
     ntiles = -(-k // tc)
+    jc, copies = sum_layout(k, m, SMEM_BYTES)
+    sums = {"jc": jc, "copies": copies, "sum_smem": sum_shared_bytes(k, jc, copies)}
+    if gemm:  # its shared memory is static: none dynamic, no chunks
+        return StepLayout(screen=GEMM, tile=tile, ntiles=ntiles, chunk=ntiles, screen_smem=0, **sums)
     tile_bytes = m * tc * 4
     chunk = max(1, min(ntiles, SMEM_BYTES // tile_bytes))
-    jc, copies = sum_layout(k, m, SMEM_BYTES)
-    return StepLayout(tile=tile, ntiles=ntiles, chunk=chunk, screen_smem=chunk * tile_bytes, jc=jc, copies=copies,
-                      sum_smem=sum_shared_bytes(k, jc, copies))
+    return StepLayout(screen=REGISTER, tile=tile, ntiles=ntiles, chunk=chunk, screen_smem=chunk * tile_bytes, **sums)

@@ -73,7 +73,7 @@ _BIG = 1.0e30
 #: the 16-byte centre loads need an aligned shared base (the simulator refuses the argument)
 _SMEM_ALIGN = None if SIM else 16
 #: the bounds' relative slack is this plus a float64 distance's own rounding over M attributes (see
-#: ``slack`` in :func:`step_kernels`)
+#: ``slack`` in :func:`row_functions`)
 _LB_SLACK = 1e-12
 #: float64 unit roundoff
 _U64 = 2.0 ** -53
@@ -122,6 +122,53 @@ def sum_shared_bytes(k: int, jc: int, copies: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
+def row_functions() -> tuple:
+    """The device functions every screen and the exact kernels share: ``(exact_d2, slack, verdict)``.
+
+    ``exact_d2(x, ld, i, m, k, ct, c)``
+        Row ``i``'s exact float64 squared distance to centre ``c`` (``(x - c)^2`` summed in
+        attribute order, one rounding per operation: the CPU backend's number).
+    ``slack(m)``
+        The lower bounds' relative slack for ``m`` attributes.
+    ``verdict(x, ld, i, m, k, ct, yy, b1, b2, i1, zlim, tolf, tiny, big, labels, d2, flags, counters, lb)``
+        A screened row's end: where the gap between its float32 best ``b1`` (centre ``i1``) and
+        second best ``b2`` beats the certificate (:func:`certificate`, ``yy`` its ``|y|^2``),
+        its label, exact ``d2`` and lower bound are written; else it is listed in ``flags``
+        (counted in ``counters[0]``) for the recheck.
+    """
+
+    @cuda.jit(device=True)
+    def exact_d2(x, ld, i, m, k, ct, c):
+        d = 0.0
+        for j in range(m):
+            t = float64(x[uint64(j * ld + i)]) - ct[j * k + c]
+            d = dadd_rn(d, dmul_rn(t, t))
+        return d
+
+    @cuda.jit(device=True)
+    def slack(m):
+        # a lower bound is shrunk by this much, and the bound test leaves it on each side: above the
+        # rounding of a computed float64 distance against the true one (M products and sums), of a
+        # square root, a difference and the host's drift, so a row kept by the test is nearest to its
+        # centre by the computed distances too
+        return _LB_SLACK + 4.0 * (m + 4) * _U64
+
+    @cuda.jit(device=True)
+    def verdict(x, ld, i, m, k, ct, yy, b1, b2, i1, zlim, tolf, tiny, big, labels, d2, flags, counters, lb):
+        scale = yy + zlim
+        if b2 - b1 > tolf * scale + tiny and scale < big:
+            labels[i] = i1
+            d2[i] = exact_d2(x, ld, i, m, k, ct, i1)
+            # every other centre is at least this far: the second best less the screen's error
+            lo2 = float64(yy) + float64(b2) - float64(tolf) * float64(scale) - float64(tiny)
+            lb[i] = math.sqrt(lo2) * (1.0 - slack(m)) if lo2 > 0.0 else 0.0
+        else:
+            flags[cuda.atomic.add(counters, 0, 1)] = i
+
+    return exact_d2, slack, verdict
+
+
+@functools.lru_cache(maxsize=None)
 def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
     """The step's kernels for rows stored as ``storage`` (``float32`` or ``float64``), the screen's
     register tile ``tile`` (one of :data:`SCREEN_TILES`).
@@ -161,21 +208,7 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
     F32_INF = np.float32(np.inf)
     encode = cuda.jit(device=True)(encode_py)
 
-    @cuda.jit(device=True)
-    def exact_d2(x, ld, i, m, k, ct, c):
-        d = 0.0
-        for j in range(m):
-            t = float64(x[uint64(j * ld + i)]) - ct[j * k + c]
-            d = dadd_rn(d, dmul_rn(t, t))
-        return d
-
-    @cuda.jit(device=True)
-    def slack(m):
-        # a lower bound is shrunk by this much, and the bound test leaves it on each side: above the
-        # rounding of a computed float64 distance against the true one (M products and sums), of a
-        # square root, a difference and the host's drift, so a row kept by the test is nearest to its
-        # centre by the computed distances too
-        return _LB_SLACK + 4.0 * (m + 4) * _U64
+    exact_d2, slack, verdict = row_functions()
 
     @cuda.jit(device=True)
     def add6(sm, q, h, lo, sign):
@@ -301,16 +334,8 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
                             i1[r] = kk if lt1 else i1[r]
             for r in range(R):
                 if row0 + tid + r * NT < n:
-                    i = rows[r]
-                    scale = yy[r] + zlim
-                    if b2[r] - b1[r] > tolf * scale + tiny and scale < big:
-                        labels[i] = i1[r]
-                        d2[i] = exact_d2(x, ld, i, m, k, ct, i1[r])
-                        # every other centre is at least this far: the second best less the screen's error
-                        lo2 = float64(yy[r]) + float64(b2[r]) - float64(tolf) * float64(scale) - float64(tiny)
-                        lb[i] = math.sqrt(lo2) * (1.0 - slack(m)) if lo2 > 0.0 else 0.0
-                    else:
-                        flags[cuda.atomic.add(counters, 0, 1)] = i
+                    verdict(x, ld, rows[r], m, k, ct, yy[r], b1[r], b2[r], i1[r], zlim, tolf, tiny, big, labels, d2,
+                            flags, counters, lb)
 
     def km_recheck(x, ld, m, k, ct, flags, counters, labels, d2, lb):
         sd = cuda.shared.array(RC_NT, dtype=float64)
