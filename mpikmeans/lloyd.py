@@ -159,8 +159,9 @@ def _relocate_empty(comm, backend, x, row_offset, centres, merged: _Merged, weig
     """
     empty = np.flatnonzero(merged.empty())
     dist2, rows, labels = backend.farthest(centres, len(empty))
-    mine = [(-float(d), row_offset + int(i), int(a), x[i].copy(), 1.0 if weights is None else float(weights[i]))
-            for d, i, a in zip(dist2, rows, labels)]
+    # each row as the backend's sums hold it (a float32 store rounded it): taken out of them exactly
+    mine = [(-float(d), row_offset + int(i), int(a), backend.stored(x[i]),
+             1.0 if weights is None else float(weights[i])) for d, i, a in zip(dist2, rows, labels)]
     candidates = sorted((c for part in comm.allgather(mine) for c in part), key=lambda c: (c[0], c[1]))
     moved = 0
     for cluster, (neg_d, _, owner, row, w) in zip(empty, candidates):

@@ -207,6 +207,20 @@ _SIM_PROGRAM = textwrap.dedent(
         return both(X8, far_start(5), chunk=70, empty_cluster="farthest")
 
     @scenario
+    def float32_relocated():
+        # a float32 store and a cluster emptied: the relocated row leaves its old cluster's sums with the
+        # value the device summed (rounded once), so the run is the CPU's on the rounded rows, to the bit
+        rounded = X8.astype(np.float32).astype(np.float64)
+        out = {}
+        for name in ("cpu", "gpu"):
+            be = CPUBackend(threads=1) if name == "cpu" else G.GPUBackend(dtype="float32")
+            rows = rounded if name == "cpu" else X8
+            be.load(rows)
+            out[name] = summary(lloyd(SerialComm(), be, rows, 0, far_start(5), max_iter=30))
+            be.close()
+        return out
+
+    @scenario
     def dropped():
         return both(X8, far_start(2, 6), empty_cluster="drop")
 
@@ -452,6 +466,12 @@ def test_sim_lloyd_scenarios_take_their_path(sim, name):
     assert rec["gpu"]["relocated"] == want.get("relocated", 0)
     assert rec["gpu"]["dropped"] == want.get("dropped", 0)
     assert rec["seen"]["fallback_farthest"] == 0  # relocation answered from the step's distances
+
+
+def test_sim_float32_run_with_a_relocated_cluster_is_the_cpus_on_the_rounded_rows(sim):
+    rec = sim["float32_relocated"]
+    assert rec["gpu"]["relocated"] == 1
+    assert rec["gpu"] == rec["cpu"]
 
 
 def test_sim_bounded_steps_keep_rows_and_stay_the_cpus_bits(sim):

@@ -320,6 +320,9 @@ class Serialised(RowDistances):
         with _backend_lock:
             return self.inner.farthest(centres, count)
 
+    def stored(self, rows):
+        return self.inner.stored(rows)
+
     def assign(self, centres):
         with _backend_lock:
             return self.inner.assign(centres)

@@ -193,6 +193,9 @@ class Backend(RowDistances):
     distance helpers of :class:`RowDistances` serve the initialisations.
     """
 
+    #: the dtype this backend stores the rows in (a GPU's ``--dtype``; its arithmetic is exact either way)
+    dtype: str = "float64"
+
     name: str = "abstract"
     _magnitudes: np.ndarray = np.zeros(0)
 
@@ -257,6 +260,16 @@ class Backend(RowDistances):
         labels, dist2 = self.assign(centres)
         rows = farthest_rows(dist2, count)
         return dist2[rows], rows, labels[rows]
+
+    def stored(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` as this backend holds them, a new float64 array: the values its sums add (a row the
+        empty-cluster relocation moves is taken out of those sums with these values).
+
+        Parameters
+        ----------
+        rows : ndarray, shape (r, m) or (m,), float64
+        """
+        return np.array(rows, dtype=self.dtype).astype(np.float64)
 
     def magnitudes(self) -> np.ndarray:
         """Each column's largest magnitude over this rank's rows, shape (m,), float64 (0 without rows).
