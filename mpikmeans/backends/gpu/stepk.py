@@ -17,7 +17,9 @@ The stages of a step, in launch order:
    float32 rounding (:func:`certificate`); every other row is listed for step 2.
    A certified row's exact squared distance to its centre (float64, as step 2
    computes it) is written for the SSE.  Centres that do not fit in shared
-   memory at once are staged there a chunk of tiles at a time.
+   memory at once are staged there a chunk of tiles at a time.  With more than
+   128 centres :mod:`.gemmk`'s GEMM screen takes this step's place, with the same
+   arguments and results (:func:`.policy.step_layout` chooses).
 2. **recheck**: one warp per listed row (its lanes take the centres in turn)
    computes the row's exact float64 distance to every centre (``(x - c)^2`` summed in attribute order, one rounding per
    operation, no FMA: the CPU backend's numbers) and takes the nearest, ties to
