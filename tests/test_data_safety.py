@@ -50,6 +50,15 @@ def _checkpoint(data: Path, path: Path, *args) -> None:
     assert path.exists()
 
 
+@pytest.fixture(scope="module")
+def made_checkpoint(data, tmp_path_factory):
+    """``_checkpoint(data, ...)`` once for the module: a checkpoint holds no path of its own, so the tests that
+    resume, refuse or damage it each take a copy (:func:`_copy`) instead of a run of their own."""
+    path = tmp_path_factory.mktemp("checkpoint") / "s.npz"
+    _checkpoint(data, path)
+    return path
+
+
 # ------------------------------------------------------------------ item 1: --checkpoint never overwrites
 
 @pytest.mark.parametrize("np_", [None, 3])
@@ -86,9 +95,9 @@ def test_item01_checkpoint_never_overwrites_another_file(data, tmp_path):
         assert precious.read_bytes() == b"not a checkpoint, and not mpikmeans's"
 
 
-def test_item01_an_earlier_checkpoint_needs_resume_or_overwrite(data, tmp_path):
+def test_item01_an_earlier_checkpoint_needs_resume_or_overwrite(data, made_checkpoint, tmp_path):
     ckpt = tmp_path / "state.npz"
-    _checkpoint(data, ckpt)
+    _copy(made_checkpoint, ckpt)
     before = ckpt.read_bytes()
     r = run_cli(["run", data, "-k", 8, "--init", "range", "--checkpoint", ckpt, "-o", tmp_path / "a"])
     assert r.code == 2 and f"--resume {ckpt}" in r.err and "--overwrite" in r.err, (r.out, r.err)
@@ -161,9 +170,9 @@ def test_item02_convert_never_writes_over_its_input(data, tmp_path):
     (["--empty-cluster", "keep"], "--empty-cluster farthest"),
     (["--missing", "drop"], "--missing error"),
 ])
-def test_item03_resume_refuses_other_settings(data, tmp_path, args, needle):
+def test_item03_resume_refuses_other_settings(data, made_checkpoint, tmp_path, args, needle):
     ckpt = tmp_path / "s.npz"
-    _checkpoint(data, ckpt)
+    _copy(made_checkpoint, ckpt)
     out = tmp_path / "resumed"
     r = run_cli(["run", data, "-k", 8, "--init", "range", "--resume", ckpt, "-o", out, *args], np=3)
     assert r.code == 2, (r.out, r.err)
@@ -171,22 +180,22 @@ def test_item03_resume_refuses_other_settings(data, tmp_path, args, needle):
     assert not out.exists()
 
 
-def test_item03_resume_refuses_other_normalize(data, tmp_path):
+def test_item03_resume_refuses_other_normalize(data, made_checkpoint, tmp_path):
     ckpt = tmp_path / "s.npz"
-    _checkpoint(data, ckpt)
+    _copy(made_checkpoint, ckpt)
     r = run_cli(["run", data, "-k", 8, "--init", "range", "--normalize", "zscore", "--resume", ckpt,
                  "-o", tmp_path / "z"])
     assert r.code == 2 and "--normalize none" in r.err and "--normalize zscore" in r.err, (r.out, r.err)
 
 
-def test_item03_resume_refuses_other_data_and_init_file(data, tmp_path):
+def test_item03_resume_refuses_other_data_and_init_file(data, made_checkpoint, tmp_path):
     other = tmp_path / "other.arff"
     lines = data.read_text().splitlines(keepends=True)
     lines[-1] = lines[-1].replace("1", "2", 1)  # the same size, one value changed
     other.write_text("".join(lines))
     assert other.stat().st_size == data.stat().st_size
     ckpt = tmp_path / "s.npz"
-    _checkpoint(data, ckpt)
+    _copy(made_checkpoint, ckpt)
     r = run_cli(["run", other, "-k", 8, "--init", "range", "--resume", ckpt, "-o", tmp_path / "x"])
     assert r.code == 2 and "another data file" in r.err, (r.out, r.err)
 
@@ -332,9 +341,9 @@ def _bad_checkpoints(good: Path, tmp_path: Path) -> dict:
 
 
 @pytest.mark.parametrize("np_", [None, 3])
-def test_item08_truncated_or_random_resume_is_a_usage_error(data, tmp_path, np_):
+def test_item08_truncated_or_random_resume_is_a_usage_error(data, made_checkpoint, tmp_path, np_):
     good = tmp_path / "good.npz"
-    _checkpoint(data, good)
+    _copy(made_checkpoint, good)
     for what, path in _bad_checkpoints(good, tmp_path).items():
         r = run_cli(["run", data, "-k", 8, "--init", "range", "--resume", path, "-o", tmp_path / "o"], np=np_)
         assert r.code == 2, (what, r.out, r.err)

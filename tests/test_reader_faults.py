@@ -48,6 +48,22 @@ def _results(out_dir):
     return (out_dir / "labels.txt").read_bytes(), (out_dir / "centers.csv").read_bytes()
 
 
+@pytest.fixture(scope="module")
+def plain_results(tmp_path_factory):
+    """``np_ -> _results`` of ``run PLAIN -k 3`` under ``mpirun -np np_``: the reference every item-13 form is
+    compared with, run once per rank count for the module (not once per form), when first asked for."""
+    done = {}
+
+    def results(np_):
+        if np_ not in done:
+            d = tmp_path_factory.mktemp(f"plain-np{np_}")
+            _clean(run_cli(["run", _plain(d), "-k", 3, "-o", d / "ref", "-q"], np=np_, timeout=120), 0)
+            done[np_] = _results(d / "ref")
+        return done[np_]
+
+    return results
+
+
 # --------------------------------------------------------------------------- item 6
 
 
@@ -158,25 +174,21 @@ def _table(tmp_path, name, delimiter, names=True):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_", [1, 3])
-def test_item13_tsv_is_csv(tmp_path, np_):
-    ref = tmp_path / "ref"
-    _clean(run_cli(["run", _plain(tmp_path), "-k", 3, "-o", ref, "-q"], np=np_, timeout=120), 0)
+def test_item13_tsv_is_csv(tmp_path, plain_results, np_):
     out = tmp_path / "out"
     r = run_cli(["run", _table(tmp_path, "t.tsv", "\t"), "-k", 3, "-o", out, "-q"], np=np_, timeout=120)
     _clean(r, 0)
-    assert _results(out) == _results(ref)
+    assert _results(out) == plain_results(np_)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_", [1, 3])
 @pytest.mark.parametrize("name", ["table", "table.txt", "table.dat"])
-def test_item13_extensionless_csv_is_csv(tmp_path, np_, name):
-    ref = tmp_path / "ref"
-    _clean(run_cli(["run", _plain(tmp_path), "-k", 3, "-o", ref, "-q"], np=np_, timeout=120), 0)
+def test_item13_extensionless_csv_is_csv(tmp_path, plain_results, np_, name):
     out = tmp_path / "out"
     r = run_cli(["run", _table(tmp_path, name, ","), "-k", 3, "-o", out, "-q"], np=np_, timeout=120)
     _clean(r, 0)
-    assert _results(out) == _results(ref)
+    assert _results(out) == plain_results(np_)
 
 
 @pytest.mark.mpi
@@ -229,16 +241,14 @@ def _weka_rows(rows, form):
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_", [1, 3])
 @pytest.mark.parametrize("form", ["tabs", "spaces", "trailing-comma", "quoted", "mixed"])
-def test_item13_weka_tab_separated_rows(tmp_path, np_, form):
+def test_item13_weka_tab_separated_rows(tmp_path, plain_results, np_, form):
     # (each form in turn: tabs, blanks, a trailing comma, quoted numbers, all together)
-    ref = tmp_path / "ref"
-    _clean(run_cli(["run", _plain(tmp_path), "-k", 3, "-o", ref, "-q"], np=np_, timeout=120), 0)
     path = tmp_path / "weka.arff"
     path.write_text(HEADER + _weka_rows(ROWS, form))
     out = tmp_path / "out"
     r = run_cli(["run", path, "-k", 3, "-o", out, "-q"], np=np_, timeout=120)
     _clean(r, 0)
-    assert _results(out) == _results(ref)
+    assert _results(out) == plain_results(np_)
 
 
 def test_item13_weka_rows_keep_their_errors(tmp_path):

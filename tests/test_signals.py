@@ -93,9 +93,18 @@ def _open_mpi_major() -> int | None:
     return None
 
 
-def _resumes_to_the_uninterrupted_result(slow, tmp_path, ckpt, np_=2):
-    ref, out = tmp_path / "ref", tmp_path / "resumed"
-    assert run_cli(["run", slow, *ARGS[:-2], "-o", ref, "-q"], np=np_).code == 0
+@pytest.fixture(scope="module")
+def uninterrupted(slow, tmp_path_factory):
+    """The run the stopped ones are resumed to, uninterrupted (-np 2): one for the module, as every
+    stopped run of these tests is this same run (it costs as much as the resumed run itself)."""
+    ref = tmp_path_factory.mktemp("uninterrupted") / "ref"
+    r = run_cli(["run", slow, *ARGS[:-2], "-o", ref, "-q"], np=2)
+    assert r.code == 0, r.err
+    return ref
+
+
+def _resumes_to_the_uninterrupted_result(slow, ref, tmp_path, ckpt, np_=2):
+    out = tmp_path / "resumed"
     r = run_cli(["run", slow, *ARGS[:-2], "-o", out, "--resume", ckpt, "-q"], np=np_)
     assert r.code == 0, r.err
     s = json.loads((out / "summary.json").read_text())
@@ -150,7 +159,7 @@ def test_item09_stop_signal_saves_at_once_while_compiled_code_runs(tmp_path):
 
 # ------------------------------------------------------------------ one process: Ctrl-C
 
-def test_item09_sigint_ends_in_75_with_checkpoint_named(slow, tmp_path):
+def test_item09_sigint_ends_in_75_with_checkpoint_named(slow, uninterrupted, tmp_path):
     out = tmp_path / "out"
     p = _start([sys.executable, "-m", "mpikmeans", "run", slow, *ARGS, "-v", "-o", out])
     seen = _signal_mid_run(p, signal.SIGINT)
@@ -160,13 +169,13 @@ def test_item09_sigint_ends_in_75_with_checkpoint_named(slow, tmp_path):
     assert f"stopped by SIGINT after iteration" in err and f"state saved to {ckpt}" in err, err
     assert "SSE nan" not in stdout + err
     assert sorted(x.name for x in out.iterdir()) == ["checkpoint.npz"]
-    _resumes_to_the_uninterrupted_result(slow, tmp_path, ckpt)
+    _resumes_to_the_uninterrupted_result(slow, uninterrupted, tmp_path, ckpt)
 
 
 # ------------------------------------------------------------------ mpirun
 
 @pytest.mark.parametrize("sig", ["SIGUSR2", "SIGUSR1"])
-def test_item09_stop_signal_to_mpirun_ends_in_75_with_checkpoint_named(slow, tmp_path, sig):
+def test_item09_stop_signal_to_mpirun_ends_in_75_with_checkpoint_named(slow, uninterrupted, tmp_path, sig):
     """SIGUSR2 (and, with Open MPI 5, SIGUSR1) to mpirun: the gentle stop the job templates send."""
     if sig == "SIGUSR1" and _open_mpi_major() == 4:
         pytest.skip("Open MPI 4.1's mpirun does not pass SIGUSR1 on (measured: 4.1.6); the templates send SIGUSR2")
@@ -177,11 +186,11 @@ def test_item09_stop_signal_to_mpirun_ends_in_75_with_checkpoint_named(slow, tmp
     assert code == EXIT_CHECKPOINTED, (code, seen[-2000:], err)
     assert f"stopped by {sig} after iteration" in err and f"state saved to {ckpt}" in err, err
     assert not out.exists()
-    _resumes_to_the_uninterrupted_result(slow, tmp_path, ckpt)
+    _resumes_to_the_uninterrupted_result(slow, uninterrupted, tmp_path, ckpt)
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
-def test_item09_sigterm_or_sigint_to_mpirun_leaves_a_resumable_checkpoint(slow, tmp_path, sig):
+def test_item09_sigterm_or_sigint_to_mpirun_leaves_a_resumable_checkpoint(slow, uninterrupted, tmp_path, sig):
     """What Ctrl-C and most schedulers do.  mpirun's own exit code is then 1 whatever the ranks do
     (Open MPI 4.1 and 5: it kills them soon after); the job templates report the ranks' 75."""
     out, ckpt = tmp_path / "out", tmp_path / "c.npz"
@@ -190,7 +199,7 @@ def test_item09_sigterm_or_sigint_to_mpirun_leaves_a_resumable_checkpoint(slow, 
     code, _, err = _finish(p)
     assert code in (EXIT_CHECKPOINTED, 1), (code, seen[-2000:], err)
     assert ckpt.exists() and not (out / "summary.json").exists()
-    _resumes_to_the_uninterrupted_result(slow, tmp_path, ckpt)
+    _resumes_to_the_uninterrupted_result(slow, uninterrupted, tmp_path, ckpt)
 
 
 # ------------------------------------------------------------------ a signal while writing, or before iterating
