@@ -65,7 +65,7 @@ GPU_COPY_BYTES = 16.0e9
 GPU_START_S = 0.25
 
 
-def assignment_backend(requested: str, gpu_possible: bool, rank_rows: int, k: int, columns: int, itemsize: int,
+def assignment_backend(requested: str, gpu_here: bool, rank_rows: int, k: int, columns: int, itemsize: int,
                        threads: int) -> str:
     """The backend of one prediction: one assignment of every row, so a GPU pays only where the arithmetic
     outweighs moving the rows there.
@@ -89,7 +89,7 @@ def assignment_backend(requested: str, gpu_possible: bool, rank_rows: int, k: in
     Parameters
     ----------
     requested : {"auto", "cpu", "gpu"}
-    gpu_possible : bool
+    gpu_here : bool
         The node has NVIDIA devices (:func:`mpikmeans.startup.gpu_possible`).
     rank_rows : int
         Rows of the largest rank's share (estimated for a text file).
@@ -107,7 +107,7 @@ def assignment_backend(requested: str, gpu_possible: bool, rank_rows: int, k: in
     """
     if requested != "auto":
         return requested
-    if not gpu_possible:
+    if not gpu_here:
         return "cpu"
     cpu_s = rank_rows * k * columns / (max(1, threads) * CPU_MADDS_PER_THREAD)
     gpu_s = rank_rows * columns * itemsize / GPU_COPY_BYTES + GPU_START_S
@@ -457,5 +457,5 @@ def _predict(comm, model: Model, model_path: str, data: str, cfg: PredictConfig,
     return PredictOutcome(summary, results.path)
 
 
-__all__ = ["DISTANCES", "assignment_backend", "EXTRA_FILES", "TRANSFORM", "PredictConfig", "PredictOutcome", "PredictionDir",
-           "check_paths", "default_prediction_dir", "predict_job"]
+__all__ = ["DISTANCES", "EXTRA_FILES", "TRANSFORM", "PredictConfig", "PredictOutcome", "PredictionDir",
+           "assignment_backend", "check_paths", "default_prediction_dir", "predict_job"]
