@@ -19,12 +19,16 @@ value a row crosses to the host.
 Every squared distance adds ``(x_j - c_j)^2`` in attribute order with one
 rounding per product and per sum (no FMA), and every other operation is the host
 kernel's, in its order, so the per-row values are the host's bits and the scores
-do not depend on the backend.  The silhouette pass takes :data:`QR` rows a
-thread against :data:`QT` means at a time, so each value of a row is read once
-for all of those means and each mean's once for those rows.  The sample's
-pairs run a thread per ``PR`` pairs, so the grid is large whatever the number
-of labels, and no kernel waits at a barrier (the CUDA simulator, which the CI
-runs them on, takes milliseconds for each).
+do not depend on the backend.  The silhouette pass is a tiled product
+(``tile_d2``): a block takes :data:`BM` rows against :data:`BN` means, both
+staged in shared memory :data:`BK` attributes at a time, each thread :data:`TR`
+x :data:`TC` distances, so a row's values are read from the device's memory
+once per :data:`BN` means rather than once per few, and the float64 units, not
+the loads, set its pace.  A thread's distances are summed in attribute order
+whatever the tile, so the tiles change no bit.  The sample's pairs run a thread
+per ``PR`` pairs with no barrier: the CUDA simulator, which the CI runs the
+kernels on, takes milliseconds for each barrier, and a sample's pairs would
+need thousands.
 """
 
 from __future__ import annotations
@@ -44,12 +48,20 @@ from .stepk import NT as STEP_NT
 if cuda is not None:
     from numba import float64, int64
 
-#: threads per block of the two row passes
+#: threads per block of the row passes that take one row a thread
 NT = 32 if SIM else 128
-#: the silhouette pass's register tile: ``QR`` rows a thread against ``QT`` means at a time
-QR = 2
-QT = 8
-QRT = QR * QT
+#: the silhouette pass's tiles of rows against means: threads of a block along the means and along the rows
+#: (2 x 1 under the simulator, with large tiles: each barrier there waits for Python's thread switches), rows and means a
+#: thread, the block's tile, and the attributes of a staged slice
+TX = 2 if SIM else 16
+TY = 1 if SIM else 16
+TR = 16 if SIM else 4
+TC = 4
+BM = TR * TY
+BN = TC * TX
+BK = 16 if SIM else 8
+#: threads per block of the tiled kernels
+TNT = TX * TY
 #: ``sample_pairs``: threads a block and sample rows a thread (the distances of one sample row to ``PT * PR`` others)
 PT = 2 if SIM else 128
 PR = 128 if SIM else 4
@@ -62,14 +74,15 @@ def score_kernels() -> dict:
     """The two passes and the sampled silhouette's three kernels, for rows stored as float64 (the scores read
     the rows the run clustered).
 
-    Kernel arguments (arrays 1-D on the device; ``x[j * ld + i]``; grid: one thread a row)
-    -------------------------------------------------------------------------------------
+    Kernel arguments (arrays 1-D on the device; ``x[j * ld + i]``; grid: one thread a row, :data:`NT` a
+    block, but where said)
+    -----------------------------------------------------------------------------------------------------
     own_dist2(x, ld, n, m, labels, reft, k, d2)
         ``reft`` float64 ``(m * k,)`` the reference points transposed (``reft[j * k + a]``);
         ``d2[i]`` the squared distance of row ``i`` to its cluster's point, 0 for label -1.
     silhouette(x, ld, n, m, p, pp, labels, mt, slot, spread, mass, w, weighted, own, dist, sil)
-        Grid ``ceil(n / (QR NT))``.  ``mt`` float64 ``(m * pp,)`` the ``p >= 2`` non-empty
-        clusters' means transposed, padded to ``pp`` (a multiple of :data:`QT`) with any values;
+        Grid ``ceil(n / BM)``, :data:`TNT` threads a block.  ``mt`` float64 ``(m * pp,)`` the ``p >= 2``
+        non-empty clusters' means transposed, padded to ``pp`` (a multiple of :data:`BN`) with zeros;
         ``slot`` int64 ``(k,)`` a cluster's column in ``mt`` (-1: empty); ``spread``, ``mass``
         float64 ``(p,)``; ``w`` the weights (any array where not ``weighted``).  Writes
         ``own[i]`` (squared distance to the own mean), ``dist[i]`` (its square root) and
@@ -121,53 +134,104 @@ def score_kernels() -> dict:
         elif ai > bi:
             sil[i] = bi / ai - 1.0
 
+    XQ, CQ = BK * BM // TNT, BK * BN // TNT  # a slice's values each thread stages: rows, then columns
+    # shared arrays' sizes: constants of the closure (an expression inside the kernel is not one)
+    XS_N, CS_N, MERGE_N, ACC_N = BK * BM, BK * BN, TX * BM, TR * TC
+
+    @cuda.jit(device=True)
+    def stage(a, lda, a0, alast, b, ldb, b0, nb, m, j0, px, pc):
+        # this thread's values of the slice from attribute j0: element e = tid + q TNT of a slice is row e % BM
+        # (or column e % BN) and attribute j0 + e // BM (or // BN); zeros past m and past nb
+        tid = cuda.threadIdx.x
+        for q in range(XQ):
+            e = tid + q * TNT
+            j = j0 + e // BM
+            ia = a0 + e % BM
+            ia = ia if ia <= alast else alast
+            px[q] = float64(a[j * lda + ia]) if j < m else 0.0
+        for q in range(CQ):
+            e = tid + q * TNT
+            j = j0 + e // BN
+            ib = b0 + e % BN
+            pc[q] = float64(b[j * ldb + ib]) if j < m and ib < nb else 0.0
+
+    @cuda.jit(device=True)
+    def tile_d2(a, lda, a0, alast, b, ldb, b0, nb, m, xs, cs, acc, px, pc):
+        # acc[r * TC + c]: the squared distance of row a0 + ty + r TY of a (clamped to alast) and row
+        # b0 + tx + c TX of b (zeros past nb), both stored x[j * ld + i], staged BK attributes at a time in
+        # shared memory (the next slice in flight while this one is summed); every thread of the block calls it
+        tid = cuda.threadIdx.x
+        tx = tid % TX
+        ty = tid // TX
+        for e in range(ACC_N):
+            acc[e] = 0.0
+        stage(a, lda, a0, alast, b, ldb, b0, nb, m, 0, px, pc)
+        nst = (m + BK - 1) // BK
+        for st in range(nst):
+            cuda.syncthreads()  # every thread is done with the last slice
+            for q in range(XQ):
+                xs[tid + q * TNT] = px[q]
+            for q in range(CQ):
+                cs[tid + q * TNT] = pc[q]
+            cuda.syncthreads()
+            if st + 1 < nst:
+                stage(a, lda, a0, alast, b, ldb, b0, nb, m, (st + 1) * BK, px, pc)
+            for kk in range(BK):  # past m both values are 0: the sums gain exact zeros
+                for r in range(TR):
+                    av = xs[kk * BM + ty + r * TY]
+                    for c in range(TC):
+                        t = av - cs[kk * BN + tx + c * TX]
+                        acc[r * TC + c] = dadd_rn(acc[r * TC + c], dmul_rn(t, t))
+
     def km_silhouette(x, ld, n, m, p, pp, labels, mt, slot, spread, mass, w, weighted, own, dist, sil):
-        # QR rows a thread (rows i, i + NT, ...: each load coalesced) against QT means at a time: each
-        # mean's value read once for QR rows, each row's value once for QT means (loops of a constant
-        # length: unrolled, the distances in registers); every distance summed in attribute order, and
-        # the nearest other mean is a minimum, whatever order the means come in
-        i0 = cuda.blockIdx.x * QR * NT + cuda.threadIdx.x
-        cs = cuda.local.array(QR, dtype=int64)
-        rows = cuda.local.array(QR, dtype=int64)
-        mine = cuda.local.array(QR, dtype=float64)
-        bi = cuda.local.array(QR, dtype=float64)
-        xv = cuda.local.array(QR, dtype=float64)
-        dd = cuda.local.array(QRT, dtype=float64)
-        scored = False
-        for r in range(QR):
-            i = i0 + r * NT
-            cs[r] = -1
-            rows[r] = i if i < n else n - 1  # past the end: the last row again, ignored
+        # block: BM rows against every mean, a tile of BN at a time (tile_d2); each thread folds its TR rows'
+        # distances to its TC means of the tile into the row's own distance and nearest other mean, and a
+        # thread per row merges the TX threads' (a minimum, and a sum with one non-zero term: exact)
+        xs = cuda.shared.array(XS_N, dtype=float64)
+        cs = cuda.shared.array(CS_N, dtype=float64)
+        smine = cuda.shared.array(MERGE_N, dtype=float64)
+        sbi = cuda.shared.array(MERGE_N, dtype=float64)
+        acc = cuda.local.array(ACC_N, dtype=float64)
+        px = cuda.local.array(XQ, dtype=float64)
+        pc = cuda.local.array(CQ, dtype=float64)
+        mine = cuda.local.array(TR, dtype=float64)
+        bi = cuda.local.array(TR, dtype=float64)
+        own_slot = cuda.local.array(TR, dtype=int64)
+        tid = cuda.threadIdx.x
+        tx = tid % TX
+        ty = tid // TX
+        row0 = cuda.blockIdx.x * BM
+        for r in range(TR):
+            i = row0 + ty + r * TY
+            own_slot[r] = slot[labels[i]] if i < n and labels[i] >= 0 else -1
             mine[r] = 0.0
             bi[r] = math.inf
+        for b0 in range(0, pp, BN):
+            tile_d2(x, ld, row0, n - 1, mt, pp, b0, pp, m, xs, cs, acc, px, pc)
+            for c in range(TC):
+                q = b0 + tx + c * TX
+                if q < p:  # past p: a padding mean
+                    for r in range(TR):
+                        mine[r], bi[r] = fold(acc[r * TC + c], q, own_slot[r], mine[r], bi[r], spread)
+        for r in range(TR):
+            smine[tx * BM + ty + r * TY] = mine[r]
+            sbi[tx * BM + ty + r * TY] = bi[r]
+        cuda.syncthreads()
+        for rl in range(tid, BM, TNT):
+            i = row0 + rl
             if i < n:
                 own[i] = 0.0
                 dist[i] = 0.0
                 sil[i] = 0.0
-                if labels[i] >= 0:
-                    cs[r] = slot[labels[i]]
-                    scored = scored or cs[r] >= 0
-        if not scored:
-            return
-        for q0 in range(0, p, QT):
-            for e in range(QRT):
-                dd[e] = 0.0
-            for j in range(m):
-                for r in range(QR):
-                    xv[r] = float64(x[j * ld + rows[r]])
-                base = j * pp + q0
-                for q in range(QT):
-                    cj = mt[base + q]  # past p: a padding mean, never used
-                    for r in range(QR):
-                        t = xv[r] - cj
-                        dd[r * QT + q] = dadd_rn(dd[r * QT + q], dmul_rn(t, t))
-            for q in range(QT):
-                if q0 + q < p:
-                    for r in range(QR):
-                        mine[r], bi[r] = fold(dd[r * QT + q], q0 + q, cs[r], mine[r], bi[r], spread)
-        for r in range(QR):
-            if cs[r] >= 0:
-                finish(i0 + r * NT, mine[r], bi[r], cs[r], mass, w, weighted, spread, own, dist, sil)
+                c = slot[labels[i]] if labels[i] >= 0 else -1
+                if c >= 0:
+                    tot = 0.0
+                    best = math.inf
+                    for t in range(TX):
+                        tot += smine[t * BM + rl]
+                        v = sbi[t * BM + rl]
+                        best = v if v < best else best
+                    finish(i, tot, best, c, mass, w, weighted, spread, own, dist, sil)
 
     def km_sample_pairs(xt, s, m, t0, dist):
         # block (x, t): sample row t0 + t against rows r = x PT PR + tid + u PT, u < PR (each load of theirs
@@ -225,7 +289,9 @@ def score_kernels() -> dict:
                 value = (b - a) / top
         out[t0 - lo + t] = value
 
-    return {"own_dist2": cuda.jit(km_own_dist2), "silhouette": cuda.jit(km_silhouette),
+    # the tiles: two blocks a multiprocessor at least (registers capped at 128 a thread)
+    tiled = {} if SIM else {"launch_bounds": (TNT, 2)}
+    return {"own_dist2": cuda.jit(km_own_dist2), "silhouette": cuda.jit(km_silhouette, **tiled),
             "sample_pairs": cuda.jit(km_sample_pairs), "sample_sums": cuda.jit(km_sample_sums),
             "sample_rows": cuda.jit(km_sample_rows)}
 
@@ -316,7 +382,7 @@ class DeviceScoreRows:
         ndarray, shape (3, k, 4), int64
         """
         k, (m, p) = self.k, mt.shape
-        pp = -(-p // QT) * QT
+        pp = -(-p // BN) * BN
         padded = np.zeros((m, pp))
         padded[:, :p] = mt
         # d and sqrt(d) as two columns of rows (stride ld), s beside them: the step's accumulate kernel then
@@ -329,7 +395,7 @@ class DeviceScoreRows:
         launch(disp, kern, (self.x, self.ld, self.n, self.m, p, pp, self.labels, *dev,
                             self.w if self.w is not None else sil, self.w is not None, cols[:self.ld],
                             cols[self.ld:], sil),
-               max(1, -(-self.n // (QR * NT))), NT)
+               max(1, -(-self.n // BM)), TNT)
         f1, f2 = zip(*(scale_factors(e) for e in exponents))
         factors = cuda.to_device(np.array([[f1[0], f1[1], 1.0], [f2[0], f2[1], 1.0]]))  # the weights' column unused
         out = cuda.to_device(np.zeros(3 * 4 * k + 4 * k, dtype=np.int64))
