@@ -283,10 +283,11 @@ _DEVICE_PROGRAM = textwrap.dedent("""
 @pytest.mark.parametrize("device", ["simulator", pytest.param("gpu", marks=[pytest.mark.gpu, needs_gpu])])
 def test_the_gpus_passes_give_the_hosts_scores_to_the_bit(device):
     """The scores' two passes on a GPU backend's resident float64 rows (its sums kernel, the distances to the
-    reference points, the silhouette two rows by eight means at a time and its per-cluster sums, the sampled
-    silhouette's pairs in batches and their sums) are the host passes' integers and bits: every score and per-cluster value equal, weighted or not, with an empty
-    cluster and a row alone in its own; a float32 run's passes read a float64 copy of its rows (made once, kept
-    for the next K) and give the same bits; streamed rows, or a device with no room for the copy, leave the
+    reference points, the silhouette in tiles of rows by means (two tiles of means in "many means", two slices
+    of attributes in "wide") and its per-cluster sums, the sampled silhouette's pairs in batches and their sums)
+    are the host passes' integers and bits: every score and per-cluster value equal, weighted or not, with an
+    empty cluster and a row alone in its own; a float32 run's passes read a float64 copy of its rows (made once,
+    kept for the next K) and give the same bits; streamed rows, or a device with no room for the copy, leave the
     passes to the host."""
     if device == "simulator":
         pytest.importorskip("numba.cuda")
