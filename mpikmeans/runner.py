@@ -31,8 +31,8 @@ from .report import kmeanspp_notice, run_summary, run_timings
 from .restarts import run_restarts
 from .scaling import fit_scaler, global_means
 from .scores import quality_scores
-from .startup import (BackgroundCompile, DevicePreparation, gpu_wanted, make_run_backend, prepare_read, rank_threads,
-                      read_input, start_driver)
+from .startup import (BackgroundCompile, DevicePreparation, check_input, gpu_wanted, make_run_backend, prepare_read,
+                      rank_threads, read_input, start_driver)
 from .sweep import plan_sweep, run_sweep
 from .io.output import (CENTERS, CLUSTERED, DEFAULT_CHECKPOINT, LABELS, MODEL, SUMMARY, SWEEP_PLOT, SWEEP_TABLE,
                         ResultsDir, remove_quietly, write_arrays, write_summary)
@@ -334,6 +334,7 @@ def _prepare(comm, data: str, cfg, stop, t0: float):
     # check above), so read_s is the reading alone whatever the share of each rank
     # first what looks in the caches and the reader's start (in this thread), then the GPU's
     # start in another: the two would import the same modules at once, which Python does not allow
+    check_input(comm, data)  # a file that cannot be read says so before any kernel compiles
     start_driver(comm, cfg)  # the CUDA driver's part of a GPU's start, beside everything below
     compiling = BackgroundCompile(comm, cfg, gpu_wanted(cfg))
     try:

@@ -250,6 +250,18 @@ def rank_threads(comm, requested: int | None = None) -> int:
     return max(1, min(requested or default_threads(comm), pool))
 
 
+def check_input(comm, data: str) -> None:
+    """That DATA opens and its format is recognised, on rank 0 (collective): a missing, empty or unreadable
+    file ends the run on every rank with its message before anything starts compiling.
+
+    Raises
+    ------
+    UsageError, InputError
+        On every rank (:func:`mpikmeans.io.formats.detect`'s).
+    """
+    comm.from_root(lambda: formats.detect(data).name)
+
+
 def prepare_read(comm, data: str, threads: int) -> None:
     """The reader's one-time start-up (Numba, its cached kernels, its ``threads``), before the read is timed.
 

@@ -229,6 +229,23 @@ def test_a_cold_run_compiles_and_says_so_once(cold_run):
     assert "mpikmeans warmup" in line and "cpu" in line, line
 
 
+@pytest.mark.parametrize("name, code, message", [("missing.arff", 3, "cannot read"), ("empty.arff", 3, "the file is empty"),
+                                                 ("pipe", 2, "not a regular file")])
+def test_an_input_that_cannot_be_read_fails_before_anything_compiles(tmp_path, name, code, message):
+    """On an empty cache, a run whose input is missing, empty or a FIFO ends with its message and exit code at
+    once: nothing compiled in its process, no compiling notice, no helper started (a reader's kernels would take
+    tens of seconds there before the error)."""
+    (tmp_path / "empty.arff").write_bytes(b"")
+    os.mkfifo(tmp_path / "pipe")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    r = counted_run(["run", tmp_path / name, "-k", 3, "-o", tmp_path / "out"], cache, tmp_path)
+    assert r.code == code, r.err
+    assert message in r.err and name in r.err, r.err
+    assert r.compiles == {0: 0} and r.notices == 0, (r.compiles, r.err)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_cold_runs_helpers_leave_the_cache_warm(cold_run):
     """The helpers a cold run starts compile the part into the shared cache and mark it: the next run
     neither compiles nor says anything."""

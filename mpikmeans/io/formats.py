@@ -303,13 +303,14 @@ def shape(path: str, ranks: int = 1) -> Shape:
 def warm_up(path: str, threads: int = 1) -> None:
     """The one-time start-up of the reader ``path`` takes (Numba, its cached kernels, ``threads``).
 
-    A file that cannot be recognised gets the text reader's: the read that
-    follows reports the problem on every rank at once.
+    A file that cannot be opened or recognised gets none: the read that
+    follows reports the problem on every rank at once, without first waiting
+    for a reader's kernels to compile on a cold cache.
     """
     try:
         fmt = detect(path)
     except (InputError, UsageError):
-        fmt = FORMATS["csv"]
+        return
     if fmt.header is None:
         binary.warm_up(threads)
     else:
