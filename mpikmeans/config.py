@@ -12,12 +12,9 @@ import dataclasses
 import os
 from dataclasses import dataclass, fields
 
-from .backends import BACKEND_NAMES as BACKENDS, DTYPES
+from .choices import (BACKEND_NAMES as BACKENDS, DEFAULT_SCORE_SAMPLE, DTYPES, INIT_METHODS, NORMALIZE_METHODS,
+                      SCORE_CHOICES)
 from .errors import UsageError
-from .init import INIT_METHODS
-from .model import looks_like_model
-from .scaling import METHODS as NORMALIZE_METHODS
-from .scores import DEFAULT_SAMPLE as DEFAULT_SCORE_SAMPLE, SCORE_CHOICES
 
 #: The log level of notices: what a run is about to do and what will take a while.  Shown by
 #: default, as warnings are (on stderr), and above ``-v``'s INFO lines.
@@ -138,8 +135,14 @@ class RunConfig:
     def validate(self) -> "RunConfig":
         """Check every setting; raise :class:`UsageError` naming the first bad one."""
         if self.k is None:
-            # a model (--init model.json) says its K itself
-            if not (isinstance(self.init, str) and self.init not in INIT_METHODS and looks_like_model(self.init)):
+            # a model (--init model.json) says its K itself; model.py is imported only then, so that parsing the
+            # command line (and its usage errors) imports no numpy
+            given_model = isinstance(self.init, str) and self.init not in INIT_METHODS
+            if given_model:
+                from .model import looks_like_model
+
+                given_model = looks_like_model(self.init)
+            if not given_model:
                 raise UsageError("the number of clusters is required: -k K (or 'k:' in the config file)")
         else:
             self.k = parse_k(self.k)

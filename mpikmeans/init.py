@@ -21,13 +21,13 @@ import math
 import numpy as np
 
 from .backends.serial import SerialRows, weighted_lloyd
+from .choices import INIT_METHODS
 from .comm import SerialComm
 from .errors import InputError, UsageError
 from .exact import (draw_rows, exact_label_sums, fixed_scale, global_max, local_total, to_fixed, uniform53)
 
 log = logging.getLogger("mpikmeans")
 
-INIT_METHODS = ("k-means++", "k-means||", "range", "sample")
 
 #: Rows per random stream of k-means|| (keyed by the global block index, so
 #: every row's random number is the same whichever rank holds it).

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .choices import NORMALIZE_METHODS as METHODS
 from .errors import InputError, UsageError
 from .exact import exact_column_means, exact_column_sums
 from .init import global_extent
 
-METHODS = ("none", "minmax", "zscore")
 
 
 @dataclass

@@ -53,13 +53,10 @@ import time
 
 import numpy as np
 
+from .choices import DEFAULT_SCORE_SAMPLE as DEFAULT_SAMPLE, SCORE_CHOICES
 from .fixedsums import Scales, cluster_sums, column_magnitudes, decode, exponent_for, sum_rows
 from .jit import njit, prange
 
-#: ``scores=`` values: every score, or none
-SCORE_CHOICES = ("all", "none")
-#: Rows of the sampled silhouette unless told otherwise (scikit-learn users' usual sample)
-DEFAULT_SAMPLE = 10_000
 #: The scores' names in the returned dict, in the order a table shows them
 SCORE_NAMES = ("calinski_harabasz", "davies_bouldin", "silhouette_sqeuclidean", "silhouette_sample")
 

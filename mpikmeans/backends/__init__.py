@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import os
 
+from ..choices import BACKEND_NAMES
 from .base import (DTYPES, Backend, BackendInfo, BackendUnavailable, RowDistances, StepResult,  # noqa: F401
                    device_for_rank, farthest_rows)
-
-#: ``--backend``: ``auto`` takes the node-local rank's GPU where one is usable, else the CPU
-BACKEND_NAMES = ("auto", "cpu", "gpu")
 
 
 def cuda_simulator_requested() -> bool:

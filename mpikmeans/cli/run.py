@@ -79,14 +79,15 @@ def run(ctx, data, config_path, dry_run, verbose, quiet, **options):
              if ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE and options[key] is not None}
 
     def body(comm):
-        from ..runner import dry_run as plan_ranks
-        from ..runner import run_job
-
         try:
             cfg = build_config(load_yaml(config_path) if config_path else {}, given)
         except UsageError as exc:
             exc.collective = True  # same arguments and files on every rank
             raise
+        # the run's modules (numpy, numba) only once the settings are good: a usage error answers at once
+        from ..runner import dry_run as plan_ranks
+        from ..runner import run_job
+
         if dry_run:
             plans = plan_ranks(comm, data, cfg)
             if comm.rank == 0:

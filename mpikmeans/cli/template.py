@@ -8,7 +8,6 @@ import stat
 import click
 
 from ..errors import RunError
-from ..io.output import write_atomic
 from ..jobs import KINDS, render
 from .app import main
 
@@ -38,6 +37,9 @@ def template(kind, output, force):
         return
     if os.path.exists(output) and not force:
         raise click.UsageError(f"{output} exists; pass --force to replace it")
+    # imported here: io.output's number formatting imports numba, which the other commands' parsing never needs
+    from ..io.output import write_atomic
+
     try:
         write_atomic(output, text.encode("utf-8"))
         os.chmod(output, os.stat(output).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
