@@ -229,7 +229,8 @@ def test_a_cold_run_compiles_and_says_so_once(cold_run):
     assert "mpikmeans warmup" in line and "cpu" in line, line
 
 
-@pytest.mark.parametrize("name, code, message", [("missing.arff", 3, "cannot read"), ("empty.arff", 3, "the file is empty"),
+@pytest.mark.parametrize("name, code, message", [("missing.arff", 3, "cannot read"),
+                                                 ("empty.arff", 3, "the file is empty"),
                                                  ("pipe", 2, "not a regular file")])
 def test_an_input_that_cannot_be_read_fails_before_anything_compiles(tmp_path, name, code, message):
     """On an empty cache, a run whose input is missing, empty or a FIFO ends with its message and exit code at

@@ -50,9 +50,9 @@ if cuda is not None:
 
 #: threads per block of the row passes that take one row a thread
 NT = 32 if SIM else 128
-#: the silhouette pass's tiles of rows against means: threads of a block along the means and along the rows
-#: (2 x 1 under the simulator, with large tiles: each barrier there waits for Python's thread switches), rows and means a
-#: thread, the block's tile, and the attributes of a staged slice
+#: the silhouette pass's tiles of rows against means: threads of a block along the means and along the rows,
+#: rows and means a thread, the block's tile, and the attributes of a staged slice (under the simulator two
+#: threads and large tiles: each barrier there waits for Python's thread switches)
 TX = 2 if SIM else 16
 TY = 1 if SIM else 16
 TR = 16 if SIM else 4
