@@ -196,7 +196,9 @@ def decode(limbs: np.ndarray, exponent) -> np.ndarray:
     """
     q = np.ascontiguousarray(limbs, dtype=np.int64)
     shape = q.shape[:-1]
-    exps = np.ascontiguousarray(np.broadcast_to(np.asarray(exponent, dtype=np.int64), shape)).reshape(-1)
+    # always a writable copy (a broadcast scalar is a read-only view): one compiled signature, loaded in the
+    # set-up (mpikmeans.lloyd.load_host_kernels) rather than a second one in a run's first iteration
+    exps = np.array(np.broadcast_to(np.asarray(exponent, dtype=np.int64), shape), dtype=np.int64, order="C").reshape(-1)
     out = np.empty(exps.shape[0])
     _decode(q.reshape(-1, 4), exps, out)
     return out.reshape(shape)

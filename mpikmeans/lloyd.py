@@ -102,6 +102,12 @@ class KMeansResult:
     cluster_sse: np.ndarray | None = None
 
 
+def load_host_kernels() -> None:
+    """Load the host kernels every iteration calls (the sums' decoding) now, in a run's set-up: a compiled
+    kernel's first call reads Numba's cache (milliseconds), which would otherwise land in the first iteration."""
+    decode(np.zeros((1, 4), dtype=np.int64), 0)
+
+
 def run_scales(comm, backend, weights: np.ndarray | None) -> Scales:
     """The fixed-point scales of a run: the global bounds on each column's magnitude and on the weights (collective)."""
     local = np.append(backend.magnitudes(), weights.max() if weights is not None and len(weights) else 0.0)

@@ -26,6 +26,7 @@ from .faults import fault_point
 from .init import INIT_METHODS
 from .initfile import initial_centres, model_k
 from .interrupt import StopRequest
+from .lloyd import load_host_kernels
 from .model import Model, write_model
 from .report import kmeanspp_notice, run_summary, run_timings
 from .restarts import run_restarts
@@ -382,6 +383,7 @@ def _prepare(comm, data: str, cfg, stop, t0: float):
         setup_parts["load_s"] = time.perf_counter() - t  # the rows to the backend
         t = time.perf_counter()
         backend.warmup(max(cfg.k_values), local.m)
+        load_host_kernels()
         setup_parts["kernels_s"] = time.perf_counter() - t  # compiled or loaded from the cache
     except (BackendUnavailable, MpikmeansError) as exc:
         error = RunError(str(exc))

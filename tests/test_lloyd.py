@@ -21,7 +21,8 @@ from mpikmeans.comm import SerialComm  # noqa: E402
 from mpikmeans.init import init_range, init_sample, sample_indices  # noqa: E402
 from mpikmeans.io.arff import read_arff  # noqa: E402
 from mpikmeans.io.gen import GenSpec, write_blobs  # noqa: E402
-from mpikmeans.lloyd import STOP_MAX_ITER, STOP_TOL, STOP_UNCHANGED, lloyd  # noqa: E402
+from mpikmeans.fixedsums import _decode  # noqa: E402
+from mpikmeans.lloyd import STOP_MAX_ITER, STOP_TOL, STOP_UNCHANGED, load_host_kernels, lloyd  # noqa: E402
 
 
 # =========================================================================== helpers
@@ -117,6 +118,16 @@ def test_lloyd_result_is_consistent(small_x):
     assert res.history[0]["searched"] == len(x) and res.history[-1]["searched"] < len(x)
     sses = [h["sse"] for h in res.history]
     assert all(b <= a * (1 + 1e-12) for a, b in zip(sses, sses[1:]))  # Lloyd never increases the SSE
+
+
+def test_the_loops_host_kernels_are_loaded_before_its_first_iteration(small_x):
+    """load_host_kernels (a run's set-up) loads the one signature of the sums' decoding that every iteration
+    calls: a run after it adds none (each would read Numba's cache, milliseconds, inside the first iteration)."""
+    load_host_kernels()
+    loaded = list(_decode.signatures)
+    res = run_lloyd_rows(small_x, 1, small_x[sample_indices(5, len(small_x), 1)], max_iter=100)[0]
+    assert res.iterations > 1
+    assert list(_decode.signatures) == loaded and len(loaded) == 1
 
 
 def test_shift_is_the_largest_euclidean_move(small_x):

@@ -323,6 +323,7 @@ class CPUBackend(Backend):
             sum_rows(x, weights, labels + 1, None, scales, np.zeros((k, m + 1, 4), dtype=np.int64), 1)
             cluster_sums(labels + 1, np.zeros(1), weights, k, 0)
         column_magnitudes(x)
+        centre_moves(cen, cen)  # the bounds' kernel of a run's K x M (one thread or several)
 
     def info(self) -> BackendInfo:
         return BackendInfo(name="cpu", devices=[], threads=self.threads, dtype="float64")
