@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backends import BACKEND_NAMES, make_backend
+from .backends import make_backend
+from .choices import BACKEND_NAMES, DEFAULT_SCORE_SAMPLE as DEFAULT_SAMPLE, INIT_METHODS, NORMALIZE_METHODS
 from .comm import SerialComm, default_threads
 from .errors import UsageError
 from .fixedsums import Scales, cluster_sums, column_magnitudes, decode
-from .init import INIT_METHODS
 from .model import Model, load_model, write_model
 from .restarts import run_restarts
-from .scaling import METHODS as NORMALIZE_METHODS
 from .scaling import fit_scaler
-from .scores import DEFAULT_SAMPLE, all_dist2, quality_scores
+from .scores import all_dist2, quality_scores
 
 _EMPTY_POLICIES = ("farthest", "keep", "drop")
 

@@ -14,8 +14,9 @@ import logging
 
 import numpy as np
 
+from .choices import INIT_METHODS
 from .errors import MpikmeansError, UsageError
-from .init import INIT_METHODS, check_centres
+from .init import check_centres
 from .io.output import order_by_header, read_centres_csv, read_centres_fields
 from .model import load_model, looks_like_model
 

@@ -29,12 +29,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backends import DTYPES
+from .choices import DTYPES, NORMALIZE_METHODS as SCALING_METHODS
 from .errors import InputError, RunError, UsageError
 from .io.arff import select_attributes
 from .io.output import MODEL, write_atomic
 from .nominal import ONE, Layout
-from .scaling import METHODS as SCALING_METHODS
 from .scaling import Scaler
 
 #: The ``format`` key's value: what marks a JSON file as an mpikmeans model.

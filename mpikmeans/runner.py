@@ -21,9 +21,9 @@ from .io import formats
 from .io.split import available_memory, plan_local
 from .backends import BackendUnavailable
 from .checkpoint import Checkpointer, check_compatible, data_identity, file_sha256, is_checkpoint, load
+from .choices import INIT_METHODS
 from .errors import MpikmeansError, RunError, UsageError
 from .faults import fault_point
-from .init import INIT_METHODS
 from .initfile import initial_centres, model_k
 from .interrupt import StopRequest
 from .lloyd import load_host_kernels

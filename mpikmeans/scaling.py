@@ -30,7 +30,6 @@ from .exact import exact_column_means, exact_column_sums
 from .init import global_extent
 
 
-
 @dataclass
 class Scaler:
     """A fitted per-attribute affine scaling, the same on every rank.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..choices import BACKEND_NAMES
-from .base import (DTYPES, Backend, BackendInfo, BackendUnavailable, RowDistances, StepResult,  # noqa: F401
+from .base import (Backend, BackendInfo, BackendUnavailable, RowDistances, StepResult,  # noqa: F401
                    device_for_rank, farthest_rows)
 
 

@@ -15,12 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# DTYPES: the storage types a backend keeps the rows in; the arithmetic that decides labels and sums is
-# float64 and exact integers in both
-from ..choices import DTYPES  # noqa: F401
 from ..exact import HostFixed, fixed_potential, limbs_to_int, to_fixed
 from ..fixedsums import scale_factors
-
 
 
 @dataclass

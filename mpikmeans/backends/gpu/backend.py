@@ -27,9 +27,10 @@ import logging
 
 import numpy as np
 
+from ...choices import DTYPES
 from ...exact import BlockFixed, limbs_to_int
 from ...fixedsums import Scales, column_magnitudes, scale_factors
-from ..base import DTYPES, Backend, BackendInfo, BackendUnavailable, StepResult, farthest_rows
+from ..base import Backend, BackendInfo, BackendUnavailable, StepResult, farthest_rows
 from . import initk
 from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
