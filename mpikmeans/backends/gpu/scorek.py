@@ -139,9 +139,9 @@ def score_kernels() -> dict:
     XS_N, CS_N, MERGE_N, ACC_N = BK * BM, BK * BN, TX * BM, TR * TC
 
     @cuda.jit(device=True)
-    def stage(a, lda, a0, alast, b, ldb, b0, nb, m, j0, px, pc):
+    def stage(a, lda, a0, alast, b, ldb, b0, m, j0, px, pc):
         # this thread's values of the slice from attribute j0: element e = tid + q TNT of a slice is row e % BM
-        # (or column e % BN) and attribute j0 + e // BM (or // BN); zeros past m and past nb
+        # (or column e % BN) and attribute j0 + e // BM (or // BN); zeros past m
         tid = cuda.threadIdx.x
         for q in range(XQ):
             e = tid + q * TNT
@@ -153,19 +153,20 @@ def score_kernels() -> dict:
             e = tid + q * TNT
             j = j0 + e // BN
             ib = b0 + e % BN
-            pc[q] = float64(b[j * ldb + ib]) if j < m and ib < nb else 0.0
+            pc[q] = float64(b[j * ldb + ib]) if j < m else 0.0
 
     @cuda.jit(device=True)
-    def tile_d2(a, lda, a0, alast, b, ldb, b0, nb, m, xs, cs, acc, px, pc):
+    def tile_d2(a, lda, a0, alast, b, ldb, b0, m, xs, cs, acc, px, pc):
         # acc[r * TC + c]: the squared distance of row a0 + ty + r TY of a (clamped to alast) and row
-        # b0 + tx + c TX of b (zeros past nb), both stored x[j * ld + i], staged BK attributes at a time in
-        # shared memory (the next slice in flight while this one is summed); every thread of the block calls it
+        # b0 + tx + c TX of b (its rows padded to a multiple of BN), both stored x[j * ld + i], staged BK
+        # attributes at a time in shared memory (the next slice in flight while this one is summed); every
+        # thread of the block calls it
         tid = cuda.threadIdx.x
         tx = tid % TX
         ty = tid // TX
         for e in range(ACC_N):
             acc[e] = 0.0
-        stage(a, lda, a0, alast, b, ldb, b0, nb, m, 0, px, pc)
+        stage(a, lda, a0, alast, b, ldb, b0, m, 0, px, pc)
         nst = (m + BK - 1) // BK
         for st in range(nst):
             cuda.syncthreads()  # every thread is done with the last slice
@@ -175,7 +176,7 @@ def score_kernels() -> dict:
                 cs[tid + q * TNT] = pc[q]
             cuda.syncthreads()
             if st + 1 < nst:
-                stage(a, lda, a0, alast, b, ldb, b0, nb, m, (st + 1) * BK, px, pc)
+                stage(a, lda, a0, alast, b, ldb, b0, m, (st + 1) * BK, px, pc)
             for kk in range(BK):  # past m both values are 0: the sums gain exact zeros
                 for r in range(TR):
                     av = xs[kk * BM + ty + r * TY]
@@ -207,7 +208,7 @@ def score_kernels() -> dict:
             mine[r] = 0.0
             bi[r] = math.inf
         for b0 in range(0, pp, BN):
-            tile_d2(x, ld, row0, n - 1, mt, pp, b0, pp, m, xs, cs, acc, px, pc)
+            tile_d2(x, ld, row0, n - 1, mt, pp, b0, m, xs, cs, acc, px, pc)
             for c in range(TC):
                 q = b0 + tx + c * TX
                 if q < p:  # past p: a padding mean
