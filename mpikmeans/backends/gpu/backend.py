@@ -50,6 +50,12 @@ log = logging.getLogger("mpikmeans.backends.gpu")
 _SPEC = (NT, SUM_ROWS, RC_NT)
 
 
+def _part(arr, a: int, b: int):
+    """Rows ``a .. b-1`` of a device array: the array itself where that is all of it (a view costs the
+    host more than a launch)."""
+    return arr if a == 0 and b == arr.shape[0] else arr[a:b]
+
+
 def _memset(arr, stream=0) -> None:
     """Zero a device array on ``stream`` (asynchronously)."""
     if arr.size == 0:
@@ -172,6 +178,8 @@ class _Outputs:
         self.sums = self.dev[: self.ns]
         self.sse = self.dev[self.ns:self.ns + self.nsse]
         self.counters = [self.dev[self.ns + self.nsse + 3 * s:self.ns + self.nsse + 3 * s + 3] for s in range(streams)]
+        # each stream's counter of the rows listed for the recheck, which every screen starts from zero
+        self.listed = [c[:1] for c in self.counters]
         self.after_sums = self.dev[self.ns:]
 
 
@@ -282,14 +290,15 @@ class GPUBackend(Backend):
             self._sums_for = None
         return self._centres, self._outputs
 
-    def _assign_chunk(self, x, ld, a, b, stream, flags, counters, labels, d2, lb, lay, k, listed=False) -> None:
+    def _assign_chunk(self, x, ld, a, b, stream, slot, labels, d2, lb, lay, k, listed=False) -> None:
         """The screen and the recheck on rows ``a .. b-1`` (``listed``: on the rows the keep pass listed): every
         row's exact label, squared distance and lower bound into ``labels``, ``d2`` and ``lb`` (that block's
         views)."""
         ks = self.kernels()
         c = self._centres.d
         tolf, tiny, big = certificate(self.m)
-        _memset(counters[:1], stream)
+        flags, counters = self._flags[slot], self._outputs.counters[slot]
+        _memset(self._outputs.listed[slot], stream)
         disp, kern = ks[("screen", GEMM if lay.screen == GEMM else lay.tile)]
         allow_shared(kern, lay.screen_smem)
         idx = self._idx if listed else flags
@@ -327,14 +336,14 @@ class GPUBackend(Backend):
         w_all = self.rows.dw if self.rows.weighted else d2_all
         for s, (stream, x, ld, a, b) in enumerate(self.rows.chunks()):
             slot = s % len(self._flags)
-            labels, old, d2, lb = self.rows.labels[a:b], self.rows.old[a:b], d2_all[a:b], self._lb[a:b]
-            w = w_all[a:b] if self.rows.weighted else w_all
+            labels, old, d2, lb = (_part(v, a, b) for v in (self.rows.labels, self.rows.old, d2_all, self._lb))
+            w = _part(w_all, a, b) if self.rows.weighted else w_all
             if kind == BOUNDED:
                 keep_disp, keep_kern = self.kernels()[("keep", None)]
                 launch(keep_disp, keep_kern, (x, ld, b - a, m, k, cen.d["ct"], old, labels, d2, lb,
                                               self._drift(centres), self._idx, out.counters[slot]),
                        max(1, -(-(b - a) // NT)), NT, stream)
-            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], labels, d2, lb, lay, k,
+            self._assign_chunk(x, ld, a, b, stream, slot, labels, d2, lb, lay, k,
                                listed=kind == BOUNDED)
             launch(disp, kern, (x, ld, b - a, m, k, labels, old, d2, w, self.rows.weighted, kind == FULL,
                                 cen.d["f1"], cen.d["f2"], sf1, sf2, lay.jc, lay.copies, out.sums, out.sse,
@@ -366,8 +375,8 @@ class GPUBackend(Backend):
         dd2 = cuda.device_array(self.n, dtype=np.float64)
         for s, (stream, x, ld, a, b) in enumerate(self.rows.chunks()):
             slot = s % len(self._flags)
-            self._assign_chunk(x, ld, a, b, stream, self._flags[slot], out.counters[slot], dlab[a:b], dd2[a:b],
-                               self._lb[a:b], lay, k)
+            self._assign_chunk(x, ld, a, b, stream, slot, _part(dlab, a, b), _part(dd2, a, b), _part(self._lb, a, b),
+                               lay, k)
         self._bounds_for = None  # the bounds now hold for these centres, not the step's
         dlab.copy_to_host(labels)
         dd2.copy_to_host(dist2)

@@ -141,9 +141,30 @@ def row_functions() -> tuple:
 
     @cuda.jit(device=True)
     def exact_d2(x, ld, i, m, k, ct, c):
+        # four attributes' loads issued before their arithmetic (a thread's row has several reads in
+        # flight, not one), the sum still taken in attribute order
         d = 0.0
-        for j in range(m):
-            t = float64(x[uint64(j * ld + i)]) - ct[j * k + c]
+        j = 0
+        while j + 4 <= m:
+            x0 = float64(x[uint64(j * ld + i)])
+            x1 = float64(x[uint64((j + 1) * ld + i)])
+            x2 = float64(x[uint64((j + 2) * ld + i)])
+            x3 = float64(x[uint64((j + 3) * ld + i)])
+            c0 = ct[j * k + c]
+            c1 = ct[(j + 1) * k + c]
+            c2 = ct[(j + 2) * k + c]
+            c3 = ct[(j + 3) * k + c]
+            t = x0 - c0
+            d = dadd_rn(d, dmul_rn(t, t))
+            t = x1 - c1
+            d = dadd_rn(d, dmul_rn(t, t))
+            t = x2 - c2
+            d = dadd_rn(d, dmul_rn(t, t))
+            t = x3 - c3
+            d = dadd_rn(d, dmul_rn(t, t))
+            j += 4
+        for jj in range(j, m):
+            t = float64(x[uint64(jj * ld + i)]) - ct[jj * k + c]
             d = dadd_rn(d, dmul_rn(t, t))
         return d
 
@@ -213,22 +234,34 @@ def step_kernels(storage: str, tile: tuple = SCREEN_TILES[0]) -> dict:
     exact_d2, slack, verdict = row_functions()
 
     @cuda.jit(device=True)
+    def add32(sm, q, v):
+        # a zero limb adds nothing: most are zero (a float32 value's 24 bits span two of the six), and an
+        # atomic skipped is one less in the queue of an address the warp's other rows share
+        if v != 0:
+            cuda.atomic.add(sm, q, int32(v))
+
+    @cuda.jit(device=True)
     def add6(sm, q, h, lo, sign):
         # a value's six 20-bit limbs into int32 shared sums (native 32-bit shared atomics)
-        cuda.atomic.add(sm, q, int32(sign * (h & _L20)))
-        cuda.atomic.add(sm, q + 1, int32(sign * ((h >> 20) & _L20)))
-        cuda.atomic.add(sm, q + 2, int32(sign * (h >> 40)))
-        cuda.atomic.add(sm, q + 3, int32(sign * (lo & _L20)))
-        cuda.atomic.add(sm, q + 4, int32(sign * ((lo >> 20) & _L20)))
-        cuda.atomic.add(sm, q + 5, int32(sign * (lo >> 40)))
+        add32(sm, q, sign * (h & _L20))
+        add32(sm, q + 1, sign * ((h >> 20) & _L20))
+        add32(sm, q + 2, sign * (h >> 40))
+        add32(sm, q + 3, sign * (lo & _L20))
+        add32(sm, q + 4, sign * ((lo >> 20) & _L20))
+        add32(sm, q + 5, sign * (lo >> 40))
+
+    @cuda.jit(device=True)
+    def add64(out, q, v):
+        if v != 0:
+            cuda.atomic.add(out, q, v)
 
     @cuda.jit(device=True)
     def add4(out, q, h, lo, sign):
         # a value, or a block's total, into the global int64 limbs (native 64-bit global atomics)
-        cuda.atomic.add(out, q, sign * (h >> LIMB))
-        cuda.atomic.add(out, q + 1, sign * (h & LIMB_MASK))
-        cuda.atomic.add(out, q + 2, sign * (lo >> LIMB))
-        cuda.atomic.add(out, q + 3, sign * (lo & LIMB_MASK))
+        add64(out, q, sign * (h >> LIMB))
+        add64(out, q + 1, sign * (h & LIMB_MASK))
+        add64(out, q + 2, sign * (lo >> LIMB))
+        add64(out, q + 3, sign * (lo & LIMB_MASK))
 
     @cuda.jit(device=True)
     def flush6(sm, q0, stride, copies, out, q):
