@@ -35,7 +35,7 @@ from . import initk
 from .compiled import compiled
 from .device import SIM, DeviceLimits, cuda, device_descriptions, gpu_available, gpu_count
 from .hostk import fill_centres
-from .launch import allow_shared, launch, pinned
+from .launch import allow_shared, launch, pinned, prepare
 from . import gemmk
 from .gemmk import gemm_screen
 from .policy import BOUNDED, FULL, GEMM, step_kind, step_layout
@@ -265,7 +265,8 @@ class GPUBackend(Backend):
         return self._kernels
 
     def warmup(self, k: int, m: int) -> None:
-        """Compile (or load) every kernel a run with this dtype launches: none depends on ``k`` or ``m``.
+        """Compile (or load) every kernel a run with this dtype launches (none depends on ``k`` or ``m``), and
+        once rows are loaded, make the step's buffers for ``k`` centres.
 
         Raises
         ------
@@ -276,10 +277,14 @@ class GPUBackend(Backend):
         if need > self.limits.smem_optin:
             raise BackendUnavailable(f"{m} attributes need {need // 1024} KiB of shared memory a block, more than this "
                                      f"GPU has ({self.limits.smem_optin // 1024} KiB): use --backend cpu")
-        self.kernels()
-        score_kernel_set()
+        kernels = [*self.kernels().values(), *score_kernel_set().values()]
         for weighted in (False, True):
-            initk_kernels(self.dtype, weighted)
+            kernels += initk_kernels(self.dtype, weighted).values()
+        for _, compiled in kernels:
+            if compiled is not None:
+                prepare(compiled)
+        if self._flags:  # rows loaded: the step's buffers for K now, not in the first iteration
+            self._buffers(k)
 
     # ------------------------------------------------------------------ the step
     def _buffers(self, k: int) -> tuple:

@@ -132,11 +132,21 @@ def launch(kern, compiled, args: tuple, grid, block, stream=0, smem: int = 0) ->
     if compiled is None:
         kern[grid, block, stream, smem](*args)
         return
+    prepare(compiled)(args, grid, block, stream, smem)
+
+
+def prepare(compiled) -> _Launcher:
+    """The launcher of a compiled kernel, made on its first use (or in a run's set-up: it imports cuda.core
+    and reads the kernel's argument types).
+
+    Parameters
+    ----------
+    compiled : numba.cuda ``_Kernel``
+    """
     launcher = getattr(compiled, "_mpikmeans_launcher", None)
     if launcher is None:
-        launcher = _Launcher(compiled)
-        compiled._mpikmeans_launcher = launcher
-    launcher(args, grid, block, stream, smem)
+        launcher = compiled._mpikmeans_launcher = _Launcher(compiled)
+    return launcher
 
 
 def pinned(n: int, dtype) -> np.ndarray:
