@@ -148,7 +148,8 @@ class Scales:
         centre that keeps no rows changes nothing.
         """
         with np.errstate(over="ignore", invalid="ignore"):
-            reach = self.magnitudes + (np.abs(centres) if len(centres) else np.zeros((1, len(self.magnitudes))))
+            reach = np.abs(centres) if len(centres) else np.zeros((1, len(self.magnitudes)))
+            reach += self.magnitudes  # in place: every step asks, and a (k, m) array made is a cost at large K M
             bound = float(np.min(np.einsum("ij,ij->i", reach, reach))) * self.wmax
         if not math.isfinite(bound):
             raise ValueError("every centre is too far from the rows for a finite SSE")

@@ -316,7 +316,9 @@ class GPUBackend(Backend):
 
     def _drift(self, centres: np.ndarray) -> float:
         """How far any centre moved since the step the bounds hold for, rounded up."""
-        moved = np.sqrt(((centres - self._bounds_for) ** 2).sum(axis=1)).max()
+        diff = np.subtract(centres, self._bounds_for)
+        np.square(diff, out=diff)
+        moved = np.sqrt(diff.sum(axis=1)).max()
         return float(moved) * (1.0 + 1e-12) + 1e-300
 
     def step(self, centres: np.ndarray, scales: Scales) -> StepResult:

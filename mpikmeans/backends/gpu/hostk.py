@@ -43,12 +43,18 @@ def fill_centres(centres: np.ndarray, f32: bool, sh: np.ndarray, cc: np.ndarray,
     if f32:
         shift = shift.astype(np.float32).astype(np.float64)
     sh[:] = shift
-    z = (centres - shift).astype(np.float32)
-    norms = np.einsum("ij,ij->i", z.astype(np.float64), z.astype(np.float64))
+    # float32 values of the float64 differences (as ``(centres - shift).astype(float32)``), one array made
+    z = np.empty((k, m), dtype=np.float32)
+    np.subtract(centres, shift, out=z, casting="same_kind")
+    z64 = z.astype(np.float64)
+    norms = np.einsum("ij,ij->i", z64, z64)
     cc[:k] = norms
-    padded = np.zeros((tiles * tc, m), dtype=np.float32)
-    np.multiply(z, np.float32(-2.0), out=padded[:k])
-    np.copyto(cm, padded.reshape(tiles, tc, m).transpose(0, 2, 1))
+    # -2 z into the tiles' layout (tile, attribute, centre) through a view of it: padding keeps its zeros
+    by_centre = cm.transpose(0, 2, 1)
+    full, rest = divmod(k, tc)
+    np.multiply(z[:full * tc].reshape(full, tc, m), np.float32(-2.0), out=by_centre[:full])
+    if rest:
+        np.multiply(z[full * tc:], np.float32(-2.0), out=by_centre[full, :rest])
     np.copyto(ct, centres.T)
     finite = bool(np.isfinite(centres).all())
     zl[0] = min(2.0 * float(norms.max()) * (1.0 + ZL_MARGIN), ZL_CAP) if finite else np.inf

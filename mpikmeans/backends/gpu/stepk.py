@@ -140,32 +140,24 @@ def row_functions() -> tuple:
     """
 
     @cuda.jit(device=True)
+    def add_sq(d, a, b):
+        t = a - b
+        return dadd_rn(d, dmul_rn(t, t))
+
+    @cuda.jit(device=True)
     def exact_d2(x, ld, i, m, k, ct, c):
         # four attributes' loads issued before their arithmetic (a thread's row has several reads in
         # flight, not one), the sum still taken in attribute order
         d = 0.0
         j = 0
         while j + 4 <= m:
-            x0 = float64(x[uint64(j * ld + i)])
-            x1 = float64(x[uint64((j + 1) * ld + i)])
-            x2 = float64(x[uint64((j + 2) * ld + i)])
-            x3 = float64(x[uint64((j + 3) * ld + i)])
-            c0 = ct[j * k + c]
-            c1 = ct[(j + 1) * k + c]
-            c2 = ct[(j + 2) * k + c]
-            c3 = ct[(j + 3) * k + c]
-            t = x0 - c0
-            d = dadd_rn(d, dmul_rn(t, t))
-            t = x1 - c1
-            d = dadd_rn(d, dmul_rn(t, t))
-            t = x2 - c2
-            d = dadd_rn(d, dmul_rn(t, t))
-            t = x3 - c3
-            d = dadd_rn(d, dmul_rn(t, t))
+            x0, x1 = float64(x[uint64(j * ld + i)]), float64(x[uint64((j + 1) * ld + i)])
+            x2, x3 = float64(x[uint64((j + 2) * ld + i)]), float64(x[uint64((j + 3) * ld + i)])
+            c0, c1, c2, c3 = ct[j * k + c], ct[(j + 1) * k + c], ct[(j + 2) * k + c], ct[(j + 3) * k + c]
+            d = add_sq(add_sq(add_sq(add_sq(d, x0, c0), x1, c1), x2, c2), x3, c3)
             j += 4
         for jj in range(j, m):
-            t = float64(x[uint64(jj * ld + i)]) - ct[jj * k + c]
-            d = dadd_rn(d, dmul_rn(t, t))
+            d = add_sq(d, float64(x[uint64(jj * ld + i)]), ct[jj * k + c])
         return d
 
     @cuda.jit(device=True)
