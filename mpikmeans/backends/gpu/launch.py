@@ -51,7 +51,7 @@ def _packers(types) -> tuple | None:
     step's kernels take (such a kernel goes through Numba's own launch)."""
     import ctypes
 
-    from numba.core import types as nt
+    from numba.cuda import types as nt
 
     out = []
     for ty in types:
@@ -91,7 +91,7 @@ class _Launcher:
 
             self.compiled.launch(args, _dim3(grid), _dim3(block), driver._to_core_stream(stream), smem)
             return
-        params = []
+        params = []  # every array argument a device array: a host array would raise here, never launch
         for pack, v in zip(self.packers, args):
             pack(v, params)
         key = (grid, block, smem)
