@@ -312,6 +312,10 @@ class Serialised(RowDistances):
     def magnitudes(self):
         return self.inner.magnitudes()
 
+    def warmup(self, k, m):
+        with _backend_lock:
+            self.inner.warmup(k, m)
+
     def step(self, centres, scales):
         with _backend_lock:
             return self.inner.step(centres, scales)
