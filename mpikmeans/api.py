@@ -25,7 +25,7 @@ from .choices import BACKEND_NAMES, DEFAULT_SCORE_SAMPLE as DEFAULT_SAMPLE, INIT
 from .comm import SerialComm, default_threads
 from .errors import UsageError
 from .fixedsums import Scales, cluster_sums, column_magnitudes, decode
-from .lloyd import load_host_kernels
+from .lloyd import prepare_loop
 from .model import Model, load_model, write_model
 from .restarts import run_restarts
 from .scaling import fit_scaler
@@ -224,9 +224,7 @@ class KMeans:
         backend = self._make_backend(comm)
         try:
             backend.load(z, weights)
-            # kernels loaded and the step's buffers made now, as a command's set-up does: not in iteration 1
-            backend.warmup(k, z.shape[1])
-            load_host_kernels()
+            prepare_loop(backend, k, z.shape[1])  # as a command's set-up does: not in the first iteration
             out = run_restarts(comm, backend, z, row_offset, n, k, init=init, seed=seed, n_init=int(self.n_init),
                                weights=weights, max_iter=int(self.max_iter), tol=float(self.tol),
                                empty_cluster=self.empty_cluster, init_options=self.init_options)

@@ -108,6 +108,14 @@ def load_host_kernels() -> None:
     decode(np.zeros((1, 4), dtype=np.int64), 0)
 
 
+def prepare_loop(backend, k: int, m: int) -> None:
+    """A run's set-up before its iterations: the backend's kernels and step buffers for ``k`` centres of ``m``
+    attributes (:meth:`~mpikmeans.backends.Backend.warmup`) and the loop's own host kernels, so that the first
+    iteration is a step like the others."""
+    backend.warmup(k, m)
+    load_host_kernels()
+
+
 def run_scales(comm, backend, weights: np.ndarray | None) -> Scales:
     """The fixed-point scales of a run: the global bounds on each column's magnitude and on the weights (collective)."""
     local = np.append(backend.magnitudes(), weights.max() if weights is not None and len(weights) else 0.0)

@@ -26,7 +26,7 @@ from .errors import MpikmeansError, RunError, UsageError
 from .faults import fault_point
 from .initfile import initial_centres, model_k
 from .interrupt import StopRequest
-from .lloyd import load_host_kernels
+from .lloyd import prepare_loop
 from .model import Model, write_model
 from .report import kmeanspp_notice, run_summary, run_timings
 from .restarts import run_restarts
@@ -382,8 +382,7 @@ def _prepare(comm, data: str, cfg, stop, t0: float):
         backend.load(x, local.weights, magnitudes=magnitudes)
         setup_parts["load_s"] = time.perf_counter() - t  # the rows to the backend
         t = time.perf_counter()
-        backend.warmup(max(cfg.k_values), local.m)
-        load_host_kernels()
+        prepare_loop(backend, max(cfg.k_values), local.m)
         setup_parts["kernels_s"] = time.perf_counter() - t  # compiled or loaded from the cache
     except (BackendUnavailable, MpikmeansError) as exc:
         error = RunError(str(exc))
